@@ -1,0 +1,75 @@
+"""Device profiles: the shipped YAMLs, Hydra composition, and CPU calibration."""
+
+import pytest
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+
+from tts.memory.calibrate import calibrate_cpu, total_memory_gb, write_profile
+from tts.memory.device import DeviceProfile, available_devices, device_from_dict, load_device
+
+SHIPPED = ["a100", "cpu", "h100", "h200", "rtx4090"]
+
+
+def test_shipped_profiles_are_listed():
+    assert set(SHIPPED) <= set(available_devices())
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_profile_loads_with_positive_fields_and_source(name):
+    device = load_device(name)
+    assert device.name == name
+    assert device.peak_tflops > 0 and device.bandwidth_gbs > 0 and device.memory_gb > 0
+    assert device.source.strip()
+    assert device.kind == ("cpu" if name == "cpu" else "gpu")
+    assert device.calibrated == (name == "cpu")
+
+
+def test_gpu_datasheet_numbers():
+    got = {n: (d.peak_tflops, d.bandwidth_gbs, d.memory_gb)
+           for n in ("rtx4090", "a100", "h100", "h200") for d in [load_device(n)]}
+    assert got == {
+        "rtx4090": (165.2, 1008.0, 24.0),
+        "a100": (312.0, 2039.0, 80.0),
+        "h100": (989.0, 3350.0, 80.0),
+        "h200": (989.0, 4800.0, 141.0),
+    }
+
+
+def test_hydra_compose_device_group():
+    with initialize_config_module(config_module="conf", version_base=None):
+        cfg = compose(config_name=None, overrides=["+device=h100"])
+    device = device_from_dict(OmegaConf.to_container(cfg.device))
+    assert device == load_device("h100")
+
+
+def test_unknown_device_name_lists_valid_ones():
+    with pytest.raises(ValueError, match="h100"):
+        load_device("tpu9000")
+
+
+def test_unknown_key_and_bad_kind_rejected():
+    fields = dict(name="x", kind="gpu", peak_tflops=1, bandwidth_gbs=1, memory_gb=1, source="s")
+    with pytest.raises(ValueError, match="bogus"):
+        device_from_dict({**fields, "bogus": 1})
+    with pytest.raises(ValueError, match="kind"):
+        device_from_dict({**fields, "kind": "tpu"})
+    with pytest.raises(ValueError, match="bandwidth_gbs"):
+        device_from_dict({**fields, "bandwidth_gbs": 0})
+
+
+def test_ridge_point():
+    assert load_device("h100").ridge_point == pytest.approx(989e12 / 3350e9)
+
+
+def test_calibrate_cpu_short_run_and_write_roundtrip(tmp_path):
+    profile = calibrate_cpu(seconds=0.2, matmul_n=256, copy_mib=16)
+    assert profile.kind == "cpu" and profile.calibrated
+    assert profile.peak_tflops > 0 and profile.bandwidth_gbs > 0
+    assert profile.memory_gb == pytest.approx(total_memory_gb(), rel=1e-3)
+    path = write_profile(profile, tmp_path / "device" / "cpu.yaml")
+    assert load_device(path) == profile
+
+
+def test_write_profile_roundtrip_literal(tmp_path):
+    profile = DeviceProfile("box", "gpu", 1.5, 2.5, 3.5, "hand-typed", calibrated=False)
+    assert load_device(write_profile(profile, tmp_path / "box.yaml")) == profile

@@ -1,0 +1,151 @@
+"""Backend contracts: the engine talks to models only through these two interfaces.
+
+The generator is driven step by step (add, step, abort) so that the engine, not the
+serving library, decides which requests run, in what order, and when a reasoning step
+ends. The verifier scores chosen steps of reasoning paths in one batched call.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+
+class FinishReason(str, enum.Enum):
+    """Why the backend stopped a generation request."""
+
+    EOS = "eos"  # the model emitted its end-of-sequence token
+    LENGTH = "length"  # the request's max_tokens was reached
+    ABORTED = "aborted"  # the engine aborted it
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    """One generation request: continue `prompt_token_ids` by at most `max_tokens`.
+
+    The backend never stops at a step boundary itself: the engine watches the streamed
+    tokens and aborts (or lets run on, for speculation) when a step ends.
+    """
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+    seed: int
+    temperature: float = 0.8
+    top_p: float = 1.0
+
+
+@dataclass(frozen=True)
+class GenDelta:
+    """The tokens one request produced during one backend step."""
+
+    request_id: str
+    new_token_ids: tuple[int, ...]
+    finish_reason: FinishReason | None = None
+    # Prompt tokens served from the prefix cache; reported once, with the first delta.
+    num_cached_tokens: int | None = None
+    num_prompt_tokens: int | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What one backend (scheduler) step did: for batch-utilisation histograms."""
+
+    num_running: int  # requests that produced work this step
+    num_waiting: int  # requests queued but not scheduled
+    num_scheduled_tokens: int  # prefill + decode tokens computed this step
+    batch_cap: int  # the engine's max concurrent sequences
+    token_cap: int  # the engine's max batched tokens per step
+    kv_usage: float  # fraction of KV blocks in use after the step, in [0, 1]
+    wall_s: float
+    tokens_per_request: tuple[int, ...] = ()  # scheduled tokens per running request
+
+
+class Generator(ABC):
+    """A step-level text generator over token ids.
+
+    Contract: `add` queues a request; each `step` advances every running request by at
+    most one decode token (or a prefill chunk) and returns the new tokens of each
+    request that made progress; `abort` removes requests at once, and no delta for an
+    aborted request is returned afterwards.
+    """
+
+    @property
+    @abstractmethod
+    def eos_token_id(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def batch_cap(self) -> int:
+        """The maximum number of sequences scheduled together."""
+
+    @abstractmethod
+    def encode_prompt(self, problem: str, system_prompt: str) -> list[int]:
+        """Token ids of the chat-templated prompt, ready for the first step."""
+
+    @abstractmethod
+    def decode(self, token_ids: Sequence[int]) -> str: ...
+
+    @abstractmethod
+    def token_text(self, token_id: int) -> str:
+        """The text of one token in isolation (cached): used to find step boundaries."""
+
+    @abstractmethod
+    def add(self, request: GenRequest) -> None: ...
+
+    @abstractmethod
+    def step(self) -> tuple[list[GenDelta], StepStats]: ...
+
+    @abstractmethod
+    def abort(self, request_ids: Iterable[str]) -> None: ...
+
+    @abstractmethod
+    def num_unfinished(self) -> int: ...
+
+    def set_limits(self, batch_cap: int | None = None) -> None:
+        """Change the batch cap between steps (memory allocation policy); optional."""
+
+    def close(self) -> None:
+        """Free the model; optional."""
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    """Score steps of one reasoning path: `indices` are 0-based step positions."""
+
+    problem: str
+    steps: tuple[str, ...]
+    indices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ScoreBatchStats:
+    """What one verifier call cost."""
+
+    num_requests: int  # backend requests issued (an adapter may issue one per index)
+    prompt_tokens: int
+    cached_tokens: int
+    wall_s: float
+    step_stats: tuple[StepStats, ...] = field(default=())
+
+
+class Verifier(ABC):
+    """A process reward model: scores in [0, 1] for chosen steps of reasoning paths.
+
+    Contract: `score` returns, for each request, one score per index, in order.
+    """
+
+    @abstractmethod
+    def score(self, requests: Sequence[ScoreRequest]) -> tuple[list[tuple[float, ...]], ScoreBatchStats]: ...
+
+    def set_limits(self, batch_cap: int | None = None) -> None:
+        """Change the batch cap between calls (memory allocation policy); optional."""
+
+    def close(self) -> None:
+        """Free the model; optional."""

@@ -1,0 +1,178 @@
+"""A deterministic fake generator and verifier for unit tests of the engine logic.
+
+The fake "model" is a pure function: the next token depends only on the context and the
+request's seed, through a step script `script(problem, steps, seed) -> step text`. A
+request that runs past a step boundary therefore produces exactly what a fresh request
+for the next step with the same seed would produce, which is what makes speculation
+checkable. Tokens are characters (id = code point + 16); EOS is written "\x03".
+
+It is never used by `tts bench` unless `generator.backend=fake` is chosen explicitly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from tts.backends.base import (FinishReason, GenDelta, Generator, GenRequest, ScoreBatchStats,
+                               ScoreRequest, StepStats, Verifier)
+
+EOS_CHAR = "\x03"
+EOS_ID = 3
+OFFSET = 16
+StepScript = Callable[[str, tuple[str, ...], int], str]
+Scorer = Callable[[str, tuple[str, ...]], float]
+
+
+def _h(*parts: object) -> int:
+    return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "big")
+
+
+def default_script(problem: str, steps: tuple[str, ...], seed: int) -> str:
+    """Steps of hash-determined length; from depth 3 on, some paths answer and end."""
+    h = _h(problem, steps, seed)
+    depth = len(steps)
+    if depth >= 3 and h % 3 == 0:
+        return f"so \\boxed{{{h % 4}}}{EOS_CHAR}"
+    words = " ".join(f"w{(h >> (4 * i)) % 13}" for i in range(1 + h % 9))
+    return f"d{depth} {words}.\n\n"
+
+
+def default_scorer(problem: str, steps: tuple[str, ...]) -> float:
+    return (_h("score", problem, steps) % 1000) / 1000.0
+
+
+def encode(text: str) -> list[int]:
+    return [EOS_ID if c == EOS_CHAR else ord(c) + OFFSET for c in text]
+
+
+def decode(ids: Sequence[int]) -> str:
+    return "".join(EOS_CHAR if i == EOS_ID else chr(i - OFFSET) for i in ids)
+
+
+@dataclass
+class _Running:
+    request: GenRequest
+    produced: str = ""  # text generated so far
+    reported_prompt: bool = False
+
+
+class FakeGenerator(Generator):
+    """Scripted generator with a batch cap and an LRU prefix cache of `block` tokens."""
+
+    def __init__(self, script: StepScript = default_script, batch_cap: int = 64,
+                 cache_blocks: int = 1 << 20, block: int = 4) -> None:
+        self.script = script
+        self._cap = batch_cap
+        self._prompts: dict[str, str] = {}  # prompt text -> problem
+        self._queue: list[_Running] = []
+        self._cache: OrderedDict[int, None] = OrderedDict()
+        self._cache_blocks = cache_blocks
+        self._block = block
+        self.calls: list[str] = []  # request ids in the order they were first scheduled
+
+    @property
+    def eos_token_id(self) -> int:
+        return EOS_ID
+
+    @property
+    def batch_cap(self) -> int:
+        return self._cap
+
+    def set_limits(self, batch_cap: int | None = None) -> None:
+        if batch_cap:
+            self._cap = batch_cap
+
+    def encode_prompt(self, problem: str, system_prompt: str) -> list[int]:
+        text = f"<{system_prompt}|{problem}>"
+        self._prompts[text] = problem
+        return encode(text)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return decode(token_ids)
+
+    def token_text(self, token_id: int) -> str:
+        return decode([token_id])
+
+    def add(self, request: GenRequest) -> None:
+        self._queue.append(_Running(request))
+
+    def abort(self, request_ids: Iterable[str]) -> None:
+        ids = set(request_ids)
+        self._queue = [r for r in self._queue if r.request.request_id not in ids]
+
+    def num_unfinished(self) -> int:
+        return len(self._queue)
+
+    def _next_token(self, context: str, seed: int) -> int:
+        prompt = next((p for p in self._prompts if context.startswith(p)), None)
+        assert prompt is not None, "fake generator: unknown prompt"
+        body = context[len(prompt):]
+        parts = body.split("\n\n")
+        steps, partial = tuple(p + "\n\n" for p in parts[:-1]), parts[-1]
+        step = self.script(self._prompts[prompt], steps, seed)
+        if len(partial) < len(step):
+            return encode(step[len(partial)])[0]
+        return EOS_ID  # a script step without "\n\n" or EOS ends the sequence
+
+    def _admit(self, run: _Running) -> int:
+        ids = run.request.prompt_token_ids
+        cached, full = 0, len(ids) // self._block
+        for b in range(full):
+            key = hash(tuple(ids[: (b + 1) * self._block]))
+            if key in self._cache and cached == b * self._block:
+                cached += self._block
+                self._cache.move_to_end(key)
+            else:
+                self._cache[key] = None
+        while len(self._cache) > self._cache_blocks:
+            self._cache.popitem(last=False)
+        return cached
+
+    def step(self) -> tuple[list[GenDelta], StepStats]:
+        start = time.perf_counter()
+        running, deltas, per_req = self._queue[: self._cap], [], []
+        for run in running:
+            req = run.request
+            first = not run.reported_prompt
+            cached = self._admit(run) if first else None
+            if first:
+                self.calls.append(req.request_id)
+                run.reported_prompt = True
+            tok = self._next_token(decode(req.prompt_token_ids) + run.produced, req.seed)
+            run.produced += decode([tok])
+            finish = (FinishReason.EOS if tok == EOS_ID else
+                      FinishReason.LENGTH if len(run.produced) >= req.max_tokens else None)
+            deltas.append(GenDelta(req.request_id, (tok,), finish, cached,
+                                   len(req.prompt_token_ids) if first else None))
+            per_req.append(1 + (len(req.prompt_token_ids) - (cached or 0) if first else 0))
+        done = {d.request_id for d in deltas if d.finished}
+        self._queue = [r for r in self._queue if r.request.request_id not in done]
+        stats = StepStats(len(running), len(self._queue) - len(running) + len(done), sum(per_req),
+                          self._cap, 1 << 16, min(1.0, len(self._cache) / self._cache_blocks),
+                          time.perf_counter() - start, tuple(per_req))
+        return deltas, stats
+
+
+class FakeVerifier(Verifier):
+    """Scores from `scorer(problem, steps[: i + 1])`; counts every scored index."""
+
+    def __init__(self, scorer: Scorer = default_scorer) -> None:
+        self.scorer = scorer
+        self.scored: list[tuple[str, tuple[str, ...]]] = []
+
+    def score(self, requests: Sequence[ScoreRequest]) -> tuple[list[tuple[float, ...]], ScoreBatchStats]:
+        start = time.perf_counter()
+        out = []
+        for req in requests:
+            scores = []
+            for i in req.indices:
+                path = req.steps[: i + 1]
+                self.scored.append((req.problem, path))
+                scores.append(self.scorer(req.problem, path))
+            out.append(tuple(scores))
+        n = sum(len(r.indices) for r in requests)
+        return out, ScoreBatchStats(n, 0, 0, time.perf_counter() - start)

@@ -1,0 +1,102 @@
+"""Compose Hydra configs inside Typer commands: overrides, sweeps and clear errors.
+
+`@hydra.main` is not used: it parses sys.argv itself and installs log handlers. We
+compose with the Compose API, expand `-m` sweeps with Hydra's own override parser and
+the basic sweeper's product rule, and turn every composition or validation failure into
+a `ConfigError` that names the field and, where known, the valid choices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+class ConfigError(ValueError):
+    """A config key or value is wrong; the message says which and what is valid."""
+
+
+def compose(config_name: str = "config", overrides: list[str] | None = None) -> DictConfig:
+    """Compose `conf/<config_name>.yaml` with Hydra overrides, then validate it."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from tts.config.schema import register_configs
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = hydra_compose(config_name=config_name, overrides=list(overrides or []))
+    except Exception as err:  # Hydra raises several unrelated types; all mean bad config
+        raise ConfigError(_explain(err)) from err
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: DictConfig):
+    """Instantiate the dataclass schemas (running each `__post_init__`)."""
+    try:
+        return OmegaConf.to_object(cfg)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    except Exception as err:
+        raise ConfigError(_explain(err)) from err
+
+
+def _explain(err: Exception) -> str:
+    from omegaconf.errors import ConfigKeyError, ValidationError
+
+    cause = err
+    while cause.__cause__ is not None and not isinstance(cause, (ConfigKeyError, ValidationError)):
+        cause = cause.__cause__
+    if not isinstance(cause, (ConfigKeyError, ValidationError)) and "Could not override" in str(err):
+        return _unknown_key(str(err).split("'")[1])
+    if isinstance(cause, ConfigKeyError):
+        key = getattr(cause, "full_key", None) or getattr(cause, "key", "?")
+        obj = getattr(cause, "object_type", None)
+        valid = ""
+        if obj is not None and dataclasses.is_dataclass(obj):
+            valid = "; valid keys: " + ", ".join(f.name for f in dataclasses.fields(obj))
+        return f"unknown config key '{key}'{valid}"
+    if isinstance(cause, ValidationError):
+        key = getattr(cause, "full_key", "")
+        msg = str(cause).splitlines()[0]
+        return f"{key}: {msg}" if key else msg
+    return str(err).split("\nConfig search path")[0].strip()
+
+
+def _unknown_key(dotted: str) -> str:
+    from tts.config.schema import Config
+
+    node, parts = Config, dotted.split(".")
+    for part in parts[:-1]:
+        fields = {f.name: f for f in dataclasses.fields(node)} if dataclasses.is_dataclass(node) else {}
+        factory = fields[part].default_factory if part in fields else None
+        if not callable(factory) or not dataclasses.is_dataclass(factory()):
+            break
+        node = type(factory())
+    valid = ", ".join(f.name for f in dataclasses.fields(node)) if dataclasses.is_dataclass(node) else ""
+    return f"unknown config key '{dotted}'" + (f"; valid keys: {valid}" if valid else "")
+
+
+def expand_sweep(overrides: list[str]) -> list[list[str]]:
+    """All combinations of comma-separated sweep values (Hydra's basic sweeper rule)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides=list(overrides))
+    except Exception as err:
+        raise ConfigError(_explain(err)) from err
+    batches = BasicSweeper.split_arguments(parsed, max_batch_size=None)
+    return [list(combo) for batch in batches for combo in batch]
+
+
+def to_yaml(cfg: DictConfig) -> str:
+    return OmegaConf.to_yaml(cfg, resolve=True)

@@ -1,0 +1,301 @@
+"""Typed config schemas, one dataclass per config group, registered in Hydra's ConfigStore.
+
+Every YAML under `conf/<group>/` is merged onto these schemas, so a misspelt key or a
+value of the wrong type fails at composition, and `validate()` (which instantiates the
+dataclasses, running each `__post_init__`) rejects values that are well typed but
+invalid, naming the field and the valid choices.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from hydra.core.config_store import ConfigStore
+
+
+class Algorithm(str, enum.Enum):
+    beam = "beam"
+    dvts = "dvts"
+    best_of_n = "best_of_n"
+    self_consistency = "self_consistency"
+    dynamic_branching = "dynamic_branching"
+    varying_granularity = "varying_granularity"
+
+
+class Aggregation(str, enum.Enum):
+    last = "last"
+    min = "min"
+    prod = "prod"
+    mean = "mean"
+
+
+class Adapter(str, enum.Enum):
+    judge = "judge"
+    math_shepherd = "math_shepherd"
+    rlhflow = "rlhflow"
+    skywork = "skywork"
+    qwen_prm = "qwen_prm"
+
+
+class BackendKind(str, enum.Enum):
+    vllm = "vllm"
+    fake = "fake"
+
+
+class EngineKind(str, enum.Enum):
+    baseline = "baseline"
+    flash = "flash"
+    decoupled = "decoupled"
+
+
+class DecoupledPolicy(str, enum.Enum):
+    eager_first = "eager_first"
+    speculative_first = "speculative_first"
+    adaptive = "adaptive"
+
+
+class AllocationKind(str, enum.Enum):
+    static = "static"
+    roofline = "roofline"
+
+
+class DatasetName(str, enum.Enum):
+    embedded = "embedded"
+    math500 = "math500"
+    aime24 = "aime24"
+    amc23 = "amc23"
+
+
+def _require(cond: bool, field_name: str, msg: str) -> None:
+    if not cond:
+        raise ValueError(f"{field_name}: {msg}")
+
+
+@dataclass
+class GeneratorConfig:
+    """The policy model that proposes reasoning steps."""
+
+    model: str = "smollm2-135m-instruct"  # registry key (`tts models list`) or a local HF folder
+    backend: BackendKind = BackendKind.vllm  # `fake` only for tests of engine logic
+    dtype: str = "bfloat16"
+    temperature: float = 0.8
+    top_p: float = 1.0
+    step_max_tokens: int = 96  # a step ends at "\n\n", EOS, or this many tokens
+    max_total_tokens: int = 768  # per path, prompt excluded; the path completes at this length
+    system_prompt_file: str = "step_by_step.txt"  # under conf/prompts/, or an absolute path
+    tensor_parallel_size: int = 1
+
+    def __post_init__(self) -> None:
+        _require(self.step_max_tokens >= 1, "generator.step_max_tokens", "must be >= 1")
+        _require(self.max_total_tokens >= self.step_max_tokens, "generator.max_total_tokens",
+                 f"must be >= generator.step_max_tokens ({self.step_max_tokens})")
+        _require(0.0 <= self.temperature, "generator.temperature", "must be >= 0")
+        _require(0.0 < self.top_p <= 1.0, "generator.top_p", "must be in (0, 1]")
+        _require(self.dtype in ("bfloat16", "float16", "float32", "auto"), "generator.dtype",
+                 "valid choices: bfloat16, float16, float32, auto")
+
+
+@dataclass
+class VerifierConfig:
+    """The process reward model that scores steps."""
+
+    model: str = "smollm2-135m-instruct"
+    backend: BackendKind = BackendKind.vllm
+    adapter: Adapter = Adapter.judge  # how a step score is read from the model
+    dtype: str = "bfloat16"
+    judge_prompt_file: str = "judge.txt"  # for the `judge` adapter, under conf/prompts/
+
+    def __post_init__(self) -> None:
+        _require(self.dtype in ("bfloat16", "float16", "float32", "auto"), "verifier.dtype",
+                 "valid choices: bfloat16, float16, float32, auto")
+
+
+@dataclass
+class SearchConfig:
+    """The search algorithm: which beams expand, and which survive."""
+
+    algorithm: Algorithm = Algorithm.beam
+    n: int = 8  # candidates per iteration (beam, dvts) or samples (best_of_n, self_consistency)
+    beam_width: int = 4  # M: children per kept beam; N/M beams are kept
+    max_iterations: int = 40
+    aggregation: Aggregation = Aggregation.last  # path score from step scores
+    filter_duplicates: bool = False  # drop candidates whose text equals another's
+    sort_completed: bool = True  # final N completed beams: top-scored (True) or first N
+    # dynamic_branching: children per kept beam proportional to its score (total stays N)
+    # varying_granularity: step limit by depth, and verification every k steps
+    early_step_max_tokens: int = 64
+    early_steps: int = 3
+    verify_every: int = 1
+
+    def __post_init__(self) -> None:
+        _require(self.n >= 1, "search.n", "must be >= 1")
+        _require(self.beam_width >= 1, "search.beam_width", "must be >= 1")
+        if self.algorithm in (Algorithm.beam, Algorithm.dvts, Algorithm.dynamic_branching,
+                              Algorithm.varying_granularity):
+            _require(self.n % self.beam_width == 0, "search.n",
+                     f"n={self.n} must be divisible by search.beam_width={self.beam_width}")
+        _require(self.max_iterations >= 1, "search.max_iterations", "must be >= 1")
+        _require(self.verify_every >= 1, "search.verify_every", "must be >= 1")
+        _require(self.early_step_max_tokens >= 1, "search.early_step_max_tokens", "must be >= 1")
+
+
+@dataclass
+class MemoryConfig:
+    """KV-cache budget and its split between generator and verifier."""
+
+    kv_cache_gib: float = 1.0  # total KV budget for both models (CPU: bytes of RAM)
+    generator_fraction: float = 0.5  # share of the budget for the generator (static split)
+    allocation: AllocationKind = AllocationKind.static
+    gpu_memory_utilization: float = 0.9  # GPU only: the whole-device fraction for both engines
+    block_size: int = 32  # vLLM CPU needs a multiple of 32
+    generator_max_num_seqs: int = 64
+    verifier_max_num_seqs: int = 64
+    max_num_batched_tokens: int = 4096
+    offload_idle_model: bool = False  # extended mode: vLLM sleep mode (GPU only)
+
+    def __post_init__(self) -> None:
+        _require(self.kv_cache_gib > 0, "memory.kv_cache_gib", "must be > 0")
+        _require(0.0 < self.generator_fraction < 1.0, "memory.generator_fraction", "must be in (0, 1)")
+        _require(self.block_size % 32 == 0, "memory.block_size",
+                 f"{self.block_size} is not a multiple of 32 (vLLM on CPU rejects it)")
+        _require(0.0 < self.gpu_memory_utilization <= 1.0, "memory.gpu_memory_utilization", "must be in (0, 1]")
+        _require(self.generator_max_num_seqs >= 1, "memory.generator_max_num_seqs", "must be >= 1")
+        _require(self.verifier_max_num_seqs >= 1, "memory.verifier_max_num_seqs", "must be >= 1")
+
+
+@dataclass
+class OptimConfig:
+    """Engine and system optimisations; each FlashTTS optimisation is its own switch."""
+
+    engine: EngineKind = EngineKind.baseline
+    score_cache: bool = True  # never score the same step twice
+    eos_at_depth_limit: bool = True  # last iteration samples to EOS instead of one step
+    speculative: bool = False  # S: speculative beam extension
+    lookahead: bool = False  # verify current + speculative step together
+    prefix_aware: bool = False  # P: siblings contiguous, parents in order
+    roofline_memory: bool = False  # M: roofline-guided KV split
+    spec_truncate_ratio: float = 0.85  # R: mean kept fraction of speculative tokens on duplicates
+    spec_truncate_std: float = 0.1
+    spec_max_tokens: int = 0  # cap on speculative tokens per beam; 0 = generator.step_max_tokens
+    decoupled_policy: DecoupledPolicy = DecoupledPolicy.eager_first
+    verifier_batch_size: int = 0  # decoupled: PRM items per call; 0 = no cap
+
+    def __post_init__(self) -> None:
+        _require(0.0 <= self.spec_truncate_ratio <= 1.0, "optim.spec_truncate_ratio", "must be in [0, 1]")
+        _require(self.spec_truncate_std >= 0.0, "optim.spec_truncate_std", "must be >= 0")
+        _require(not (self.lookahead and not self.speculative), "optim.lookahead",
+                 "needs optim.speculative=true (it verifies speculative steps)")
+        _require(self.engine != EngineKind.baseline or not (self.speculative or self.prefix_aware),
+                 "optim.engine", "speculative/prefix_aware need engine=flash (or decoupled)")
+
+
+@dataclass
+class DatasetConfig:
+    """Which problems to run."""
+
+    name: DatasetName = DatasetName.embedded
+    path: str | None = None  # local JSONL; wins over hf_id
+    hf_id: str | None = None
+    split: str | None = None
+    first_k: int | None = None
+    levels: list[int] | None = None
+    ids: list[str] | None = None
+    random_k: int | None = None
+    seed: int = 0
+    embedded_size: int = 20  # problems generated for the embedded set
+
+    def __post_init__(self) -> None:
+        for name in ("first_k", "random_k"):
+            value = getattr(self, name)
+            _require(value is None or value >= 1, f"dataset.{name}", "must be >= 1 or null")
+
+
+@dataclass
+class DeviceConfig:
+    """A device profile for the roofline cost model."""
+
+    name: str = "cpu"
+    kind: str = "cpu"
+    peak_tflops: float = 1.0
+    bandwidth_gbs: float = 10.0
+    memory_gb: float = 24.0
+    calibrated: bool = False
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        _require(self.kind in ("cpu", "gpu"), "device.kind", "valid choices: cpu, gpu")
+        _require(self.peak_tflops > 0 and self.bandwidth_gbs > 0, "device.peak_tflops",
+                 "peak_tflops and bandwidth_gbs must be > 0")
+
+
+@dataclass
+class LoggerConfig:
+    """Weights & Biases logging; local results are always written."""
+
+    wandb: bool = True
+    mode: str | None = None  # online | offline | disabled; null: WANDB_MODE, else offline
+    project: str = "tts"
+    entity: str | None = None
+    tags: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        _require(self.mode in (None, "online", "offline", "disabled"), "logger.mode",
+                 "valid choices: online, offline, disabled, null")
+
+
+@dataclass
+class BenchConfig:
+    """How a run is driven and where it writes."""
+
+    concurrency: int = 1  # problems in flight; 1 = latency mode, more = throughput mode
+    seed: int = 0
+    run_name: str | None = None  # folder name under results/; null: generated
+    results_dir: str = "results"
+    resume: bool = False
+    compare: list[str] = field(default_factory=list)  # optim presets to run side by side
+
+    def __post_init__(self) -> None:
+        _require(self.concurrency >= 1, "bench.concurrency", "must be >= 1")
+
+
+@dataclass
+class ProfileConfig:
+    """Options of `tts profile-memory`."""
+
+    splits: list[float] = field(default_factory=lambda: [0.1, 0.2, 0.3, 0.5, 0.7, 0.9])
+    tight_split: float = 0.1  # generator fraction for the tight blocks-per-step trace
+    loose_split: float = 0.5
+    num_problems: int = 2  # problems run at each split of the sweep
+    calibrate: bool = False  # measure this CPU and write conf/device/cpu.yaml
+
+
+@dataclass
+class Config:
+    generator: GeneratorConfig = field(default_factory=GeneratorConfig)
+    verifier: VerifierConfig = field(default_factory=VerifierConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    bench: BenchConfig = field(default_factory=BenchConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+
+
+GROUPS: dict[str, type] = {
+    "generator": GeneratorConfig,
+    "verifier": VerifierConfig,
+    "search": SearchConfig,
+    "memory": MemoryConfig,
+    "optim": OptimConfig,
+    "dataset": DatasetConfig,
+    "device": DeviceConfig,
+    "logger": LoggerConfig,
+}
+
+
+def register_configs() -> None:
+    """Register the root schema; every group YAML is merged onto its typed field."""
+    ConfigStore.instance().store(name="tts_schema", node=Config)
+

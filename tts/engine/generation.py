@@ -1,0 +1,195 @@
+"""The generation phase: one step for every job, driven token by token.
+
+The backend never stops at a step boundary; this module watches the streamed tokens,
+ends each job's step at "\\n\\n", EOS or its token limit, and then either aborts the
+request or, with speculation on, lets it run on: the extra tokens become the beam's
+speculative tokens. Real work always has priority (two-phase scheduling): a request may
+only speculate while no real request waits, and speculation is dropped at once when
+the KV cache runs short. The phase ends when every real job has its step.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from tts.backends.base import FinishReason, Generator, GenRequest, StepStats
+from tts.search.tree import Beam, Step, StepEnd
+
+BOUNDARY = "\n\n"
+_request_ids = itertools.count()
+
+
+@dataclass
+class GenJob:
+    """Generate the next step of `beam` (or, with `split`, a whole solution)."""
+
+    beam: Beam
+    limit: int  # token limit of this step, adopted speculative tokens included
+    to_eos: bool = False  # ignore step boundaries (last iteration / whole solutions)
+    split: bool = False  # split the result into steps at boundaries (best-of-N)
+    spec_priority: int = 0  # speculative branches this beam may claim; 0 = none
+    # filled by the phase:
+    tokens: list[int] = field(default_factory=list)
+    spec: list[int] = field(default_factory=list)
+    end: StepEnd | None = None
+    request_id: str | None = None
+    adopted: int = 0  # speculative tokens reused from the previous iteration
+    last_char: str = ""
+
+    @property
+    def finished(self) -> bool:
+        return self.end is not None
+
+
+@dataclass
+class PhaseStats:
+    """What a generation phase cost and did."""
+
+    wall_s: float = 0.0
+    steps: list[StepStats] = field(default_factory=list)
+    tokens: int = 0  # tokens produced by the backend, speculative included
+    spec_tokens: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    requests: int = 0
+    step_lengths: list[int] = field(default_factory=list)  # real tokens per job
+
+
+class GenerationPhase:
+    """Runs jobs on a generator until every job has its step."""
+
+    def __init__(self, generator: Generator, temperature: float, top_p: float,
+                 speculative: bool = False, spec_max_tokens: int = 0,
+                 kv_spec_limit: float = 0.95) -> None:
+        self.gen = generator
+        self.temperature = temperature
+        self.top_p = top_p
+        self.speculative = speculative
+        self.spec_max_tokens = spec_max_tokens
+        self.kv_spec_limit = kv_spec_limit
+
+    def run(self, jobs: Sequence[GenJob], on_step: Callable[[StepStats], None] | None = None) -> PhaseStats:
+        stats, start = PhaseStats(), time.perf_counter()
+        by_id: dict[str, GenJob] = {}
+        for job in jobs:
+            self._adopt_spec(job)
+            if job.finished:
+                continue
+            job.request_id = f"g{next(_request_ids)}"
+            by_id[job.request_id] = job
+            budget = job.limit - len(job.tokens)
+            extra = self.spec_max_tokens if (self.speculative and job.spec_priority > 0 and not job.to_eos) else 0
+            self.gen.add(GenRequest(job.request_id, job.beam.token_ids + tuple(job.tokens),
+                                    budget + extra, job.beam.seed, self.temperature, self.top_p))
+            stats.requests += 1
+        pending = set(by_id)  # real work not finished
+        speculating: set[str] = set()
+        while pending:
+            deltas, step = self.gen.step()
+            stats.steps.append(step)
+            if on_step:
+                on_step(step)
+            aborts = []
+            for d in deltas:
+                job = by_id[d.request_id]
+                if d.num_prompt_tokens is not None:
+                    stats.prompt_tokens += d.num_prompt_tokens
+                    stats.cached_tokens += d.num_cached_tokens or 0
+                stats.tokens += len(d.new_token_ids)
+                if d.request_id in speculating:
+                    job.spec.extend(d.new_token_ids)  # a final EOS is kept: the next step ends there
+                    stats.spec_tokens += len(d.new_token_ids)
+                    if d.finished:
+                        speculating.discard(d.request_id)
+                    continue
+                overflow = self._consume(job, d.new_token_ids, d.finish_reason)
+                if job.finished:
+                    pending.discard(d.request_id)
+                    job.spec.extend(overflow)
+                    if d.finished:
+                        continue
+                    if self._may_speculate(job, pending, step):
+                        speculating.add(d.request_id)
+                    else:
+                        aborts.append(d.request_id)
+            aborts += self._preempt_speculation(speculating, step)
+            if aborts:
+                self.gen.abort(aborts)
+        if speculating:
+            self.gen.abort(list(speculating))
+        for job in jobs:
+            stats.step_lengths.append(len(job.tokens) - job.adopted)
+        stats.wall_s = time.perf_counter() - start
+        return stats
+
+    def _adopt_spec(self, job: GenJob) -> None:
+        """Start from the beam's speculative tokens; they may already hold the whole step."""
+        spec = list(job.beam.spec_tokens)
+        job.beam.spec_tokens = ()
+        if not spec:
+            return
+        overflow = self._consume(job, spec, None)
+        job.adopted = len(job.tokens)
+        job.spec = overflow  # what lies past this step stays speculative
+
+    def _consume(self, job: GenJob, new: Sequence[int], finish: FinishReason | None) -> list[int]:
+        """Append tokens to the job's step until it ends; return the tokens past the end."""
+        eos = self.gen.eos_token_id
+        for i, tok in enumerate(new):
+            if tok == eos:
+                job.end = StepEnd.EOS
+                return []
+            job.tokens.append(tok)
+            piece = self.gen.token_text(tok)
+            hit = not job.to_eos and not job.split and BOUNDARY in job.last_char + piece
+            job.last_char = piece[-1:] if piece else job.last_char
+            if hit:
+                job.end = StepEnd.BOUNDARY
+                return list(new[i + 1:])
+            if len(job.tokens) >= job.limit:
+                job.end = StepEnd.STEP_LIMIT
+                return list(new[i + 1:])
+        if finish is not None and job.end is None:
+            job.end = StepEnd.EOS if finish is FinishReason.EOS else StepEnd.STEP_LIMIT
+        return []
+
+    def _may_speculate(self, job: GenJob, pending: set[str], step: StepStats) -> bool:
+        if not self.speculative or job.spec_priority <= 0 or job.to_eos or job.end is StepEnd.EOS:
+            return False
+        # Phase 1 first: real requests still queued behind the batch cap need the slot.
+        if step.num_waiting > 0:
+            return False
+        return step.kv_usage < self.kv_spec_limit
+
+    def _preempt_speculation(self, speculating: set[str], step: StepStats) -> list[str]:
+        if speculating and (step.kv_usage >= self.kv_spec_limit or step.num_waiting > 0):
+            dropped = list(speculating)
+            speculating.clear()
+            return dropped
+        return []
+
+
+def make_steps(job: GenJob, decode: Callable[[Sequence[int]], str], token_text: Callable[[int], str],
+               total_left: int) -> list[Step]:
+    """Turn a finished job into steps (several when `split`), marking the total limit."""
+    end = job.end or StepEnd.STEP_LIMIT
+    if end is StepEnd.STEP_LIMIT and len(job.tokens) >= total_left:
+        end = StepEnd.TOTAL_LIMIT
+    if not job.split:
+        return [Step(tuple(job.tokens), decode(job.tokens), end)]
+    steps, cur, last = [], [], ""
+    for tok in job.tokens:
+        cur.append(tok)
+        piece = token_text(tok)
+        if BOUNDARY in last + piece:
+            steps.append(Step(tuple(cur), decode(cur), StepEnd.BOUNDARY))
+            cur = []
+        last = piece[-1:] if piece else last
+    if cur or not steps:
+        steps.append(Step(tuple(cur), decode(cur), end))
+    else:
+        steps[-1] = Step(steps[-1].token_ids, steps[-1].text, end)
+    return steps

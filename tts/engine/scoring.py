@@ -1,0 +1,131 @@
+"""The verification phase: score what the policy asks for, through the score cache.
+
+With lookahead, a beam whose speculative tokens already hold a whole next step has that
+step scored in the same verifier request; its score only enters the cache, so the
+current selection never sees speculative work, and the next iteration finds it there.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from tts.backends.base import ScoreBatchStats, ScoreRequest, Verifier
+from tts.search.tree import Beam
+
+
+class ScoreCache:
+    """Step scores keyed by (problem, path up to the step); hits and misses counted."""
+
+    def __init__(self) -> None:
+        self._scores: dict[tuple[str, tuple[str, ...]], float] = {}
+        self.hits = 0
+        self.misses = 0
+        self.hits_by_problem: Counter[str] = Counter()
+        self.lookahead_stored = 0
+        self.lookahead_hits = 0
+        self._lookahead_keys: set[tuple[str, tuple[str, ...]]] = set()
+
+    def get(self, problem_id: str, path: tuple[str, ...]) -> float | None:
+        key = (problem_id, path)
+        score = self._scores.get(key)
+        if score is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+            self.hits_by_problem[problem_id] += 1
+            if key in self._lookahead_keys:
+                self.lookahead_hits += 1
+                self._lookahead_keys.discard(key)
+        return score
+
+    def put(self, problem_id: str, path: tuple[str, ...], score: float, lookahead: bool = False) -> None:
+        key = (problem_id, path)
+        self._scores[key] = score
+        if lookahead:
+            self.lookahead_stored += 1
+            self._lookahead_keys.add(key)
+
+    def drop_problem(self, problem_id: str) -> None:
+        for key in [k for k in self._scores if k[0] == problem_id]:
+            del self._scores[key]
+            self._lookahead_keys.discard(key)
+
+
+@dataclass
+class ScoreItem:
+    """Score `indices` of `beam`; `lookahead_step` is a speculative next step's text."""
+
+    beam: Beam
+    problem: str
+    indices: tuple[int, ...]
+    lookahead_step: str | None = None
+
+
+@dataclass
+class ScoringStats:
+    wall_s: float = 0.0
+    requested: int = 0  # step scores the policy needed
+    computed: int = 0  # step scores the verifier computed (lookahead included)
+    lookahead: int = 0
+    batches: list[ScoreBatchStats] = field(default_factory=list)
+
+
+class ScoringPhase:
+    """Fills `beam.scores` for the requested indices, using the cache when enabled."""
+
+    def __init__(self, verifier: Verifier | None, cache: ScoreCache | None) -> None:
+        self.verifier = verifier
+        self.cache = cache
+
+    def run(self, items: Sequence[ScoreItem], order: Callable[[list[ScoreItem]], list[ScoreItem]] = list,
+            ) -> ScoringStats:
+        stats, start = ScoringStats(), time.perf_counter()
+        requests: list[ScoreRequest] = []
+        pending: list[tuple[ScoreItem, tuple[int, ...]]] = []
+        for item in order(list(items)):
+            texts = item.beam.step_texts
+            stats.requested += len(item.indices)
+            missing = tuple(i for i in item.indices if not self._from_cache(item, texts, i))
+            look = item.lookahead_step if self.cache is not None else None
+            if look is not None and self.cache._scores.get((item.beam.problem_id, texts + (look,))) is not None:
+                look = None
+            if not missing and look is None:
+                continue
+            steps = texts + ((look,) if look is not None else ())
+            indices = missing + ((len(texts),) if look is not None else ())
+            requests.append(ScoreRequest(item.problem, steps, indices))
+            pending.append((item, indices))
+        if requests:
+            assert self.verifier is not None, "a policy without a verifier asked for scores"
+            results, batch = self.verifier.score(requests)
+            stats.batches.append(batch)
+            for (item, indices), scores in zip(pending, results):
+                self._store(item, indices, scores, stats)
+        stats.wall_s = time.perf_counter() - start
+        return stats
+
+    def _from_cache(self, item: ScoreItem, texts: tuple[str, ...], i: int) -> bool:
+        if self.cache is None:
+            return False
+        score = self.cache.get(item.beam.problem_id, texts[: i + 1])
+        if score is None:
+            return False
+        item.beam.set_score(i, score)
+        return True
+
+    def _store(self, item: ScoreItem, indices: tuple[int, ...], scores: Sequence[float],
+               stats: ScoringStats) -> None:
+        texts = item.beam.step_texts
+        for i, score in zip(indices, scores):
+            stats.computed += 1
+            if i < len(texts):
+                item.beam.set_score(i, score)
+                if self.cache is not None:
+                    self.cache.put(item.beam.problem_id, texts[: i + 1], score)
+            else:  # the lookahead step: cache only
+                stats.lookahead += 1
+                assert self.cache is not None and item.lookahead_step is not None
+                self.cache.put(item.beam.problem_id, texts + (item.lookahead_step,), score, lookahead=True)

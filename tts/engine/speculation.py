@@ -1,0 +1,58 @@
+"""Speculative beam extension policy: who may speculate, and who inherits what.
+
+Priority comes from the previous step's verifier score: the frontier's scores are cut
+into B bins (B = the branching factor), bin 1 the highest, and a beam in bin j may claim
+up to B - j + 1 speculative branches. After selection the original child (child 0, same
+seed) keeps all of its parent's speculative tokens; each duplicate keeps a prefix whose
+length is a fraction drawn around R, so duplicates start ahead yet diverge.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from tts.search.tree import Beam
+
+
+def spec_priorities(prev_scores: Sequence[float | None], bins: int) -> list[int]:
+    """Speculative potential M_i = B - j + 1 for each beam, from its bin j (1 = best).
+
+    Beams without a previous score (the first iteration) get the middle bin.
+    """
+    known = sorted((s for s in prev_scores if s is not None), reverse=True)
+    out = []
+    for s in prev_scores:
+        if s is None or not known:
+            j = (bins + 1) // 2
+        else:
+            rank = known.index(s)  # 0 = best; ties share the better bin
+            j = 1 + (rank * bins) // len(known)
+        out.append(bins - j + 1)
+    return out
+
+
+def truncate_len(n: int, ratio: float, std: float, rng: random.Random) -> int:
+    """How many of n speculative tokens a duplicate keeps: round(n * clip(N(R, std), 0, 1))."""
+    frac = min(1.0, max(0.0, rng.gauss(ratio, std) if std > 0 else ratio))
+    return int(round(n * frac))
+
+
+def hand_down(children: Sequence[Beam], parents: dict[int, Beam], ratio: float, std: float,
+              rng: random.Random) -> tuple[int, int]:
+    """Give each child its parent's speculative tokens (all for child 0, a prefix for
+    duplicates). Returns (tokens handed down in full, tokens handed down truncated)."""
+    full = trunc = 0
+    for child in children:
+        parent = parents.get(child.parent) if child.parent is not None else None
+        if parent is None or not parent.spec_tokens:
+            continue
+        spec = parent.spec_tokens
+        if child.seed == parent.seed:
+            child.spec_tokens = spec
+            full += len(spec)
+        else:
+            k = truncate_len(len(spec), ratio, std, rng)
+            child.spec_tokens = spec[:k]
+            trunc += k
+    return full, trunc

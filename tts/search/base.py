@@ -1,0 +1,146 @@
+"""The search-policy contract: what to expand and what survives.
+
+A policy never runs a model and never decides order or timing; the engine does. Each
+iteration the engine asks for the frontier, generates one step for every beam in it
+(`step_limit` tokens at most), scores the indices `indices_to_score` asks for, and calls
+`select`, which returns the next frontier. Completed beams are collected in `completed`.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tts.config.schema import Aggregation, SearchConfig
+from tts.search.tree import Beam, BeamState, child_seed
+
+
+def aggregate(scores: Sequence[float | None], how: Aggregation | str) -> float:
+    """A path's score from its step scores (unscored steps are skipped)."""
+    vals = [s for s in scores if s is not None]
+    if not vals:
+        return 0.0
+    how = Aggregation(how)
+    if how is Aggregation.last:
+        return vals[-1]
+    if how is Aggregation.min:
+        return min(vals)
+    if how is Aggregation.prod:
+        return math.prod(vals)
+    return sum(vals) / len(vals)
+
+
+@dataclass
+class ProblemSearch:
+    """One problem's search state, owned by the engine and mutated by the policy."""
+
+    problem_id: str
+    problem: str
+    prompt_ids: tuple[int, ...]
+    seed: int
+    frontier: list[Beam] = field(default_factory=list)
+    completed: list[Beam] = field(default_factory=list)
+    iteration: int = 0
+    done: bool = False
+
+
+class SearchPolicy(ABC):
+    """A search algorithm as a policy over the shared engine."""
+
+    uses_verifier: bool = True
+    stops_at_boundary: bool = True  # False: a whole solution is generated in one go
+
+    def __init__(self, cfg: SearchConfig, step_max_tokens: int, max_total_tokens: int) -> None:
+        self.cfg = cfg
+        self.step_max_tokens = step_max_tokens
+        self.max_total_tokens = max_total_tokens
+
+    def start(self, search: ProblemSearch) -> None:
+        """Create the first frontier."""
+        search.frontier = [
+            Beam(search.problem_id, search.prompt_ids, child_seed(search.seed, i + 1), group=i)
+            for i in range(self.cfg.n)
+        ]
+
+    def is_last_iteration(self, search: ProblemSearch) -> bool:
+        return search.iteration >= self.cfg.max_iterations - 1
+
+    def step_limit(self, beam: Beam, search: ProblemSearch) -> int:
+        """The token limit of this beam's next step."""
+        return min(self.step_max_tokens, self.max_total_tokens - beam.num_tokens)
+
+    def indices_to_score(self, beam: Beam, search: ProblemSearch) -> tuple[int, ...]:
+        """Which steps must carry a score before `select` (the score cache dedups)."""
+        if not self.uses_verifier:
+            return ()
+        return tuple(range(beam.depth))
+
+    def path_score(self, beam: Beam) -> float:
+        return aggregate(beam.scores, self.cfg.aggregation)
+
+    def finish_completed(self, search: ProblemSearch, now: float) -> list[Beam]:
+        """Move finished paths out of the frontier; return those still active."""
+        last = self.is_last_iteration(search)
+        active = []
+        for beam in search.frontier:
+            if beam.is_finished_path or last:
+                beam.state = BeamState.COMPLETE
+                beam.completed_at = now
+                search.completed.append(beam)
+            else:
+                active.append(beam)
+        return active
+
+    @abstractmethod
+    def select(self, search: ProblemSearch, now: float) -> None:
+        """Given a generated and scored frontier, set the next one (empty when done)."""
+
+    def finalize(self, search: ProblemSearch) -> list[Beam]:
+        """The final candidates: top-N completed by score (or first N), padded to N."""
+        beams = list(search.completed)
+        if self.cfg.sort_completed and self.uses_verifier:
+            beams.sort(key=self.path_score, reverse=True)
+        beams = beams[: self.cfg.n]
+        if beams and len(beams) < self.cfg.n:
+            beams = (beams * (self.cfg.n // len(beams) + 1))[: self.cfg.n]
+        return beams
+
+    def top_k(self, beams: list[Beam], k: int) -> list[Beam]:
+        """The k best by path score; ties keep the earlier beam (stable)."""
+        order = sorted(range(len(beams)), key=lambda i: (-self.path_score(beams[i]), i))
+        keep = set(order[:k])
+        for i, beam in enumerate(beams):
+            if i not in keep:
+                beam.state = BeamState.PRUNED
+        return [b for i, b in enumerate(beams) if i in keep]
+
+    def dedup(self, beams: list[Beam]) -> list[Beam]:
+        if not self.cfg.filter_duplicates:
+            return beams
+        seen, out = set(), []
+        for beam in beams:
+            if beam.text in seen:
+                beam.state = BeamState.PRUNED
+                continue
+            seen.add(beam.text)
+            out.append(beam)
+        return out
+
+
+def expand(kept: list[Beam], n: int) -> list[Beam]:
+    """search-and-learn's refill: repeat the kept beams in order up to n.
+
+    The k-th occurrence of a beam is its child k; child 0 keeps the parent's seed.
+    """
+    if not kept:
+        return []
+    repeated = (kept * (n // len(kept) + 1))[:n]
+    seen: dict[int, int] = {}
+    out = []
+    for beam in repeated:
+        k = seen.get(beam.uid, 0)
+        seen[beam.uid] = k + 1
+        out.append(beam.fork(child_seed(beam.seed, k)))
+    return out

@@ -1,0 +1,133 @@
+"""The search tree's state: steps, beams, and one problem's search.
+
+A beam is a path: the problem's prompt plus the steps generated so far. Children are
+created by `fork`, which shares the parent's steps (tuples are immutable), so a tree of
+thousands of beams costs little memory.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import re
+from dataclasses import dataclass, field, replace
+
+BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+
+
+class StepEnd(str, enum.Enum):
+    """Why a step ended."""
+
+    BOUNDARY = "boundary"  # the step text reached "\n\n"
+    EOS = "eos"
+    STEP_LIMIT = "step_limit"  # the step's token limit
+    TOTAL_LIMIT = "total_limit"  # the path's total token limit
+
+
+class BeamState(str, enum.Enum):
+    ACTIVE = "active"
+    PRUNED = "pruned"
+    COMPLETE = "complete"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One reasoning step: its tokens, text and how it ended."""
+
+    token_ids: tuple[int, ...]
+    text: str
+    end: StepEnd
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def has_answer(self) -> bool:
+        return BOXED.search(self.text) is not None
+
+
+_beam_ids = itertools.count()
+
+
+@dataclass
+class Beam:
+    """A path in the search tree.
+
+    `scores[i]` is the verifier's score of step i (None until scored). `spec_tokens`
+    holds speculative tokens generated past the last step; they are never scored and
+    never part of `steps` until a later step adopts them.
+    """
+
+    problem_id: str
+    prompt_ids: tuple[int, ...]
+    seed: int
+    steps: tuple[Step, ...] = ()
+    scores: tuple[float | None, ...] = ()
+    state: BeamState = BeamState.ACTIVE
+    parent: int | None = None
+    group: int = 0  # subtree id (DVTS) or sample index
+    uid: int = field(default_factory=lambda: next(_beam_ids))
+    spec_tokens: tuple[int, ...] = ()
+    completed_at: float | None = None  # seconds since the problem started
+
+    @property
+    def depth(self) -> int:
+        return len(self.steps)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.steps)
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        return self.prompt_ids + tuple(t for s in self.steps for t in s.token_ids)
+
+    @property
+    def text(self) -> str:
+        return "".join(s.text for s in self.steps)
+
+    @property
+    def step_texts(self) -> tuple[str, ...]:
+        return tuple(s.text for s in self.steps)
+
+    @property
+    def last_scored(self) -> int:
+        """Index of the deepest scored step with all earlier ones scored; -1 if none."""
+        n = 0
+        while n < len(self.scores) and self.scores[n] is not None:
+            n += 1
+        return n - 1
+
+    @property
+    def is_finished_path(self) -> bool:
+        """The last step ended the path (EOS, a boxed answer, or the token budget)."""
+        if not self.steps:
+            return False
+        last = self.steps[-1]
+        return last.end in (StepEnd.EOS, StepEnd.TOTAL_LIMIT) or last.has_answer
+
+    def append(self, step: Step) -> None:
+        self.steps = self.steps + (step,)
+        self.scores = self.scores + (None,)
+
+    def set_score(self, index: int, score: float) -> None:
+        scores = list(self.scores)
+        scores[index] = score
+        self.scores = tuple(scores)
+
+    def fork(self, seed: int, spec_tokens: tuple[int, ...] = ()) -> Beam:
+        """A child sharing this beam's path, with its own sampling seed."""
+        return replace(self, seed=seed, state=BeamState.ACTIVE, parent=self.uid,
+                       uid=next(_beam_ids), spec_tokens=spec_tokens, completed_at=None)
+
+
+def child_seed(parent_seed: int, child_index: int) -> int:
+    """A deterministic seed for a child, independent of scheduling order.
+
+    Child 0 keeps the parent's seed: it is the parent's own continuation, which is what
+    speculative extension generates ahead of time.
+    """
+    if child_index == 0:
+        return parent_seed
+    return (parent_seed * 1_000_003 + child_index * 7919) % (2**31 - 1)
