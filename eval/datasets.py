@@ -10,7 +10,6 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from eval.embedded import generate_embedded
 from eval.problem import Problem
 from eval.rows import DatasetLoadError, load_hub_rows, read_jsonl
 from eval.subset import select_subset
@@ -114,6 +113,8 @@ def load_problems(
     if spec is None:
         if hf_id is not None or split is not None:
             raise ValueError("dataset.hf_id and dataset.split do not apply to 'embedded'")
+        from eval.embedded import generate_embedded  # imports sympy
+
         return generate_embedded()
     hub_id, hub_split = hf_id or spec.hf_id, split or spec.split
     rows_from_hub = load_hub_rows(hub_id, hub_split)

@@ -15,6 +15,11 @@ best ``B_dec`` *up to* the eq. (1) boundary. A running minimum over ``B_dec`` ma
 O(N) and keeps the result equal to a brute-force search over all pairs. Ties go to the
 larger ``B_dec``, then the smaller ``B_pre``.
 
+Stage times are compared in integer nanoseconds. On compute-bound plateaus the modelled
+times of different batch sizes are equal in exact arithmetic but differ by a few float
+ulps; without rounding, that noise (not the tie rule) would pick the batch sizes, and
+float sums could absorb differences, breaking the exactness of the O(N) decomposition.
+
 Run ``python -m tts.memory.allocator --bench`` to time the search.
 """
 
@@ -25,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tts.memory.device import DeviceProfile
-from tts.memory.roofline import ModelShape, StageCost, decode_cost, prefill_cost
+from tts.memory.roofline import FloatOrArray, IntOrArray, ModelShape, StageCost, decode_cost, prefill_cost
 
 MODES = ("split", "offload")
 
@@ -77,18 +82,28 @@ class Allocation:
     b_pre: int
     b_dec: int
     t_total: float
-    """t_verifier + t_generator, plus the offload overhead in ``offload`` mode."""
+    """Modelled seconds: t_verifier + t_generator, plus the offload overhead in ``offload``
+    mode. All times are rounded to whole nanoseconds (see the module docstring)."""
     t_verifier: float
+    """ceil(N/B_pre) * T_pre(B_pre, S)."""
     t_generator: float
+    """ceil(N/B_dec) * S_dec * T_dec(B_dec, S_cache)."""
     kv_bytes_verifier: int
     kv_bytes_generator: int
     mode: str
     """``split``: both KV caches resident at once; ``offload``: the idle model is offloaded."""
 
 
+def _to_ns(seconds: FloatOrArray) -> IntOrArray:
+    """Round seconds to integer nanoseconds (half to even, same for scalars and arrays)."""
+    if isinstance(seconds, np.ndarray):
+        return np.rint(seconds * 1e9).astype(np.int64)
+    return round(seconds * 1e9)
+
+
 @dataclass(frozen=True)
 class _Problem:
-    """Per-request KV bytes and per-batch-size stage times for b = 1..N."""
+    """Per-request KV bytes and per-batch-size stage times (integer ns) for b = 1..N."""
 
     kv_ver: int
     kv_gen: int
@@ -100,11 +115,11 @@ def _stage_costs(gen_shape: ModelShape, ver_shape: ModelShape, workload: Workloa
     return prefill_cost(ver_shape, workload.verifier_seq_len), decode_cost(gen_shape, workload.mean_decode_ctx)
 
 
-def _t_verifier(pre: StageCost, device: DeviceProfile, n: int, b):  # noqa: ANN001, ANN202 - int or array
+def _t_verifier(pre: StageCost, device: DeviceProfile, n: int, b: IntOrArray) -> FloatOrArray:
     return (-(-n // b)) * pre.time(b, device)
 
 
-def _t_generator(dec: StageCost, device: DeviceProfile, n: int, s_dec: int, b):  # noqa: ANN001, ANN202
+def _t_generator(dec: StageCost, device: DeviceProfile, n: int, s_dec: int, b: IntOrArray) -> FloatOrArray:
     return ((-(-n // b)) * s_dec) * dec.time(b, device)
 
 
@@ -115,8 +130,8 @@ def _problem(gen_shape: ModelShape, ver_shape: ModelShape, device: DeviceProfile
     return _Problem(
         kv_ver=workload.kv_verifier(ver_shape),
         kv_gen=workload.kv_generator(gen_shape),
-        t_ver=_t_verifier(pre, device, n, b),
-        t_gen=_t_generator(dec, device, n, workload.decode_len, b),
+        t_ver=_to_ns(_t_verifier(pre, device, n, b)),
+        t_gen=_to_ns(_t_generator(dec, device, n, workload.decode_len, b)),
     )
 
 
@@ -139,9 +154,9 @@ def _pick(total: np.ndarray, b_pre: np.ndarray, b_dec: np.ndarray) -> int:
     return int(tied[np.argmin(b_pre[tied])])
 
 
-def _allocation(p: _Problem, b_pre: int, b_dec: int, mode: str, overhead: float = 0.0) -> Allocation:
-    t_ver, t_gen = float(p.t_ver[b_pre - 1]), float(p.t_gen[b_dec - 1])
-    return Allocation(b_pre, b_dec, t_ver + t_gen + overhead, t_ver, t_gen,
+def _allocation(p: _Problem, b_pre: int, b_dec: int, mode: str, overhead_ns: int = 0) -> Allocation:
+    t_ver, t_gen = int(p.t_ver[b_pre - 1]), int(p.t_gen[b_dec - 1])
+    return Allocation(b_pre, b_dec, (t_ver + t_gen + overhead_ns) / 1e9, t_ver / 1e9, t_gen / 1e9,
                       b_pre * p.kv_ver, b_dec * p.kv_gen, mode)
 
 
@@ -158,14 +173,14 @@ def _search_split(p: _Problem, n: int, budget: int) -> Allocation | None:
     return _allocation(p, int(b_pre[i]), int(b_dec[i]), "split")
 
 
-def _search_offload(p: _Problem, n: int, budget: int, overhead: float) -> Allocation | None:
+def _search_offload(p: _Problem, n: int, budget: int, overhead_ns: int) -> Allocation | None:
     """Relaxed constraints: each model alone may use the whole budget, one at a time."""
     cap_pre, cap_dec = min(n, budget // p.kv_ver), min(n, budget // p.kv_gen)
     if cap_pre < 1 or cap_dec < 1:
         return None
     b_pre = int(_prefix_argmin(p.t_ver[:cap_pre], prefer_larger=False)[-1]) + 1
     b_dec = int(_prefix_argmin(p.t_gen[:cap_dec], prefer_larger=True)[-1]) + 1
-    return _allocation(p, b_pre, b_dec, "offload", overhead)
+    return _allocation(p, b_pre, b_dec, "offload", overhead_ns)
 
 
 def _cheaper(split: Allocation | None, offload: Allocation | None) -> Allocation | None:
@@ -190,10 +205,10 @@ def search_allocation(gen_shape: ModelShape, ver_shape: ModelShape, device: Devi
     split = _search_split(p, n, budget)
     if offload_overhead_s is None:
         return split
-    return _cheaper(split, _search_offload(p, n, budget, offload_overhead_s))
+    return _cheaper(split, _search_offload(p, n, budget, _to_ns(offload_overhead_s)))
 
 
-def _brute_best(t_ver: list[float], t_gen: list[float], pairs: list[tuple[int, int]]) -> tuple[int, int] | None:
+def _brute_best(t_ver: list[int], t_gen: list[int], pairs: list[tuple[int, int]]) -> tuple[int, int] | None:
     best: tuple[float, int, int] | None = None
     for bp, bd in pairs:
         key = (t_ver[bp - 1] + t_gen[bd - 1], -bd, bp)
@@ -209,8 +224,8 @@ def brute_force_allocation(gen_shape: ModelShape, ver_shape: ModelShape, device:
     pre, dec = _stage_costs(gen_shape, ver_shape, workload)
     n, s_dec, budget = workload.num_requests, workload.decode_len, int(kv_budget_bytes)
     kv_ver, kv_gen = workload.kv_verifier(ver_shape), workload.kv_generator(gen_shape)
-    t_ver = [_t_verifier(pre, device, n, b) for b in range(1, n + 1)]
-    t_gen = [_t_generator(dec, device, n, s_dec, b) for b in range(1, n + 1)]
+    t_ver = [_to_ns(_t_verifier(pre, device, n, b)) for b in range(1, n + 1)]
+    t_gen = [_to_ns(_t_generator(dec, device, n, s_dec, b)) for b in range(1, n + 1)]
     p = _Problem(kv_ver, kv_gen, np.array(t_ver), np.array(t_gen))
     grid = [(bp, bd) for bp in range(1, n + 1) for bd in range(1, n + 1)]
     split_pair = _brute_best(t_ver, t_gen, [(bp, bd) for bp, bd in grid if bp * kv_ver + bd * kv_gen <= budget])
@@ -219,7 +234,7 @@ def brute_force_allocation(gen_shape: ModelShape, ver_shape: ModelShape, device:
         return split
     relaxed = [(bp, bd) for bp, bd in grid if bp * kv_ver <= budget and bd * kv_gen <= budget]
     off_pair = _brute_best(t_ver, t_gen, relaxed)
-    offload = None if off_pair is None else _allocation(p, *off_pair, "offload", offload_overhead_s)
+    offload = None if off_pair is None else _allocation(p, *off_pair, "offload", _to_ns(offload_overhead_s))
     return _cheaper(split, offload)
 
 

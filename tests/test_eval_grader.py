@@ -1,0 +1,182 @@
+"""Tests of eval.extract, eval.normalize and eval.grader (one shared grading pool)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from eval import Verdict, extract_boxed, grade_answer, grade_many
+from eval.grader import equivalent_many, select_answer
+from eval.normalize import as_rational, normalize_answer, quick_equal
+from eval.pool import TIMEOUT, get_pool, run_batch
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("so the answer is \\boxed{5}.", "5"),
+        ("\\boxed{1} and then \\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
+        ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt{3}}{2}"),
+        ("\\boxed{\\boxed{7}}", "7"),
+        ("\\fbox{12}", "12"),
+        ("\\boxed{\\{1,2\\}}", "\\{1,2\\}"),
+        ("\\boxed 5$ done", "5"),
+        ("\\boxed {  42 }", "42"),
+        ("\\boxed{}", ""),
+        ("\\boxed{3} but then \\boxed{4", None),
+        ("the answer is \\boxed{\\frac{1}{2}", None),
+        ("no box here", None),
+        ("\\boxedx{3}", None),
+    ],
+)
+def test_extract_boxed(text: str, expected: str | None) -> None:
+    assert extract_boxed(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("10\\%", "10"),
+        ("\\dfrac12", "\\frac12"),
+        ("1,000", "1000"),
+        ("10,\\!080", "10080"),
+        ("11,\\! 111,\\! 111,\\! 100", "11111111100"),
+        ("(1,2)", "(1,2)"),
+        ("1,2", "1,2"),
+        ("\\text{(B)}", "(B)"),
+        ("\\text{Evelyn}", "Evelyn"),
+        ("90^\\circ", "90"),
+        ("30^{\\circ}", "30"),
+        ("\\$32,\\!348", "32348"),
+        ("864 \\mbox{ inches}^2", "864"),
+        ("5.4 \\text{ cents}", "5.4"),
+        ("\\frac{270}7\\text{ degrees}", "\\frac{270}7"),
+        ("\\left( 3, \\frac{\\pi}{2} \\right)", "( 3, \\frac{\\pi}{2} )"),
+        ("x \\rightarrow 1", "x \\rightarrow 1"),
+        ("7.", "7"),
+        ("  2  +  3 ", "2 + 3"),
+    ],
+)
+def test_normalize_answer(raw: str, expected: str) -> None:
+    assert normalize_answer(raw) == expected
+
+
+def test_rational_literals_and_quick_equal() -> None:
+    assert [as_rational(s) is not None for s in ["12", "-3", "025", "3/4", "\\frac{6}{8}", "0.5", "\\sqrt2"]] == [
+        True, True, True, True, True, False, False,
+    ]
+    assert as_rational("\\frac{6}{8}") == as_rational("3/4")
+    assert quick_equal("025", "25") is True
+    assert quick_equal("26", "25") is False
+    assert quick_equal("-\\frac{3}{4}", "-3/4") is True
+    assert quick_equal("0.5", "1/2") is None
+
+
+@pytest.mark.parametrize(
+    ("pred", "expected"),
+    [
+        ("\\boxed{3}", "3"),
+        ("  -7  ", "-7"),
+        ("The answer is $\\frac{1}{2}$", "\\frac{1}{2}"),
+        ("a" * 51, None),
+        ("line one\nline two", None),
+        ("so \\boxed{4", None),
+    ],
+)
+def test_select_answer(pred: str, expected: str | None) -> None:
+    assert select_answer(pred) == expected
+
+
+# (gold, prediction, expected reason)
+TRICKY: list[tuple[str, str, str]] = [
+    ("10", "10\\%", "correct"),
+    ("10\\%", "10", "correct"),
+    ("\\frac{1}{2}", "0.5", "correct"),
+    ("0.5", "\\dfrac12", "correct"),
+    ("\\frac12", "The answer is \\boxed{\\dfrac{1}{2}}.", "correct"),
+    ("1000", "1,000", "correct"),
+    ("1,000", "\\boxed{1000}", "correct"),
+    ("(1,2)", "(1,2)", "correct"),
+    ("(1,2)", "\\boxed{(2,1)}", "wrong"),
+    ("\\{1,2\\}", "2, 1", "correct"),
+    ("1, 2", "\\boxed{2,1}", "correct"),
+    ("\\{1\\pm\\sqrt{5},-2\\}", "\\boxed{-2, 1+\\sqrt5, 1-\\sqrt5}", "correct"),
+    ("\\text{(B)}", "B", "correct"),
+    ("\\text{(B)}", "\\boxed{\\textbf{(B)}}", "correct"),
+    ("\\text{(B)}", "\\boxed{(C)}", "wrong"),
+    ("3", "x=3", "correct"),
+    ("3\\sqrt{2}", "\\sqrt{18}", "correct"),
+    ("90^\\circ", "90", "correct"),
+    ("90", "\\boxed{90^{\\circ}}", "correct"),
+    ("\\left( 3, \\frac{\\pi}{2} \\right)", "\\boxed{(3, \\frac{\\pi}{2})}", "correct"),
+    ("\\$18.90", "\\boxed{18.9}", "correct"),
+    ("864 \\mbox{ inches}^2", "\\boxed{864}", "correct"),
+    ("\\text{Evelyn}", "Evelyn", "correct"),
+    ("025", "\\boxed{25}", "correct"),
+    ("27", "\\boxed{\\boxed{27}}", "correct"),
+    ("27", "\\boxed{28}", "wrong"),
+    ("3/4", "\\boxed{\\frac{3}{4}}", "correct"),
+    ("\\frac{3}{4}", "3/4", "correct"),
+    ("5", "Step 1: think.\n\nSo the answer is \\boxed{5", "no_answer"),
+    ("5", "Step 1: think.\n\nSo the answer is five.", "no_answer"),
+    ("5", "\\boxed{}", "no_answer"),
+    ("5", "\\boxed{???}", "unparsable"),
+    ("5", "\\boxed{\\frac{}{}}", "unparsable"),
+    ("5", "asdf qwe", "wrong"),
+]
+
+
+@pytest.fixture(scope="module")
+def tricky_verdicts() -> list[Verdict]:
+    return grade_many([(gold, pred) for gold, pred, _ in TRICKY])
+
+
+@pytest.mark.parametrize("case", range(len(TRICKY)), ids=[f"{g}|{p}" for g, p, _ in TRICKY])
+def test_tricky_pairs(case: int, tricky_verdicts: list[Verdict]) -> None:
+    gold, _pred, reason = TRICKY[case]
+    verdict = tricky_verdicts[case]
+    assert (verdict.reason, verdict.correct, verdict.gold) == (reason, reason == "correct", gold)
+
+
+def test_grade_answer_matches_grade_many_and_reports_extracted_answer() -> None:
+    assert grade_answer("\\frac{1}{2}", "so \\boxed{0.5}") == Verdict(
+        correct=True, reason="correct", pred="0.5", gold="\\frac{1}{2}"
+    )
+    assert grade_answer("5", "long text\nwithout box") == Verdict(
+        correct=False, reason="no_answer", pred=None, gold="5"
+    )
+    assert grade_answer("5", "\\boxed{}") == Verdict(correct=False, reason="no_answer", pred="", gold="5")
+
+
+def test_equivalent_many() -> None:
+    pairs = [("0.5", "\\frac12"), ("2", "3"), ("", "3"), ("\\sqrt{18}", "3\\sqrt2"), ("x+1", "1+x")]
+    assert equivalent_many(pairs) == [True, False, False, True, True]
+
+
+def test_verdict_validates_reason() -> None:
+    with pytest.raises(ValueError, match="reason must be one of"):
+        Verdict(correct=False, reason="maybe", pred="1", gold="1")
+    with pytest.raises(ValueError, match="correct"):
+        Verdict(correct=True, reason="wrong", pred="1", gold="2")
+
+
+@pytest.mark.parametrize("timeout_s", [0, 0.5, -1, True])
+def test_timeout_must_be_whole_seconds(timeout_s: object) -> None:
+    with pytest.raises(ValueError, match="timeout_s"):
+        grade_answer("1", "\\boxed{x+1}", timeout_s=timeout_s)  # type: ignore[arg-type]
+
+
+def test_run_batch_timeout_replaces_pool_and_keeps_other_results() -> None:
+    pool = get_pool()
+    start = time.monotonic()
+    results = run_batch(time.sleep, [(0,), (30,), (0,)], timeout_s=1)
+    assert results[0] is None and results[1] is TIMEOUT and results[2] is None
+    assert time.monotonic() - start < 15
+    assert get_pool() is not pool
+
+
+def test_slow_comparison_times_out_then_grading_still_works() -> None:
+    slow = grade_answer("(x+y+z+1)^{40}", "\\boxed{(x+y+z+2)^{40}}", timeout_s=1)
+    assert slow == Verdict(correct=False, reason="timeout", pred="(x+y+z+2)^{40}", gold="(x+y+z+1)^{40}")
+    assert grade_answer("\\sqrt{4}", "\\boxed{2.0}").reason == "correct"

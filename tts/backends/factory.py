@@ -1,0 +1,94 @@
+"""Build the generator and verifier a config names, with their KV budgets.
+
+Both vLLM engines live in one process. Engines are kept and reused across the variants
+of a comparison run (startup costs seconds); between variants their prefix caches are
+reset so that no variant inherits another's warm cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tts.backends.base import Generator, Verifier
+from tts.config.schema import BackendKind, Config
+
+GIB = 1 << 30
+CONF_PROMPTS = Path(__file__).resolve().parents[2] / "conf" / "prompts"
+
+
+def read_prompt(name: str) -> str:
+    path = Path(name) if Path(name).is_absolute() else CONF_PROMPTS / name
+    if not path.exists():
+        raise ValueError(f"prompt file {path} does not exist (generator.system_prompt_file / "
+                         "verifier.judge_prompt_file)")
+    return path.read_text().strip()
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    kv_bytes: int
+    max_num_seqs: int
+
+
+def static_split(cfg: Config) -> tuple[EngineSpec, EngineSpec]:
+    total = int(cfg.memory.kv_cache_gib * GIB)
+    gen = int(total * cfg.memory.generator_fraction)
+    return (EngineSpec(gen, cfg.memory.generator_max_num_seqs),
+            EngineSpec(total - gen, cfg.memory.verifier_max_num_seqs))
+
+
+class Backends:
+    """Owns the two backends of a run; rebuilds an engine only when its spec changes."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self._gen: tuple[EngineSpec, Generator] | None = None
+        self._ver: tuple[EngineSpec, Verifier] | None = None
+
+    def get(self, gen_spec: EngineSpec, ver_spec: EngineSpec | None) -> tuple[Generator, Verifier | None]:
+        if self._gen is None or self._gen[0] != gen_spec:
+            self._close(self._gen)
+            self._gen = (gen_spec, self._make_generator(gen_spec))
+        else:
+            reset_prefix_cache(self._gen[1])
+        if ver_spec is None:
+            return self._gen[1], None
+        if self._ver is None or self._ver[0] != ver_spec:
+            self._close(self._ver)
+            self._ver = (ver_spec, self._make_verifier(ver_spec))
+        else:
+            reset_prefix_cache(self._ver[1])
+        return self._gen[1], self._ver[1]
+
+    def _make_generator(self, spec: EngineSpec) -> Generator:
+        g = self.cfg.generator
+        if g.backend is BackendKind.fake:
+            from tts.backends.fake import FakeGenerator
+            return FakeGenerator(batch_cap=spec.max_num_seqs)
+        from tts.backends.vllm_generator import VllmGenerator
+        return VllmGenerator.from_config(self.cfg, kv_cache_bytes=spec.kv_bytes, max_num_seqs=spec.max_num_seqs)
+
+    def _make_verifier(self, spec: EngineSpec) -> Verifier:
+        v = self.cfg.verifier
+        if v.backend is BackendKind.fake:
+            from tts.backends.fake import FakeVerifier
+            return FakeVerifier()
+        from tts.backends.vllm_verifier import VllmVerifier
+        return VllmVerifier.from_config(self.cfg, kv_cache_bytes=spec.kv_bytes, max_num_seqs=spec.max_num_seqs)
+
+    @staticmethod
+    def _close(pair) -> None:
+        if pair is not None:
+            pair[1].close()
+
+    def close(self) -> None:
+        self._close(self._gen)
+        self._close(self._ver)
+        self._gen = self._ver = None
+
+
+def reset_prefix_cache(backend) -> None:
+    reset = getattr(backend, "reset_prefix_cache", None)
+    if reset is not None:
+        reset()

@@ -1,0 +1,215 @@
+"""Building one in-process vLLM engine, with the KV budget checked before the model loads.
+
+Both backends (generator and verifier) own one `vllm.LLM` each, made here. The engine runs
+in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so the backends can reach its
+scheduler for per-step statistics and two engines can share one process.
+
+Memory, CPU: the KV cache is exactly `kv_cache_bytes` (vLLM's `kv_cache_memory_bytes`);
+this is the lever for the generator/verifier split.
+
+Memory, GPU: with `kv_cache_bytes` set, the same exact lever is used. Otherwise
+`gpu_memory_utilization` applies, which in vLLM 0.32 is a *per-instance* budget
+(weights + activations + KV = utilization x total memory), checked at start-up against the
+memory that is free *then*. Two engines on one GPU therefore need
+`u_generator + u_verifier <= 1 - (memory held by anything else) / total`, and the engine
+built second fails to start if the first already took more than `1 - u_second` of the
+device. (Older vLLM versions read the fraction as a whole-device ceiling, in which case the
+second engine must be given `u_first + u_second`.) That path cannot be exercised on the
+CPU machines this project is tested on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    import vllm
+
+logger = logging.getLogger(__name__)
+
+_DTYPE_BYTES: dict[str, int] = {
+    "bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float8": 1, "fp8": 1,
+}
+
+
+@dataclass(frozen=True)
+class KvCacheInfo:
+    """The KV cache an engine holds: for memory metrics and the allocator."""
+
+    num_blocks: int
+    block_size: int  # tokens per block
+    bytes_per_token: int  # K and V, all layers, one token (per device when sharded)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def total_bytes(self) -> int:
+        return self.num_tokens * self.bytes_per_token
+
+
+def read_hf_config(model_path: str | Path) -> dict[str, Any]:
+    """The model folder's `config.json`; `ModelNotPresentError` (a FileNotFoundError) when
+    the folder or the file is missing."""
+    from tts.models.cache import ModelNotPresentError
+
+    folder = Path(model_path).expanduser()
+    if not folder.is_dir():
+        raise ModelNotPresentError(
+            f"model folder {str(folder)!r} does not exist; pass a Hugging Face model folder "
+            "(config.json, weights, tokenizer) or run `tts models pull <key>` first"
+        )
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise ModelNotPresentError(f"model folder {str(folder)!r} has no config.json")
+    config: dict[str, Any] = json.loads(config_file.read_text())
+    # Multimodal or wrapped configs keep the language model's numbers in text_config.
+    return config.get("text_config", config) if "num_hidden_layers" not in config else config
+
+
+def kv_bytes_per_token(config: dict[str, Any], dtype: str, tensor_parallel_size: int = 1) -> int:
+    """2 (K and V) x layers x KV heads (per device) x head dim x bytes per element."""
+    layers = int(config["num_hidden_layers"])
+    heads = int(config["num_attention_heads"])
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    head_dim = int(config.get("head_dim") or config["hidden_size"] // heads)
+    kv_heads_per_device = max(1, kv_heads // tensor_parallel_size)
+    return 2 * layers * kv_heads_per_device * head_dim * _dtype_bytes(dtype, config)
+
+
+def _dtype_bytes(dtype: str, config: dict[str, Any]) -> int:
+    name = dtype
+    if dtype == "auto":
+        name = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+    name = name.removeprefix("torch.")
+    if name not in _DTYPE_BYTES:
+        raise ValueError(f"dtype: {dtype!r} is not one of {sorted(_DTYPE_BYTES)} or 'auto'")
+    return _DTYPE_BYTES[name]
+
+
+def check_kv_budget(
+    config: dict[str, Any], *, kv_cache_bytes: int, block_size: int, dtype: str,
+    min_tokens_per_seq: int, tensor_parallel_size: int = 1,
+) -> KvCacheInfo:
+    """The KV cache `kv_cache_bytes` buys; ValueError if it cannot hold one whole sequence."""
+    per_token = kv_bytes_per_token(config, dtype, tensor_parallel_size)
+    blocks = kv_cache_bytes // (block_size * per_token)
+    if blocks * block_size < min_tokens_per_seq:
+        need_blocks = -(-min_tokens_per_seq // block_size)
+        need = need_blocks * block_size * per_token
+        raise ValueError(
+            f"kv_cache_bytes: {kv_cache_bytes} bytes hold {blocks} blocks of {block_size} tokens "
+            f"({blocks * block_size} tokens at {per_token} bytes/token), fewer than one "
+            f"sequence of {min_tokens_per_seq} tokens; give at least {need} bytes "
+            f"({need / 2**20:.1f} MiB) or lower the sequence length"
+        )
+    return KvCacheInfo(num_blocks=blocks, block_size=block_size, bytes_per_token=per_token)
+
+
+def has_cuda() -> bool:
+    """True when torch sees a CUDA device (torch imported here, lazily)."""
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def make_llm(
+    model_path: str,
+    *,
+    kv_cache_bytes: int | None,
+    gpu_memory_utilization: float | None,
+    block_size: int,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    dtype: str,
+    seed: int,
+    tensor_parallel_size: int = 1,
+    min_tokens_per_seq: int | None = None,
+    engine_kwargs: dict[str, Any] | None = None,
+) -> vllm.LLM:
+    """Start one in-process vLLM engine for `model_path` (a local Hugging Face folder).
+
+    `min_tokens_per_seq` is the longest sequence (prompt + generated tokens) the engine will
+    run; it becomes vLLM's `max_model_len` (None: the model's `max_position_embeddings`).
+    Raises, before any weight is loaded: ModelNotPresentError (a FileNotFoundError) for a
+    missing folder, and
+    ValueError when the KV budget cannot hold one such sequence or neither memory lever is
+    given. Prefix caching is on, CUDA graphs are off (eager), per-step stats are kept, and
+    scheduling is synchronous, so each `step()` returns the tokens of the batch it ran.
+    `engine_kwargs` go to `vllm.LLM` as they are (e.g. `runner="pooling"` for reward heads).
+    """
+    config = read_hf_config(model_path)
+    max_len = min_tokens_per_seq or int(config.get("max_position_embeddings", 4096))
+    if block_size % 32 != 0 and not has_cuda():
+        raise ValueError(f"block_size: {block_size} is not a multiple of 32 (vLLM on CPU)")
+    memory = _memory_kwargs(config, kv_cache_bytes, gpu_memory_utilization, block_size,
+                            dtype, max_len, tensor_parallel_size)
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    import vllm
+
+    kwargs: dict[str, Any] = dict(
+        model=str(Path(model_path).expanduser()), tokenizer=str(Path(model_path).expanduser()),
+        dtype=dtype, seed=seed, block_size=block_size, max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_len,
+        tensor_parallel_size=tensor_parallel_size, enforce_eager=True,
+        enable_prefix_caching=True, disable_log_stats=False, async_scheduling=False,
+        **memory,
+    )
+    kwargs.update(engine_kwargs or {})
+    return vllm.LLM(**kwargs)
+
+
+def _memory_kwargs(
+    config: dict[str, Any], kv_cache_bytes: int | None, gpu_memory_utilization: float | None,
+    block_size: int, dtype: str, max_len: int, tensor_parallel_size: int,
+) -> dict[str, Any]:
+    on_gpu = has_cuda()
+    if kv_cache_bytes is None:
+        if not on_gpu:
+            raise ValueError("kv_cache_bytes: required on CPU (vLLM cannot size the KV cache "
+                             "itself here); give the engine's KV budget in bytes")
+        if gpu_memory_utilization is None:
+            raise ValueError("gpu_memory_utilization: required on GPU when kv_cache_bytes "
+                             "is not given")
+        return {"gpu_memory_utilization": gpu_memory_utilization}
+    check_kv_budget(config, kv_cache_bytes=kv_cache_bytes, block_size=block_size, dtype=dtype,
+                    min_tokens_per_seq=max_len, tensor_parallel_size=tensor_parallel_size)
+    memory: dict[str, Any] = {"kv_cache_memory_bytes": int(kv_cache_bytes)}
+    if on_gpu and gpu_memory_utilization is not None:
+        memory["gpu_memory_utilization"] = gpu_memory_utilization
+    return memory
+
+
+def kv_cache_info(llm: vllm.LLM) -> KvCacheInfo:
+    """The KV cache the running engine actually allocated (blocks, block size, bytes/token)."""
+    engine = llm.llm_engine
+    cache = engine.vllm_config.cache_config
+    num_blocks = cache.num_gpu_blocks
+    scheduler = find_scheduler(llm)
+    if num_blocks is None and scheduler is not None:
+        num_blocks = scheduler.kv_cache_manager.block_pool.num_gpu_blocks
+    model = engine.model_config
+    parallel = engine.vllm_config.parallel_config
+    per_token = (2 * model.get_num_layers(parallel) * model.get_num_kv_heads(parallel)
+                 * model.get_head_size() * _torch_dtype_bytes(cache.cache_dtype, model.dtype))
+    return KvCacheInfo(num_blocks=int(num_blocks or 0), block_size=int(cache.block_size),
+                       bytes_per_token=int(per_token))
+
+
+def _torch_dtype_bytes(cache_dtype: str, model_dtype: Any) -> int:
+    if cache_dtype and cache_dtype != "auto":
+        return 1 if "fp8" in cache_dtype else _DTYPE_BYTES.get(cache_dtype, 2)
+    return int(getattr(model_dtype, "itemsize", 2))
+
+
+def find_scheduler(llm: vllm.LLM) -> Any | None:
+    """The in-process v1 scheduler of `llm`, or None (multiprocess engine, other layout)."""
+    client = getattr(llm.llm_engine, "engine_core", None)
+    core = getattr(client, "engine_core", None)
+    return getattr(core, "scheduler", None)

@@ -1,0 +1,129 @@
+"""Per-step scheduler statistics read from an in-process vLLM v1 engine.
+
+vLLM does not hand the `SchedulerOutput` of a step back to `LLMEngine.step()`'s caller, so
+the probe wraps the `schedule` method of the one scheduler instance it watches (an instance
+attribute shadowing the bound method: no class is patched, other engines are untouched)
+and keeps the last output. Everything else is read from the scheduler after the step:
+`running`/`waiting` via `get_request_counts()`, `kv_cache_manager.usage`,
+`max_num_scheduled_tokens`.
+
+This reaches into vLLM internals, so it is enabled only for the vLLM versions listed in
+`TESTED_VLLM_VERSIONS` (checked on 0.32.0) and only when the scheduler has the expected
+shape. Otherwise the probe degrades: running = requests that returned tokens, scheduled
+tokens = tokens returned, waiting = unfinished - running, KV usage = 0.0 (unknown), and
+the batch cap cannot be changed at run time.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from tts.backends.base import StepStats
+from tts.backends.vllm_engine import find_scheduler
+
+if TYPE_CHECKING:  # pragma: no cover
+    import vllm
+
+logger = logging.getLogger(__name__)
+
+TESTED_VLLM_VERSIONS: tuple[str, ...] = ("0.32",)
+_SCHEDULER_ATTRS: tuple[str, ...] = (
+    "schedule", "get_request_counts", "kv_cache_manager", "max_num_running_reqs",
+    "max_num_scheduled_tokens",
+)
+
+
+class SchedulerProbe:
+    """Reads what each step of one engine did; see the module docstring for how."""
+
+    def __init__(self, llm: vllm.LLM) -> None:
+        import vllm as _vllm
+
+        sched_config = llm.llm_engine.vllm_config.scheduler_config
+        self.max_num_seqs: int = int(sched_config.max_num_seqs)
+        self._token_cap = int(sched_config.max_num_batched_tokens)
+        self._last: Any = None
+        self._scheduler = find_scheduler(llm)
+        version = str(_vllm.__version__)
+        if not version.startswith(TESTED_VLLM_VERSIONS) or not self._has_shape():
+            logger.warning("vLLM %s: scheduler stats degrade to counts from the outputs "
+                           "(tested: %s)", version, ", ".join(TESTED_VLLM_VERSIONS))
+            self._scheduler = None
+            return
+        self._token_cap = int(self._scheduler.max_num_scheduled_tokens)
+        self._wrap_schedule()
+
+    @property
+    def exact(self) -> bool:
+        """True when stats come from the scheduler itself (not derived from outputs)."""
+        return self._scheduler is not None
+
+    def _has_shape(self) -> bool:
+        return self._scheduler is not None and all(
+            hasattr(self._scheduler, name) for name in _SCHEDULER_ATTRS)
+
+    def _wrap_schedule(self) -> None:
+        original = self._scheduler.schedule
+
+        def schedule(*args: Any, **kwargs: Any) -> Any:
+            output = original(*args, **kwargs)
+            self._last = output
+            return output
+
+        self._scheduler.schedule = schedule
+
+    @property
+    def batch_cap(self) -> int:
+        if self._scheduler is None:
+            return self.max_num_seqs
+        return int(getattr(self._scheduler, "max_num_active_reqs",
+                           self._scheduler.max_num_running_reqs))
+
+    def set_batch_cap(self, cap: int) -> None:
+        """Admit at most `cap` running requests from the next step on.
+
+        vLLM 0.32 separates admission (`max_num_active_reqs`) from the model runner's slots
+        (`max_num_running_reqs`, sized at start-up to `max_num_seqs`); only admission is
+        changed, so the cap can go down or back up to `max_num_seqs`, never above. Lowering
+        it preempts nothing: requests already running finish, and new ones wait until the
+        running count is below the cap.
+        """
+        if not 1 <= cap <= self.max_num_seqs:
+            raise ValueError(f"batch_cap: {cap} outside [1, max_num_seqs={self.max_num_seqs}] "
+                             "(the engine's slots are fixed when it starts)")
+        if self._scheduler is None or not hasattr(self._scheduler, "max_num_active_reqs"):
+            logger.warning("batch cap cannot be changed on this vLLM; it stays %d",
+                           self.batch_cap)
+            return
+        self._scheduler.max_num_active_reqs = cap
+
+    def begin_step(self) -> None:
+        """Forget the previous step's schedule (a step with no work schedules nothing)."""
+        self._last = None
+
+    def stats(self, wall_s: float, produced: Sequence[int], num_unfinished: int) -> StepStats:
+        """What the step just run did; `produced` (tokens returned per request that made
+        progress) and `num_unfinished` are used only when the probe is degraded."""
+        if self._scheduler is None:
+            return self._derived(wall_s, produced, num_unfinished)
+        per_request = tuple(int(n) for n in (self._last.num_scheduled_tokens.values()
+                                             if self._last is not None else ()))
+        _, num_waiting = self._scheduler.get_request_counts()
+        usage = float(self._scheduler.kv_cache_manager.usage)
+        return StepStats(
+            num_running=len(per_request), num_waiting=int(num_waiting),
+            num_scheduled_tokens=sum(per_request), batch_cap=self.batch_cap,
+            token_cap=self._token_cap, kv_usage=min(1.0, max(0.0, usage)), wall_s=wall_s,
+            tokens_per_request=per_request,
+        )
+
+    def _derived(self, wall_s: float, produced: Sequence[int], num_unfinished: int) -> StepStats:
+        per_request = tuple(int(n) for n in produced)
+        return StepStats(
+            num_running=len(per_request), num_waiting=max(0, num_unfinished - len(per_request)),
+            num_scheduled_tokens=sum(per_request), batch_cap=self.batch_cap,
+            token_cap=self._token_cap, kv_usage=0.0, wall_s=wall_s,
+            tokens_per_request=per_request,
+        )

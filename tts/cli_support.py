@@ -1,0 +1,184 @@
+"""What the CLI verbs do, kept out of `cli/main.py` so that module imports nothing heavy."""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig
+from rich.console import Console
+from rich.table import Table
+
+console = Console(stderr=True)
+
+
+@dataclass
+class Job:
+    overrides: list[str]
+    cfg: DictConfig
+
+
+def compose_jobs(config_name: str, overrides: list[str], multirun: bool, resume: bool) -> list[Job]:
+    """One composed config per sweep combination (one without -m); each job of a sweep
+    writes its own folder under the sweep's folder."""
+    from tts.config.compose import compose, expand_sweep
+
+    if resume:
+        overrides = overrides + ["bench.resume=true"]
+    combos = expand_sweep(overrides) if multirun else [overrides]
+    if not multirun and any(_is_sweep(o) for o in overrides):
+        raise ValueError(f"{[o for o in overrides if _is_sweep(o)]}: comma-separated values sweep; add -m")
+    jobs = []
+    sweep_dir = time.strftime("%Y%m%d-%H%M%S-sweep")
+    for i, combo in enumerate(combos):
+        cfg = compose(config_name, combo)
+        if multirun:
+            slug = re.sub(r"[^A-Za-z0-9_.=-]+", "_", ",".join(combo))[:80]
+            name = cfg.bench.run_name or sweep_dir
+            cfg.bench.run_name = f"{name}/{i}_{slug}"
+        jobs.append(Job(combo, cfg))
+    return jobs
+
+
+def _is_sweep(override: str) -> bool:
+    value = override.split("=", 1)[-1]
+    return "," in value and not value.startswith("[") and "(" not in value
+
+
+def print_config(jobs: list[Job]) -> None:
+    from tts.config.compose import to_yaml
+
+    for job in jobs:
+        if len(jobs) > 1:
+            print(f"# overrides: {' '.join(job.overrides)}")
+        print(to_yaml(job.cfg))
+
+
+def run_jobs(jobs: list[Job]) -> int:
+    """Run each job with a progress bar; print its summary table. Exit code 0 or 2."""
+    from tts.runner import run_bench
+
+    for job in jobs:
+        try:
+            path = _with_progress(run_bench, job.cfg)
+        except (ValueError, FileExistsError, FileNotFoundError) as err:
+            console.print(f"[red]error:[/red] {err}")
+            return 2
+        print_summary(path)
+    return 0
+
+
+def _with_progress(fn, cfg: DictConfig) -> Path:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from tts.runner import load_problems_for, variant_optims
+    from tts.config.compose import validate
+
+    conf = validate(cfg)
+    total = len(load_problems_for(conf)) * len(variant_optims(conf))
+    tokens, start = [0], time.perf_counter()
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                  console=console) as bar:
+        task = bar.add_task("problems", total=total, rate="")
+
+        def tick(variant: str, record: dict) -> None:
+            tokens[0] += record["metrics"]["gen_tokens"]
+            rate = tokens[0] / max(1e-9, time.perf_counter() - start)
+            bar.update(task, advance=1, description=f"{variant}", rate=f"{rate:.0f} tok/s")
+
+        return fn(cfg, progress=tick)
+
+
+def print_summary(path: Path) -> None:
+    from tts.results.store import RunStore
+
+    summary = RunStore(path).summary()
+    out = Console()
+    table = Table(title=f"tts bench: {path}")
+    names = list(summary["variants"])
+    table.add_column("metric")
+    for n in names:
+        table.add_column(n, justify="right")
+    keys = ["num_problems", "precise_goodput", "latency_s_mean", "generator_s_mean", "verifier_s_mean",
+            "tokens_per_s", "problems_per_min", "acc_majority", "acc_weighted", "acc_prm_max", "pass@n",
+            "gen_cache_hit_rate", "ver_cache_hit_rate", "gen_batch_util_mean", "ver_batch_util_mean",
+            "straggler_gap", "spec_hit_rate"]
+    for k in keys:
+        vals = [summary["variants"][n].get(k) for n in names]
+        if all(v is None for v in vals):
+            continue
+        table.add_row(k, *[("-" if v is None else f"{v:.3g}" if isinstance(v, float) else str(v)) for v in vals])
+    out.print(table)
+    if "ratio_table_md" in summary:
+        out.print(summary["ratio_table_md"])
+
+
+def regrade(path: Path) -> int:
+    """Re-grade a saved run's candidates and rewrite its summary, without generating."""
+    from tts.results.records import grade_candidates
+    from tts.results.store import RECORDS, RunStore
+    from tts.results.summary import write_summary
+
+    store = RunStore(path)
+    if not (path / RECORDS).exists():
+        console.print(f"[red]error:[/red] {path} has no {RECORDS}: not a tts run folder")
+        return 2
+    records = store.records()
+    for r in records:
+        r.update(grade_candidates(r["gold"], r["candidates"]))
+    (path / RECORDS).write_text("".join(__import__("json").dumps(r) + "\n" for r in records))
+    names = list(dict.fromkeys(r.get("variant", "") for r in records))
+    write_summary(store, names, {})
+    print_summary(path)
+    return 0
+
+
+def run_profile(jobs: list[Job], calibrate: bool) -> int:
+    from tts.memory.profile import profile_memory
+
+    for job in jobs:
+        try:
+            profile_memory(job.cfg, calibrate=calibrate, console=Console())
+        except ValueError as err:
+            console.print(f"[red]error:[/red] {err}")
+            return 2
+    return 0
+
+
+def run_report(runs: list[Path], baseline: str | None, out: Path | None) -> int:
+    from tts.report import ReportError, write_report
+
+    try:
+        path = write_report([str(r) for r in runs], baseline, out)
+    except ReportError as err:
+        console.print(f"[red]error:[/red] {err}")
+        return 2
+    Console().print(f"report written to {path}")
+    return 0
+
+
+def print_models() -> None:
+    from tts.models.listing import list_models
+
+    table = Table(title="tts models")
+    for col in ("key", "role", "adapter", "source", "present", "needs", "path"):
+        table.add_column(col)
+    for m in list_models():
+        table.add_row(*(str(m.get(c, "")) for c in ("key", "role", "adapter", "source", "present", "needs", "path")))
+    Console().print(table)
+
+
+def pull_model(key: str, force: bool) -> int:
+    from tts.models.provision import ProvisionError, pull
+
+    try:
+        path = pull(key, force=force)
+    except (ProvisionError, ValueError) as err:
+        console.print(f"[red]error:[/red] {err}")
+        return 1
+    Console().print(f"{key}: {path}")
+    return 0
+

@@ -1,0 +1,86 @@
+"""M: apply the roofline-guided KV split to the engines of a run.
+
+At start the split sizes each engine's KV budget (vLLM fixes it at engine creation).
+While the run goes on, `RuntimeAllocator` re-runs the search whenever the workload
+changes (live beams, path lengths) and applies the result as each engine's batch cap.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tts.backends.factory import GIB, EngineSpec
+from tts.config.schema import Config, OptimConfig
+from tts.memory.allocator import Workload
+from tts.memory.device import DeviceProfile
+from tts.memory.policy import KVSplit, RooflineSplit
+from tts.memory.roofline import ModelShape
+
+PROMPT_TOKENS = 160  # a typical chat-templated problem prompt; refined at run time
+
+
+def model_shape(model: str) -> ModelShape:
+    from tts.models.cache import resolve_model
+
+    config = json.loads((Path(resolve_model(model)) / "config.json").read_text())
+    return ModelShape.from_hf_config(config)
+
+
+def device_profile(cfg: Config) -> DeviceProfile:
+    d = cfg.device
+    return DeviceProfile(name=d.name, kind=d.kind, peak_tflops=d.peak_tflops,
+                         bandwidth_gbs=d.bandwidth_gbs, memory_gb=d.memory_gb, source=d.source)
+
+
+def workload_for(cfg: Config, beams: int, path_tokens: int) -> Workload:
+    step = cfg.generator.step_max_tokens
+    return Workload(num_requests=max(1, beams), verifier_seq_len=PROMPT_TOKENS + path_tokens + step,
+                    decode_len=step, gen_context_len=PROMPT_TOKENS + path_tokens,
+                    block_size=cfg.memory.block_size)
+
+
+def _split(cfg: Config, beams: int, path_tokens: int) -> KVSplit | None:
+    policy = RooflineSplit(model_shape(cfg.generator.model), model_shape(cfg.verifier.model),
+                           device=device_profile(cfg))
+    return policy.split(int(cfg.memory.kv_cache_gib * GIB), workload_for(cfg, beams, path_tokens))
+
+
+def plan_memory(cfg: Config, optim: OptimConfig) -> tuple[EngineSpec, EngineSpec]:
+    """Engine KV budgets from the roofline split for the run's peak workload."""
+    beams = cfg.search.n * cfg.bench.concurrency
+    split = _split(cfg, beams, cfg.generator.max_total_tokens // 2)
+    if split is None:
+        raise ValueError(f"memory.kv_cache_gib={cfg.memory.kv_cache_gib}: too small to hold one generator "
+                         "and one verifier sequence; raise it")
+    # vLLM needs room beyond the modelled batch for prefix-cached blocks; never go below
+    # the batch the split asked for.
+    return (EngineSpec(split.generator_kv_bytes, max(split.generator_max_seqs, 1)),
+            EngineSpec(split.verifier_kv_bytes, max(split.verifier_max_seqs, 1)))
+
+
+class RuntimeAllocator:
+    """Re-runs the split when the workload changes and sets the engines' batch caps."""
+
+    def __init__(self, cfg: Config, generator, verifier) -> None:
+        self.cfg = cfg
+        self.gen = generator
+        self.ver = verifier
+        self._last: tuple[int, int] | None = None
+        self.history: list[dict] = []
+
+    def __call__(self, beams) -> None:
+        n = len(beams)
+        mean_len = sum(b.num_tokens for b in beams) // max(1, n)
+        key = (n, mean_len // self.cfg.generator.step_max_tokens)  # re-plan per step-length bucket
+        if n == 0 or key == self._last:
+            return
+        self._last = key
+        split = _split(self.cfg, n, mean_len)
+        if split is None:
+            return
+        self.gen.set_limits(batch_cap=split.generator_max_seqs)
+        if self.ver is not None:
+            self.ver.set_limits(batch_cap=split.verifier_max_seqs)
+        self.history.append({"beams": n, "path_tokens": mean_len, "b_dec": split.generator_max_seqs,
+                             "b_pre": split.verifier_max_seqs})

@@ -1,0 +1,86 @@
+"""PNG plots of a run (matplotlib, Agg backend, imported lazily)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tts.results.store import RunStore
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def make_plots(store: RunStore, summary: dict, step_logs: dict[str, dict]) -> list[Path]:
+    """Goodput by variant (the ablation bars), batch-utilisation histograms, and batch
+    utilisation over time for each variant's generator."""
+    store.plots.mkdir(exist_ok=True)
+    out = []
+    variants = summary["variants"]
+    if variants:
+        out.append(_bars(store.plots / "goodput_by_variant.png", variants, summary["baseline"]))
+    for model in ("generator", "verifier"):
+        hists = {n: s[model]["batch_util_hist"] for n, s in variants.items() if model in s}
+        if hists:
+            out.append(_hist(store.plots / f"{model}_batch_util_hist.png", hists, model))
+    traces = {n: log["generator"]["util_trace"] for n, log in step_logs.items()
+              if "util_trace" in log.get("generator", {})}
+    if traces:
+        out.append(_traces(store.plots / "generator_util_over_time.png", traces))
+    return out
+
+
+def _bars(path: Path, variants: dict, baseline: str) -> Path:
+    plt = _plt()
+    names = list(variants)
+    base = variants[baseline].get("precise_goodput") or 1.0
+    gains = [variants[n].get("precise_goodput", 0.0) / base for n in names]
+    fig, ax = plt.subplots(figsize=(1.2 + 1.1 * len(names), 3.2))
+    ax.bar(names, gains, color=["#999999"] + ["#2a7ab0"] * (len(names) - 1))
+    for i, g in enumerate(gains):
+        ax.text(i, g, f"{g:.2f}x", ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel(f"precise goodput / {baseline}")
+    ax.set_title("Goodput by variant")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _hist(path: Path, hists: dict[str, list[int]], model: str) -> Path:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    bins = len(next(iter(hists.values())))
+    width = 0.8 / len(hists)
+    for k, (name, h) in enumerate(hists.items()):
+        total = sum(h) or 1
+        ax.bar([i + k * width for i in range(bins)], [x / total for x in h], width=width, label=name)
+    ax.set_xticks(range(bins), [f"{i / bins:.1f}" for i in range(bins)], fontsize=7)
+    ax.set_xlabel("batch utilisation (running / cap)")
+    ax.set_ylabel("fraction of engine steps")
+    ax.set_title(f"{model} batch utilisation")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _traces(path: Path, traces: dict[str, list]) -> Path:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    for name, trace in traces.items():
+        if trace:
+            ax.plot([t for t, _ in trace], [u for _, u in trace], label=name, lw=0.8)
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("generator batch utilisation")
+    ax.set_title("Batch utilisation over time")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

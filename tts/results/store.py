@@ -1,0 +1,101 @@
+"""One folder per run: the resolved config, per-problem JSONL records, a summary, plots.
+
+Records are appended and flushed to disk as each problem finishes, so a killed run
+keeps everything it finished; `resume` reads them back and the run skips those problems.
+A last line cut off by a kill is dropped (and reported), never misread.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+RECORDS = "records.jsonl"
+SUMMARY = "summary.json"
+CONFIG = "config.yaml"
+
+
+class RunStore:
+    """Reads and writes a run folder."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.plots = self.path / "plots"
+
+    @classmethod
+    def create(cls, results_dir: str | Path, run_name: str | None, resume: bool, hint: str) -> RunStore:
+        base = Path(results_dir)
+        name = run_name or time.strftime("%Y%m%d-%H%M%S-") + hint
+        path = base / name
+        if path.exists() and not resume and any(path.iterdir()):
+            raise FileExistsError(f"results folder {path} already holds a run; pass --resume to continue "
+                                  "it or choose another bench.run_name")
+        path.mkdir(parents=True, exist_ok=True)
+        store = cls(path)
+        store.plots.mkdir(exist_ok=True)
+        return store
+
+    def write_config(self, yaml_text: str) -> None:
+        (self.path / CONFIG).write_text(yaml_text)
+
+    def append(self, record: dict) -> None:
+        line = json.dumps(record, default=_jsonable) + "\n"
+        with open(self.path / RECORDS, "a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def records(self) -> list[dict]:
+        return list(self.iter_records())
+
+    def iter_records(self) -> Iterator[dict]:
+        path = self.path / RECORDS
+        if not path.exists():
+            return
+        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+        for i, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as err:
+                if i == len(lines) and not line.endswith("\n"):
+                    self._drop_partial_tail(line)
+                    return
+                raise ValueError(f"{path}: line {i} is not a JSON record ({err.msg})") from err
+
+    def _drop_partial_tail(self, line: str) -> None:
+        """Cut a record half-written by a killed run, so appends start on a fresh line."""
+        path = self.path / RECORDS
+        size = path.stat().st_size
+        with open(path, "r+b") as f:
+            f.truncate(size - len(line.encode("utf-8")))
+
+    def done_keys(self) -> set[tuple[str, str]]:
+        return {(r.get("variant", ""), r["problem_id"]) for r in self.iter_records()}
+
+    def write_summary(self, summary: dict) -> None:
+        (self.path / SUMMARY).write_text(json.dumps(summary, indent=2, default=_jsonable))
+
+    def summary(self) -> dict:
+        path = self.path / SUMMARY
+        if not path.exists():
+            raise FileNotFoundError(f"{self.path}: no {SUMMARY} (the run did not finish; `tts eval {self.path}` "
+                                    "rebuilds it from the records)")
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}: corrupt summary ({err.msg})") from err
+
+
+def _jsonable(obj):
+    if hasattr(obj, "value"):
+        return obj.value
+    if isinstance(obj, (set, tuple)):
+        return list(obj)
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")

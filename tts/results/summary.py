@@ -1,0 +1,103 @@
+"""The run summary: per-variant metrics and accuracy, ratios against the first variant,
+and the plots (ablation bars, batch utilisation over time, histograms)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tts.metrics.collector import summarize_problems
+from tts.results.records import accuracy_summary
+from tts.results.store import RunStore
+
+# (summary key, label, higher is better)
+RATIO_METRICS = [
+    ("precise_goodput", "precise goodput (tok/s)", True),
+    ("latency_s_mean", "completion latency (s)", False),
+    ("generator_s_mean", "generator time (s)", False),
+    ("verifier_s_mean", "verifier time (s)", False),
+    ("tokens_per_s", "throughput (tok/s)", True),
+    ("problems_per_min", "problems/min", True),
+    ("total_gen_tokens", "generated tokens", False),
+    ("acc_majority", "accuracy (majority)", True),
+    ("acc_weighted", "accuracy (weighted)", True),
+    ("acc_prm_max", "accuracy (PRM-max)", True),
+    ("pass@n", "pass@N", True),
+    ("gen_cache_hit_rate", "generator prefix-cache hit rate", True),
+    ("ver_cache_hit_rate", "verifier prefix-cache hit rate", True),
+    ("gen_batch_util_mean", "generator batch utilisation", True),
+    ("spec_hit_rate", "speculation hit rate", True),
+]
+
+
+def variant_summary(records: list[dict], step_log: dict | None, wall_s: float | None) -> dict:
+    s = summarize_problems([r["metrics"] for r in records])
+    s.update(accuracy_summary(records))
+    if wall_s:
+        s["wall_s"] = wall_s
+    total = sum(r["metrics"]["latency_s"] for r in records)
+    s["problems_per_min"] = 60.0 * len(records) / (wall_s or total) if records and (wall_s or total) else 0.0
+    if step_log:
+        for model, log in step_log.items():
+            s[f"{model[:3]}_batch_util_mean"] = log["batch_util_mean"]
+            s[model] = log
+    return s
+
+
+def ratio_table(summaries: dict[str, dict], baseline: str) -> list[dict]:
+    """One row per metric: each variant's value and its ratio to the baseline's."""
+    base = summaries[baseline]
+    rows = []
+    for key, label, higher in RATIO_METRICS:
+        if key not in base:
+            continue
+        row = {"metric": label, "higher_is_better": higher}
+        for name, s in summaries.items():
+            value = s.get(key)
+            row[name] = value
+            if name != baseline and value is not None and base.get(key):
+                row[f"{name}/{baseline}"] = value / base[key]
+        rows.append(row)
+    return rows
+
+
+def format_table(rows: list[dict], names: list[str], baseline: str) -> str:
+    """A Markdown table of values and ratios."""
+    cols = names + [f"{n}/{baseline}" for n in names if n != baseline]
+    lines = ["| metric | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for row in rows:
+        cells = [_fmt(row.get(c)) for c in cols]
+        lines.append(f"| {row['metric']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+    return str(v)
+
+
+def write_summary(store: RunStore, names: list[str], step_logs: dict[str, dict],
+                  walls: dict[str, float] | None = None) -> tuple[dict, list[Path]]:
+    """Summarise the run's records per variant, write summary.json and the plots."""
+    records = store.records()
+    old = {}
+    try:
+        old = store.summary().get("variants", {})
+    except (FileNotFoundError, ValueError):
+        pass
+    summaries = {}
+    for name in names:
+        mine = [r for r in records if r.get("variant", "") == name]
+        log = step_logs.get(name) or {k: v for k, v in old.get(name, {}).items() if k in ("generator", "verifier")}
+        summaries[name] = variant_summary(mine, log or None, (walls or {}).get(name))
+    summary = {"variants": summaries, "baseline": names[0]}
+    if len(names) > 1:
+        rows = ratio_table(summaries, names[0])
+        summary["ratios"] = rows
+        summary["ratio_table_md"] = format_table(rows, names, names[0])
+    store.write_summary(summary)
+    from tts.results.plots import make_plots
+    plots = make_plots(store, summary, step_logs)
+    return summary, plots

@@ -1,0 +1,76 @@
+"""Weights & Biases logging, offline by default; a W&B failure never loses local results.
+
+The mode comes from `logger.mode`, else `$WANDB_MODE`, else "offline" (it is never
+hard-coded: the mode passed in code would override the environment).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+
+class RunLogger:
+    """Logs config, per-problem metrics, tables, plots and the summary; no-op when off."""
+
+    def __init__(self, enabled: bool, mode: str | None, project: str, entity: str | None,
+                 tags: list[str], run_dir: Path, config: dict[str, Any], name: str) -> None:
+        self.run = None
+        self.mode = mode or os.environ.get("WANDB_MODE") or "offline"
+        if not enabled or self.mode == "disabled":
+            return
+        os.environ.setdefault("WANDB_MODE", self.mode)  # stops the telemetry host lookup offline
+        os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
+        try:
+            import wandb
+
+            self.run = wandb.init(project=project, entity=entity, tags=tags or None, mode=self.mode,
+                                  dir=str(run_dir), config=config, name=name, reinit="finish_previous")
+        except Exception as err:  # any W&B failure: keep running, local results still land
+            warnings.warn(f"W&B unavailable ({type(err).__name__}: {err}); continuing with local results only")
+            self.run = None
+
+    def _safe(self, fn, *args, **kwargs) -> None:
+        if self.run is None:
+            return
+        try:
+            fn(*args, **kwargs)
+        except Exception as err:
+            warnings.warn(f"W&B logging failed ({type(err).__name__}: {err}); local results unaffected")
+
+    def log_problem(self, record: dict) -> None:
+        metrics = {f"{record['variant']}/{k}": v for k, v in record["metrics"].items()
+                   if isinstance(v, (int, float))}
+        for method, ok in record.get("correct", {}).items():
+            metrics[f"{record['variant']}/correct_{method}"] = int(ok)
+        self._safe(self.run.log if self.run else None, metrics)
+
+    def log_summary(self, summary: dict, tables: dict[str, list[dict]], plots: list[Path]) -> None:
+        if self.run is None:
+            return
+        import wandb
+
+        flat = _flatten(summary)
+        self._safe(self.run.summary.update, {k: v for k, v in flat.items() if isinstance(v, (int, float, str))})
+        for name, rows in tables.items():
+            if rows:
+                cols = list(rows[0])
+                self._safe(self.run.log, {name: wandb.Table(columns=cols, data=[[r.get(c) for c in cols] for r in rows])})
+        for plot in plots:
+            self._safe(self.run.log, {f"plots/{plot.stem}": wandb.Image(str(plot))})
+
+    def finish(self) -> None:
+        self._safe(self.run.finish if self.run else None)
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "/"))
+        else:
+            out[key] = v
+    return out

@@ -1,0 +1,142 @@
+"""`tts bench`: run one or more engine variants over a problem set and record everything.
+
+Variants (`bench.compare`, else the configured `optim`) run one after another in this
+process, over the same problems with the same seeds, sharing the loaded models.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from tts.backends.factory import Backends, read_prompt, static_split
+from tts.config.compose import CONF_DIR, ConfigError, to_yaml, validate
+from tts.config.schema import Config, EngineKind, OptimConfig
+from tts.engine.sync import EngineOptions, ProblemInput, SyncEngine
+from tts.results.records import build_record
+from tts.results.store import RunStore
+from tts.results.summary import write_summary
+from tts.results.wandb_logger import RunLogger
+from tts.search import make_policy
+
+
+def load_problems_for(cfg: Config) -> list:
+    """The configured dataset and subset, as `eval.Problem` records."""
+    from eval import generate_embedded, load_problems, select_subset
+
+    d = cfg.dataset
+    name = d.name.value
+    if name == "embedded":
+        problems = generate_embedded(num_problems=d.embedded_size, seed=d.seed)
+    else:
+        path = d.path
+        data_dir = os.environ.get("TTS_DATA_DIR")
+        if path is None and data_dir and Path(data_dir, f"{name}.jsonl").exists():
+            path = str(Path(data_dir, f"{name}.jsonl"))
+        problems = load_problems(name, path=path, hf_id=d.hf_id, split=d.split)
+    return select_subset(problems, first_k=d.first_k, levels=d.levels, ids=d.ids,
+                         random_k=d.random_k, seed=d.seed)
+
+
+def variant_optims(cfg: Config) -> list[tuple[str, OptimConfig]]:
+    """(name, optim config) for each variant: the `bench.compare` presets, else one."""
+    if not cfg.bench.compare:
+        return [(_preset_name(cfg.optim), cfg.optim)]
+    out = []
+    for name in cfg.bench.compare:
+        path = CONF_DIR / "optim" / f"{name}.yaml"
+        if not path.exists():
+            valid = sorted(p.stem for p in (CONF_DIR / "optim").glob("*.yaml"))
+            raise ConfigError(f"bench.compare: unknown optim preset {name!r}; valid choices: {', '.join(valid)}")
+        merged = OmegaConf.merge(OmegaConf.structured(OptimConfig), OmegaConf.load(path))
+        out.append((name, OmegaConf.to_object(merged)))
+    return out
+
+
+def _preset_name(optim: OptimConfig) -> str:
+    if optim.engine is EngineKind.baseline:
+        return "baseline"
+    if optim.engine is EngineKind.decoupled:
+        return f"decoupled-{optim.decoupled_policy.value}"
+    flags = "P" * optim.prefix_aware + "M" * optim.roofline_memory + "S" * optim.speculative
+    return flags or "flash"
+
+
+def engine_options(cfg: Config, optim: OptimConfig) -> EngineOptions:
+    return EngineOptions(
+        concurrency=cfg.bench.concurrency, seed=cfg.bench.seed, score_cache=optim.score_cache,
+        eos_at_depth_limit=optim.eos_at_depth_limit, speculative=optim.speculative,
+        lookahead=optim.lookahead, ordering="prefix_aware" if optim.prefix_aware else "fifo",
+        spec_max_tokens=optim.spec_max_tokens, spec_truncate_ratio=optim.spec_truncate_ratio,
+        spec_truncate_std=optim.spec_truncate_std, temperature=cfg.generator.temperature,
+        top_p=cfg.generator.top_p)
+
+
+def build_engine(cfg: Config, optim: OptimConfig, backends: Backends):
+    """The engine for one variant, on backends sized for it."""
+    from tts.memory.planner import plan_memory
+
+    gen_spec, ver_spec = plan_memory(cfg, optim) if optim.roofline_memory else static_split(cfg)
+    policy = lambda: make_policy(cfg.search, cfg.generator.step_max_tokens, cfg.generator.max_total_tokens)
+    uses_verifier = policy().uses_verifier
+    gen, ver = backends.get(gen_spec, ver_spec if uses_verifier else None)
+    system = read_prompt(cfg.generator.system_prompt_file)
+    if optim.engine is EngineKind.decoupled:
+        from tts.engine.decoupled import DecoupledEngine
+        return DecoupledEngine(gen, ver, policy, system, engine_options(cfg, optim), optim)
+    engine = SyncEngine(gen, ver, policy, system, engine_options(cfg, optim))
+    if optim.roofline_memory:
+        from tts.memory.planner import RuntimeAllocator
+        engine.on_iteration = RuntimeAllocator(cfg, gen, ver)
+    return engine
+
+
+def run_bench(cfg_node: DictConfig, progress: Callable | None = None) -> Path:
+    """Run the configured benchmark; returns the results folder."""
+    cfg: Config = validate(cfg_node)
+    problems = load_problems_for(cfg)
+    if not problems:
+        raise ConfigError("dataset: the subset selects no problems")
+    variants = variant_optims(cfg)
+    hint = f"{cfg.search.algorithm.value}-n{cfg.search.n}-" + "-vs-".join(n for n, _ in variants)
+    store = RunStore.create(cfg.bench.results_dir, cfg.bench.run_name, cfg.bench.resume, hint)
+    store.write_config(to_yaml(cfg_node))
+    done = store.done_keys() if cfg.bench.resume else set()
+    logger = RunLogger(cfg.logger.wandb, cfg.logger.mode, cfg.logger.project, cfg.logger.entity,
+                       list(cfg.logger.tags), store.path,
+                       OmegaConf.to_container(cfg_node, resolve=True), store.path.name)
+    gold = {p.id: p for p in problems}
+    step_logs: dict[str, dict] = {}
+    backends = Backends(cfg)
+    try:
+        for name, optim in variants:
+            todo = [p for p in problems if (name, p.id) not in done]
+            if not todo:
+                continue
+            engine = build_engine(cfg, optim, backends)
+            inputs = [ProblemInput(p.id, p.problem) for p in todo]
+            for outcome in engine.run(inputs):
+                p = gold[outcome.problem.id]
+                record = build_record(outcome, p.answer, name, {"level": p.level, "subject": p.subject})
+                store.append(record)
+                logger.log_problem(record)
+                if progress:
+                    progress(name, record)
+            step_logs[name] = engine.step_logs()
+    finally:
+        backends.close()
+    summary, plots = write_summary(store, [n for n, _ in variants], step_logs)
+    logger.log_summary(summary, {"records": _table_rows(store.records())}, plots)
+    logger.finish()
+    return store.path
+
+
+def _table_rows(records: list[dict]) -> list[dict]:
+    return [{"variant": r["variant"], "problem_id": r["problem_id"], "gold": r["gold"],
+             "majority": r["answers"].get("majority"), "correct_majority": r["correct"].get("majority"),
+             "latency_s": r["metrics"]["latency_s"], "precise_goodput": r["metrics"]["precise_goodput"]}
+            for r in records]
+
