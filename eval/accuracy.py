@@ -38,7 +38,11 @@ def _find(parent: list[int], i: int) -> int:
 
 
 def _merge_keys(reps: list[str], keys: list[str], equiv: Equivalence) -> list[int]:
-    """Union-find over distinct keys; return the root index of each key."""
+    """Union-find over distinct keys; return the root index of each key.
+
+    Pairs of integer/fraction literals are decided directly; the remaining pairs are
+    asked of ``equiv`` in one batch, one pair per pair of literal-merged groups.
+    """
     parent = list(range(len(keys)))
     unsure: list[tuple[int, int]] = []
     for i in range(len(keys)):
@@ -48,11 +52,13 @@ def _merge_keys(reps: list[str], keys: list[str], equiv: Equivalence) -> list[in
                 unsure.append((i, j))
             elif same:
                 parent[_find(parent, j)] = _find(parent, i)
-    verdicts = equiv([(reps[i], reps[j]) for i, j in unsure]) if unsure else []
-    for (i, j), same in zip(unsure, verdicts):
+    root_pairs = sorted({(_find(parent, i), _find(parent, j)) for i, j in unsure})
+    root_pairs = [(a, b) for a, b in root_pairs if a != b]
+    verdicts = equiv([(reps[a], reps[b]) for a, b in root_pairs]) if root_pairs else []
+    for (a, b), same in zip(root_pairs, verdicts):
         if same:
-            root_i, root_j = _find(parent, i), _find(parent, j)
-            parent[max(root_i, root_j)] = min(root_i, root_j)
+            root_a, root_b = _find(parent, a), _find(parent, b)
+            parent[max(root_a, root_b)] = min(root_a, root_b)
     return [_find(parent, i) for i in range(len(keys))]
 
 

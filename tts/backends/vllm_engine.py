@@ -213,3 +213,10 @@ def find_scheduler(llm: vllm.LLM) -> Any | None:
     client = getattr(llm.llm_engine, "engine_core", None)
     core = getattr(client, "engine_core", None)
     return getattr(core, "scheduler", None)
+
+
+def shutdown_llm(llm: vllm.LLM) -> None:
+    """Stop an in-process engine's core so its memory can be freed once unreferenced."""
+    client = getattr(llm.llm_engine, "engine_core", None)
+    if client is not None and hasattr(client, "shutdown"):
+        client.shutdown()

@@ -1,0 +1,163 @@
+"""The synchronous engine on the deterministic fake backend."""
+
+import random
+
+from tts.backends.fake import EOS_CHAR, FakeGenerator, FakeVerifier
+from tts.config.schema import Algorithm, SearchConfig
+from tts.engine.ordering import PrefixAware, greedy_order
+from tts.engine.speculation import hand_down, spec_priorities, truncate_len
+from tts.engine.sync import EngineOptions, ProblemInput, SyncEngine
+from tts.search import make_policy
+from tts.search.tree import Beam
+
+
+def endless(problem, steps, seed):
+    """Unique steps of seed-dependent length that never finish the path."""
+    return f"d{len(steps)}s{seed % 1000}" + "x" * (seed % 7) + "\n\n"
+
+
+def answering(problem, steps, seed):
+    if len(steps) >= 2 and seed % 2 == 0:
+        return f"\\boxed{{{seed % 3}}}{EOS_CHAR}"
+    return f"d{len(steps)}s{seed % 1000}" + "y" * (seed % 11) + "\n\n"
+
+
+def run(script, algo=Algorithm.beam, n=4, m=2, iters=3, problems=("p1",), cap=64, verifier=None,
+        cache_blocks=1 << 20, **opts):
+    cfg = SearchConfig(algorithm=algo, n=n, beam_width=m, max_iterations=iters)
+    gen = FakeGenerator(script, batch_cap=cap, cache_blocks=cache_blocks)
+    ver = verifier or FakeVerifier()
+    eng = SyncEngine(gen, ver, lambda: make_policy(cfg, 30, 300), "sys", EngineOptions(**opts))
+    outs = list(eng.run([ProblemInput(p, f"problem {p}") for p in problems]))
+    return outs, eng, gen, ver
+
+
+def test_score_cache_hits_counted_exactly():
+    outs, eng, _, ver = run(endless, iters=3, eos_at_depth_limit=False)
+    # iteration k scores all k+1 steps of 4 beams; only the newest step is new.
+    assert len(ver.scored) == 4 * 3
+    assert outs[0].metrics.score_cache_hits == 4 * (0 + 1 + 2)
+    assert outs[0].metrics.scores_requested == 4 * (1 + 2 + 3)
+    outs, _, _, ver = run(endless, iters=3, eos_at_depth_limit=False, score_cache=False)
+    assert len(ver.scored) == 4 * (1 + 2 + 3)  # search-and-learn rescored every step
+    assert outs[0].metrics.score_cache_hits == 0
+
+
+def test_problem_record_fields_and_invariants():
+    outs, *_ = run(answering, iters=4)
+    o = outs[0]
+    assert len(o.candidates) == 4
+    for b in o.candidates:
+        assert b.text == "".join(s.text for s in b.steps)
+        assert b.num_tokens == sum(len(s.token_ids) for s in b.steps)
+        assert all(s is not None and 0 <= s <= 1 for s in b.scores)
+    m = o.metrics.to_dict()
+    assert m["iterations"] >= 1 and m["precise_goodput"] > 0 and len(m["beam_tokens"]) == 4
+
+
+def test_continuous_problem_batching_keeps_batch_at_cap():
+    outs, eng, gen, _ = run(endless, n=4, m=2, iters=2, problems=("a", "b", "c"), cap=8, concurrency=3)
+    assert len(outs) == 3
+    assert eng.gen_log.steps > 0
+    assert eng.gen_log.util_hist[-1] > 0  # some steps ran at the full cap of 8
+
+
+def test_continuous_batching_step_stats_full_while_waiting():
+    gen = FakeGenerator(endless, batch_cap=8)
+    cfg = SearchConfig(n=4, beam_width=2, max_iterations=2)
+    eng = SyncEngine(gen, FakeVerifier(), lambda: make_policy(cfg, 30, 300), "sys", EngineOptions(concurrency=3))
+    seen = []
+    orig = gen.step
+
+    def spy():
+        deltas, stats = orig()
+        seen.append(stats)
+        return deltas, stats
+
+    gen.step = spy
+    list(eng.run([ProblemInput(p, p) for p in ("a", "b", "c")]))
+    waiting_steps = [s for s in seen if s.num_waiting > 0]
+    assert waiting_steps and all(s.num_running == 8 for s in waiting_steps)
+    assert max(s.num_running for s in seen) == 8
+
+
+def test_concurrency_one_runs_problems_in_turn():
+    outs, *_ = run(answering, problems=("a", "b"), concurrency=1)
+    assert [o.problem.id for o in outs] == ["a", "b"]
+
+
+def candidates(outs):
+    return [[(b.text, b.scores) for b in o.candidates] for o in outs]
+
+
+def test_speculation_lookahead_prefix_order_keep_the_result():
+    """With duplicates keeping no speculative tokens (R=0), S + lookahead + P must
+    reproduce the baseline's tree exactly: the original child's speculative tokens are
+    what it would have generated, and lookahead scores equal fresh ones."""
+    for algo in (Algorithm.beam, Algorithm.dvts, Algorithm.dynamic_branching):
+        base, *_ = run(answering, algo=algo, n=4, m=2, iters=5, problems=("a", "b"))
+        fast, eng, _, _ = run(answering, algo=algo, n=4, m=2, iters=5, problems=("a", "b"), speculative=True,
+                              lookahead=True, ordering="prefix_aware", spec_truncate_ratio=0.0,
+                              spec_truncate_std=0.0)
+        assert candidates(fast) == candidates(base), algo
+        assert sum(o.metrics.spec_used for o in fast) > 0
+        assert eng.cache.lookahead_hits > 0
+
+
+def test_speculation_hides_stragglers():
+    """Duplicates keeping all speculative tokens (R=1) start with whole steps in hand:
+    later iterations need fewer generator steps, and the used tokens are counted."""
+    base, beng, *_ = run(endless, n=4, m=2, iters=4, eos_at_depth_limit=False)
+    fast, feng, *_ = run(endless, n=4, m=2, iters=4, eos_at_depth_limit=False, speculative=True,
+                         spec_truncate_ratio=1.0, spec_truncate_std=0.0)
+    assert feng.gen_log.steps < beng.gen_log.steps
+    m = fast[0].metrics
+    assert 0 < m.spec_used <= m.spec_generated
+
+
+def test_spec_priorities_bins():
+    # B = 2 bins: the top half may spawn 2 branches, the bottom half 1
+    assert spec_priorities([0.9, 0.1, 0.5, 0.3], 2) == [2, 1, 2, 1]
+    assert spec_priorities([None, None], 4) == [3, 3]
+    assert spec_priorities([0.5, 0.5, 0.1], 3) == [3, 3, 1]
+
+
+def test_duplicate_truncate_rule_exact():
+    parent = Beam("p", (1,), seed=5, spec_tokens=tuple(range(20)))
+    orig, dup1, dup2 = parent.fork(5), parent.fork(6), parent.fork(7)
+    rng = random.Random(0)
+    expect_rng = random.Random(0)
+    k1 = truncate_len(20, 0.85, 0.1, expect_rng)
+    k2 = truncate_len(20, 0.85, 0.1, expect_rng)
+    full, trunc = hand_down([orig, dup1, dup2], {parent.uid: parent}, 0.85, 0.1, rng)
+    assert orig.spec_tokens == tuple(range(20)) and full == 20
+    assert dup1.spec_tokens == tuple(range(k1)) and dup2.spec_tokens == tuple(range(k2))
+    assert trunc == k1 + k2
+    assert truncate_len(20, 0.85, 0.0, rng) == 17
+    assert truncate_len(20, 1.7, 0.0, rng) == 20  # clipped to [0, 1]
+
+
+def test_prefix_aware_order_is_the_greedy_order():
+    root = Beam("p", (1, 2, 3), 1)
+    a, b = root.fork(2), root.fork(3)
+    a.prompt_ids, b.prompt_ids = (1, 2, 3, 10), (1, 2, 3, 20)
+    kids = [a.fork(11), b.fork(21), a.fork(12), b.fork(22), a.fork(13)]
+    for i, k in enumerate(kids):
+        k.prompt_ids = k.prompt_ids + (100 + i,)
+    ordered = PrefixAware().order(kids, lambda x: x)
+    assert [k.parent for k in ordered] == [a.uid, a.uid, a.uid, b.uid, b.uid]
+    greedy = greedy_order([k.prompt_ids for k in kids])
+    assert [kids[i].parent for i in greedy] == [k.parent for k in ordered]
+
+
+def test_prefix_aware_beats_random_at_small_cache():
+    def hit_rate(ordering, blocks):
+        outs, *_ = run(endless, n=16, m=4, iters=4, cap=2, ordering=ordering, eos_at_depth_limit=False,
+                       cache_blocks=blocks)
+        m = outs[0].metrics
+        return m.gen_cached_tokens / m.gen_prompt_tokens
+
+    # a cache that holds about one path: siblings back to back reuse it, random order not
+    assert hit_rate("prefix_aware", 12) > hit_rate("random", 12) + 0.05
+    # a cache that holds everything: order does not matter
+    assert hit_rate("prefix_aware", 1 << 20) == hit_rate("random", 1 << 20)

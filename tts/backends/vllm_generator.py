@@ -1,0 +1,161 @@
+"""The generator backend on vLLM: step-level control of one in-process engine.
+
+Requests go in through `LLMEngine.add_request` with token-id prompts and streamed
+(`RequestOutputKind.DELTA`) sampling parameters, without stop strings: the search engine
+finds step boundaries in the deltas itself. `step()` is one `LLMEngine.step()`: one
+scheduler iteration, so each running request advances by one decode token or one prefill
+chunk. Aborts go straight to the in-process engine core, so they take effect before the
+next step, and any output of an aborted request is dropped here as well.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tts.backends.base import FinishReason, GenDelta, Generator, GenRequest, StepStats
+from tts.backends.vllm_engine import make_llm, shutdown_llm
+from tts.backends.vllm_stats import SchedulerProbe
+
+if TYPE_CHECKING:  # pragma: no cover
+    import vllm
+
+logger = logging.getLogger(__name__)
+
+_FINISH_REASONS: dict[str, FinishReason] = {
+    "stop": FinishReason.EOS,  # no stop strings are set: only EOS / generation-config EOS ids
+    "length": FinishReason.LENGTH,
+    "abort": FinishReason.ABORTED,
+}
+
+
+@dataclass
+class _Live:
+    num_prompt_tokens: int
+    reported: bool = False  # whether the first delta (with the cache counters) went out
+
+
+class VllmGenerator(Generator):
+    """`Generator` over one `vllm.LLM` (built with `make_llm`, in-process engine).
+
+    Sampling is seeded per request (`GenRequest.seed`), so a request repeated with the same
+    prompt, seed and parameters yields the same tokens. Temperature 0 is greedy.
+    """
+
+    def __init__(self, llm: vllm.LLM) -> None:
+        self._llm = llm
+        self._engine = llm.llm_engine
+        self._tokenizer = llm.get_tokenizer()
+        self._probe = SchedulerProbe(llm)
+        self._live: dict[str, _Live] = {}
+        self._texts: dict[int, str] = {}
+        eos = getattr(self._tokenizer, "eos_token_id", None)
+        if eos is None:
+            raise ValueError("generator model: its tokenizer defines no eos_token_id")
+        self._eos = int(eos)
+
+    @classmethod
+    def from_model(cls, model_path: str, **engine_kwargs: Any) -> VllmGenerator:
+        """Start an engine with `make_llm(model_path, **engine_kwargs)` and wrap it."""
+        return cls(make_llm(model_path, **engine_kwargs))
+
+    @property
+    def llm(self) -> vllm.LLM:
+        return self._llm
+
+    @property
+    def eos_token_id(self) -> int:
+        return self._eos
+
+    @property
+    def batch_cap(self) -> int:
+        return self._probe.batch_cap
+
+    @property
+    def exact_stats(self) -> bool:
+        """Whether `StepStats` come from the scheduler (True) or from the outputs."""
+        return self._probe.exact
+
+    def encode_prompt(self, problem: str, system_prompt: str) -> list[int]:
+        """The chat template with a system turn (if non-empty), the problem as the user turn,
+        and the assistant header, tokenized without adding special tokens twice."""
+        messages = [{"role": "user", "content": problem}]
+        if system_prompt:
+            messages.insert(0, {"role": "system", "content": system_prompt})
+        text = self._tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True)
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return str(self._tokenizer.decode(list(token_ids), skip_special_tokens=True))
+
+    def token_text(self, token_id: int) -> str:
+        text = self._texts.get(token_id)
+        if text is None:
+            text = self._texts[token_id] = self.decode([token_id])
+        return text
+
+    def add(self, request: GenRequest) -> None:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        if request.request_id in self._live:
+            raise ValueError(f"request_id: {request.request_id!r} is already running")
+        if request.max_tokens < 1:
+            raise ValueError(f"max_tokens: {request.max_tokens} must be >= 1")
+        params = SamplingParams(
+            max_tokens=request.max_tokens, temperature=request.temperature,
+            top_p=request.top_p, seed=request.seed, output_kind=RequestOutputKind.DELTA,
+            detokenize=False, skip_special_tokens=True,
+        )
+        prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
+        self._engine.add_request(request.request_id, prompt, params)
+        self._live[request.request_id] = _Live(num_prompt_tokens=len(request.prompt_token_ids))
+
+    def step(self) -> tuple[list[GenDelta], StepStats]:
+        self._probe.begin_step()
+        start = time.perf_counter()
+        outputs = self._engine.step() if self._engine.has_unfinished_requests() else []
+        wall = time.perf_counter() - start
+        deltas = [self._delta(out) for out in outputs if out.request_id in self._live]
+        stats = self._probe.stats(wall, [len(d.new_token_ids) for d in deltas], len(self._live))
+        return deltas, stats
+
+    def _delta(self, output: Any) -> GenDelta:
+        live = self._live[output.request_id]
+        completion = output.outputs[0]
+        reason = None
+        if output.finished:
+            reason = _FINISH_REASONS.get(str(completion.finish_reason), FinishReason.ABORTED)
+            del self._live[output.request_id]
+        first = not live.reported
+        live.reported = True
+        return GenDelta(
+            request_id=output.request_id, new_token_ids=tuple(completion.token_ids),
+            finish_reason=reason,
+            num_cached_tokens=int(output.num_cached_tokens or 0) if first else None,
+            num_prompt_tokens=live.num_prompt_tokens if first else None,
+        )
+
+    def abort(self, request_ids: Iterable[str]) -> None:
+        ids = [rid for rid in request_ids if self._live.pop(rid, None) is not None]
+        if ids:
+            self._engine.abort_request(ids)
+
+    def num_unfinished(self) -> int:
+        return len(self._live)
+
+    def set_limits(self, batch_cap: int | None = None) -> None:
+        """Change how many requests run together, between steps (see
+        `SchedulerProbe.set_batch_cap`: at most the engine's `max_num_seqs`)."""
+        if batch_cap is not None:
+            self._probe.set_batch_cap(batch_cap)
+
+    def close(self) -> None:
+        self.abort(list(self._live))
+        shutdown_llm(self._llm)
+
