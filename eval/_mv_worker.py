@@ -24,24 +24,22 @@ def init_worker() -> None:
     import math_verify  # noqa: F401  (pre-import: the first task must not pay for it)
 
 
-def _parse(answer: str) -> list[Any]:
-    """Parse a normalized answer as LaTeX math; fall back to a plain-expression parse."""
-    from math_verify import parse
-    from sympy import Basic
-    from sympy.matrices import MatrixBase
-
-    parsed = parse(f"${answer}$", parsing_timeout=None)  # type: ignore[arg-type]
-    if any(isinstance(item, (Basic, MatrixBase)) for item in parsed):
-        return parsed
-    fallback = parse(answer, parsing_timeout=None)  # type: ignore[arg-type]
-    return fallback or parsed
-
-
 def _has_math(parsed: list[Any]) -> bool:
+    """Whether math-verify's parse result holds a sympy object (not only a string)."""
     from sympy import Basic
     from sympy.matrices import MatrixBase
 
     return any(isinstance(item, (Basic, MatrixBase)) for item in parsed)
+
+
+def _parse(answer: str) -> list[Any]:
+    """Parse a normalized answer as LaTeX math; fall back to a plain-expression parse."""
+    from math_verify import parse
+
+    parsed = parse(f"${answer}$", parsing_timeout=None)  # type: ignore[arg-type]
+    if _has_math(parsed):
+        return parsed
+    return parse(answer, parsing_timeout=None) or parsed  # type: ignore[arg-type]
 
 
 def compare(gold: str, pred: str) -> str:

@@ -8,8 +8,8 @@ _BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 _BARE_TOKEN_RE = re.compile(r"[^\s$]+")
 
 
-def _match_braces(text: str, open_pos: int) -> int | None:
-    """Return the index of the brace closing the one at ``open_pos``, or None.
+def match_braces(text: str, open_pos: int) -> int | None:
+    """Return the index of the brace closing the one at ``text[open_pos]``, or None.
 
     Escaped braces (``\\{`` and ``\\}``) are skipped, so ``\\boxed{\\{1,2\\}}`` works.
     """
@@ -36,7 +36,7 @@ def _content_after(text: str, end: int) -> str | None:
     stripped = rest.lstrip()
     if stripped.startswith("{"):
         open_pos = end + (len(rest) - len(stripped))
-        close_pos = _match_braces(text, open_pos)
+        close_pos = match_braces(text, open_pos)
         if close_pos is None:
             return None
         return text[open_pos + 1 : close_pos].strip()

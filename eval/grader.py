@@ -58,8 +58,17 @@ def _verdict(reason: str, pred: str | None, gold: str) -> Verdict:
     return Verdict(correct=reason == CORRECT, reason=reason, pred=pred, gold=gold)
 
 
-def _prepare(gold: str, pred: str) -> Verdict | tuple[str, str, str]:
-    """Decide a pair without the pool when possible, else return the normalized pair."""
+@dataclass(frozen=True)
+class _Pending:
+    """A pair that needs math-verify: normalized gold and answer, and the raw answer."""
+
+    gold_norm: str
+    pred_norm: str
+    answer: str
+
+
+def _prepare(gold: str, pred: str) -> Verdict | _Pending:
+    """Decide a pair without the pool when possible, else return what the pool needs."""
     answer = select_answer(pred)
     if answer is None or normalize_answer(answer) == "":
         return _verdict("no_answer", answer, gold)
@@ -67,7 +76,7 @@ def _prepare(gold: str, pred: str) -> Verdict | tuple[str, str, str]:
     decided = quick_equal(gold_norm, pred_norm)
     if decided is not None:
         return _verdict("correct" if decided else "wrong", answer, gold)
-    return gold_norm, pred_norm, answer
+    return _Pending(gold_norm, pred_norm, answer)
 
 
 def grade_many(pairs: Sequence[tuple[str, str]], timeout_s: int = 5) -> list[Verdict]:
@@ -77,17 +86,14 @@ def grade_many(pairs: Sequence[tuple[str, str]], timeout_s: int = 5) -> list[Ver
     integer or fraction literals) are decided without the pool.
     """
     prepared = [_prepare(gold, pred) for gold, pred in pairs]
-    pending = [i for i, item in enumerate(prepared) if not isinstance(item, Verdict)]
-    tasks = [prepared[i][:2] for i in pending]  # type: ignore[index]
+    pending = [(i, item) for i, item in enumerate(prepared) if isinstance(item, _Pending)]
+    tasks = [(item.gold_norm, item.pred_norm) for _, item in pending]
     outcomes = run_batch(compare, tasks, timeout_s) if tasks else []
-    verdicts: list[Verdict | None] = [
-        item if isinstance(item, Verdict) else None for item in prepared
-    ]
-    for index, outcome in zip(pending, outcomes):
-        answer = prepared[index][2]  # type: ignore[index]
+    verdicts = {i: item for i, item in enumerate(prepared) if isinstance(item, Verdict)}
+    for (index, item), outcome in zip(pending, outcomes):
         reason = "timeout" if outcome is TIMEOUT else outcome
-        verdicts[index] = _verdict(reason, answer, pairs[index][0])
-    return [v for v in verdicts if v is not None]
+        verdicts[index] = _verdict(reason, item.answer, pairs[index][0])
+    return [verdicts[i] for i in range(len(pairs))]
 
 
 def grade_answer(gold: str, pred: str, timeout_s: int = 5) -> Verdict:
@@ -112,8 +118,7 @@ def equivalent_many(pairs: Sequence[tuple[str, str]], timeout_s: int = 5) -> lis
     tasks: list[tuple[str, str]] = []
     for a, b in pairs:
         a_norm, b_norm = normalize_answer(a), normalize_answer(b)
-        decided = None if a_norm and b_norm else False
-        decided = quick_equal(a_norm, b_norm) if decided is None else decided
+        decided = quick_equal(a_norm, b_norm) if a_norm and b_norm else False
         results.append(decided)
         if decided is None:
             tasks.append((a_norm, b_norm))

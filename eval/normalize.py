@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-from eval.extract import _match_braces
+from eval.extract import match_braces
 
 _TEXT_CMD_RE = re.compile(r"\\(?:text|textbf|textrm|textit|mathrm|mathbf|mbox|operatorname)\s*(?=\{)")
 _UNIT_WORDS_RE = re.compile(r"^\s*[A-Za-z][A-Za-z\s.]*$")
@@ -46,7 +46,7 @@ def _unwrap_text(text: str) -> str:
         if match is None:
             out.append(text[pos:])
             return "".join(out)
-        close = _match_braces(text, match.end())
+        close = match_braces(text, match.end())
         if close is None:
             out.append(text[pos:])
             return "".join(out)

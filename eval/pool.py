@@ -22,7 +22,7 @@ TIMEOUT = object()
 
 _LOCK = threading.Lock()
 _POOL: ProcessPoolExecutor | None = None
-_MAX_ATTEMPTS = 2
+_MAX_CRASHES = 2
 
 
 def num_workers() -> int:
@@ -93,14 +93,16 @@ def run_batch(
     Each result is waited for at most ``timeout_s`` seconds after the previous one
     has been collected (tasks start in submission order, so a task that overruns
     has really run that long). An overrunning task gets ``TIMEOUT`` as its result;
-    its pool is killed and replaced, and unfinished tasks are resubmitted.
+    its pool is killed and replaced, and unfinished tasks are resubmitted. A task
+    whose worker dies (for example killed for memory) is retried once on a fresh
+    pool, and gets ``TIMEOUT`` if it dies again.
     """
     _validate_timeout(timeout_s)
-    results: list[Any] = [TIMEOUT] * len(args_list)
-    attempts = [0] * len(args_list)
+    results: list[Any] = [None] * len(args_list)
+    crashes = [0] * len(args_list)
     todo = list(range(len(args_list)))
     while todo:
-        todo = _run_round(fn, args_list, todo, timeout_s, results, attempts)
+        todo = _run_round(fn, args_list, todo, timeout_s, results, crashes)
     return results
 
 
@@ -110,25 +112,24 @@ def _run_round(
     todo: list[int],
     timeout_s: int,
     results: list[Any],
-    attempts: list[int],
+    crashes: list[int],
 ) -> list[int]:
-    """Submit ``todo`` to the current pool; return the indices still to run."""
+    """Submit ``todo`` to the current pool; fill ``results``; return indices to rerun."""
     pool = get_pool()
     futures = [(i, pool.submit(fn, *args_list[i])) for i in todo]
     for position, (index, future) in enumerate(futures):
-        attempts[index] += 1
         try:
             results[index] = future.result(timeout=timeout_s)
-        except TimeoutError:
-            results[index] = TIMEOUT
-        except BrokenProcessPool:
-            if attempts[index] >= _MAX_ATTEMPTS:
-                discard_pool(pool)
-                raise RuntimeError(f"grading worker crashed twice on task {index}") from None
-        else:
             continue
+        except TimeoutError:
+            rerun = False
+        except BrokenProcessPool:
+            crashes[index] += 1
+            rerun = crashes[index] < _MAX_CRASHES
+        if not rerun:
+            results[index] = TIMEOUT
         discard_pool(pool)
-        retry = [] if results[index] is TIMEOUT else [index]
+        retry = [index] if rerun else []
         for later_index, later in futures[position + 1 :]:
             if _finished_ok(later):
                 results[later_index] = later.result()

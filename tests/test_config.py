@@ -1,0 +1,84 @@
+"""Config composition, validation errors, sweeps, and the CLI's config handling."""
+
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+from tts.config.compose import ConfigError, compose, expand_sweep, validate
+from tts.config.schema import Algorithm, Config
+
+runner = CliRunner()
+
+
+def test_default_config_composes_to_the_schema():
+    cfg = validate(compose("config"))
+    assert isinstance(cfg, Config)
+    assert cfg.search.algorithm is Algorithm.beam and (cfg.search.n, cfg.search.beam_width) == (8, 4)
+    assert cfg.generator.model == "smollm2-135m-instruct" and cfg.verifier.adapter.value == "judge"
+    assert cfg.dataset.name.value == "embedded"
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("search.foo=1", "unknown config key 'search.foo'; valid keys: algorithm, n, beam_width"),
+    ("search=nope", "Available options in 'search'"),
+    ("search.algorithm=xx", "expected one of [beam, dvts, best_of_n"),
+    ("search.n=10", "search.n: n=10 must be divisible by search.beam_width=4"),
+    ("optim.lookahead=true", "optim.lookahead: needs optim.speculative=true"),
+    ("memory.block_size=16", "memory.block_size: 16 is not a multiple of 32"),
+    ("logger.mode=loud", "logger.mode: valid choices: online, offline, disabled"),
+])
+def test_bad_config_names_field_and_choices(override, needle):
+    with pytest.raises(ConfigError) as err:
+        compose("config", [override])
+    assert needle in str(err.value)
+
+
+def test_cli_bad_config_exits_2_with_message():
+    result = runner.invoke(app, ["bench", "search.algorithm=nope"])
+    assert result.exit_code == 2
+    assert "search.algorithm" in result.output and "dvts" in result.output
+
+
+def test_cli_prints_composed_config():
+    result = runner.invoke(app, ["bench", "--cfg", "search.n=16"])
+    assert result.exit_code == 0, result.output
+    assert "'n': 16" in result.output and "algorithm: beam" in result.output
+
+
+def test_sweep_expansion_is_the_product():
+    combos = expand_sweep(["search.n=4,8", "optim=baseline,PMS", "dataset.first_k=2"])
+    assert combos == [
+        ["search.n=4", "optim=baseline", "dataset.first_k=2"],
+        ["search.n=4", "optim=PMS", "dataset.first_k=2"],
+        ["search.n=8", "optim=baseline", "dataset.first_k=2"],
+        ["search.n=8", "optim=PMS", "dataset.first_k=2"],
+    ]
+
+
+def test_cli_multirun_prints_one_config_per_job():
+    result = runner.invoke(app, ["bench", "-m", "--cfg", "search.n=4,8"])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("# overrides:") == 2
+
+
+def test_sweep_without_m_is_refused():
+    result = runner.invoke(app, ["bench", "search.n=4,8"])
+    assert result.exit_code == 2 and "add -m" in result.output
+
+
+def test_presets_compose():
+    for name in ("compare", "throughput", "baseline_profile", "eval"):
+        validate(compose(name))
+    pms = validate(compose("config", ["optim=PMS"]))
+    assert pms.optim.speculative and pms.optim.lookahead and pms.optim.prefix_aware and pms.optim.roofline_memory
+
+
+def test_help_imports_nothing_heavy():
+    code = ("import sys; from typer.testing import CliRunner; from cli.main import app; "
+            "CliRunner().invoke(app, ['--help']); "
+            "print(sorted(m for m in ('torch', 'vllm', 'wandb') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
