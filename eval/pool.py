@@ -93,16 +93,26 @@ def run_batch(
     Each result is waited for at most ``timeout_s`` seconds after the previous one
     has been collected (tasks start in submission order, so a task that overruns
     has really run that long). An overrunning task gets ``TIMEOUT`` as its result;
-    its pool is killed and replaced, and unfinished tasks are resubmitted. A task
-    whose worker dies (for example killed for memory) is retried once on a fresh
-    pool, and gets ``TIMEOUT`` if it dies again.
+    its pool is killed and replaced, and unfinished tasks are resubmitted. After a
+    worker dies (for example killed for memory), the remaining tasks run one at a
+    time so that the crash is blamed on the right task, which is retried once and
+    then gets ``TIMEOUT``.
     """
     _validate_timeout(timeout_s)
     results: list[Any] = [None] * len(args_list)
     crashes = [0] * len(args_list)
     todo = list(range(len(args_list)))
+    isolate = False
     while todo:
-        todo = _run_round(fn, args_list, todo, timeout_s, results, crashes)
+        batch, rest = (todo[:1], todo[1:]) if isolate else (todo, [])
+        retry, crashed = _run_round(fn, args_list, batch, timeout_s, results)
+        if crashed is not None and isolate:
+            crashes[crashed] += 1
+            if crashes[crashed] >= _MAX_CRASHES:
+                results[crashed] = TIMEOUT
+                retry.remove(crashed)
+        isolate = isolate or crashed is not None
+        todo = retry + rest
     return results
 
 
@@ -112,9 +122,12 @@ def _run_round(
     todo: list[int],
     timeout_s: int,
     results: list[Any],
-    crashes: list[int],
-) -> list[int]:
-    """Submit ``todo`` to the current pool; fill ``results``; return indices to rerun."""
+) -> tuple[list[int], int | None]:
+    """Run ``todo`` on the current pool, filling ``results``.
+
+    Returns the indices to run again and the index whose wait saw the pool break
+    (None if it did not).
+    """
     pool = get_pool()
     futures = [(i, pool.submit(fn, *args_list[i])) for i in todo]
     for position, (index, future) in enumerate(futures):
@@ -122,18 +135,15 @@ def _run_round(
             results[index] = future.result(timeout=timeout_s)
             continue
         except TimeoutError:
-            rerun = False
-        except BrokenProcessPool:
-            crashes[index] += 1
-            rerun = crashes[index] < _MAX_CRASHES
-        if not rerun:
             results[index] = TIMEOUT
+            retry, crashed = [], None
+        except BrokenProcessPool:
+            retry, crashed = [index], index
         discard_pool(pool)
-        retry = [index] if rerun else []
         for later_index, later in futures[position + 1 :]:
             if _finished_ok(later):
                 results[later_index] = later.result()
             else:
                 retry.append(later_index)
-        return retry
-    return []
+        return retry, crashed
+    return [], None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 
 import pytest
@@ -180,3 +181,11 @@ def test_slow_comparison_times_out_then_grading_still_works() -> None:
     slow = grade_answer("(x+y+z+1)^{40}", "\\boxed{(x+y+z+2)^{40}}", timeout_s=1)
     assert slow == Verdict(correct=False, reason="timeout", pred="(x+y+z+2)^{40}", gold="(x+y+z+1)^{40}")
     assert grade_answer("\\sqrt{4}", "\\boxed{2.0}").reason == "correct"
+
+
+def test_run_batch_crashing_task_is_isolated_and_gets_timeout() -> None:
+    # SIGWINCH is ignored by default; SIGKILL kills the worker and breaks the pool.
+    # Task 1 alone is blamed: it is retried once, alone, then reported as TIMEOUT.
+    tasks = [(signal.SIGWINCH,), (signal.SIGKILL,), (signal.SIGWINCH,), (signal.SIGWINCH,)]
+    assert run_batch(signal.raise_signal, tasks, timeout_s=5) == [None, TIMEOUT, None, None]
+    assert grade_answer("2", "\\boxed{\\sqrt{4}}").reason == "correct"

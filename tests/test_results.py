@@ -1,0 +1,80 @@
+"""The results folder: records as problems finish, resume, a killed run, re-grading."""
+
+import json
+
+import pytest
+
+from tts.config.compose import compose
+from tts.results.store import RECORDS, RunStore
+from tts.runner import run_bench
+
+FAKE = ["generator=fake", "verifier=fake", "logger=none", "dataset.first_k=3", "search.n=4",
+        "search.beam_width=2", "search.max_iterations=4"]
+
+
+def bench(tmp_path, *extra, name="run"):
+    cfg = compose("config", FAKE + [f"bench.results_dir={tmp_path}", f"bench.run_name={name}", *extra])
+    return run_bench(cfg)
+
+
+def test_run_folder_has_config_records_summary_plots(tmp_path):
+    path = bench(tmp_path)
+    assert (path / "config.yaml").read_text().startswith("generator:")
+    records = RunStore(path).records()
+    assert [r["problem_id"] for r in records] == ["embedded-1-0", "embedded-2-1", "embedded-3-2"]
+    r = records[0]
+    assert set(r) >= {"variant", "problem_id", "gold", "candidates", "answers", "verdicts", "correct",
+                      "pass@n", "curves", "metrics"}
+    assert len(r["candidates"]) == 4 and r["variant"] == "baseline"
+    summary = json.loads((path / "summary.json").read_text())
+    base = summary["variants"]["baseline"]
+    assert base["num_problems"] == 3 and base["precise_goodput"] > 0
+    assert "generator" in base and sum(base["generator"]["batch_util_hist"]) > 0
+    assert (path / "plots" / "goodput_by_variant.png").exists()
+
+
+def test_existing_folder_needs_resume(tmp_path):
+    bench(tmp_path)
+    with pytest.raises(FileExistsError, match="--resume"):
+        bench(tmp_path)
+
+
+def test_killed_run_keeps_records_and_resumes(tmp_path):
+    path = bench(tmp_path)
+    lines = (path / RECORDS).read_text().splitlines(keepends=True)
+    # a kill after the first record, in the middle of writing the second
+    (path / RECORDS).write_text(lines[0] + lines[1][:40])
+    assert [r["problem_id"] for r in RunStore(path).records()] == ["embedded-1-0"]
+    path2 = bench(tmp_path, "bench.resume=true")
+    assert path2 == path
+    ids = [r["problem_id"] for r in RunStore(path).records()]
+    assert ids == ["embedded-1-0", "embedded-2-1", "embedded-3-2"]
+    assert json.loads((path / "summary.json").read_text())["variants"]["baseline"]["num_problems"] == 3
+
+
+def test_corrupt_record_in_the_middle_names_the_line(tmp_path):
+    path = bench(tmp_path)
+    lines = (path / RECORDS).read_text().splitlines(keepends=True)
+    (path / RECORDS).write_text(lines[0] + "{broken\n" + lines[1])
+    with pytest.raises(ValueError, match="line 2"):
+        RunStore(path).records()
+
+
+def test_compare_variants_share_problems_and_write_ratios(tmp_path):
+    path = bench(tmp_path, "bench.compare=[baseline,P]", "generator.step_max_tokens=20")
+    summary = json.loads((path / "summary.json").read_text())
+    assert list(summary["variants"]) == ["baseline", "P"]
+    rows = {row["metric"]: row for row in summary["ratios"]}
+    goodput = rows["precise goodput (tok/s)"]
+    assert goodput["P/baseline"] == pytest.approx(goodput["P"] / goodput["baseline"])
+    ids = {v: [r["problem_id"] for r in RunStore(path).records() if r["variant"] == v] for v in ("baseline", "P")}
+    assert ids["baseline"] == ids["P"]
+
+
+def test_regrade_rebuilds_summary(tmp_path):
+    from tts.cli_support import regrade
+
+    path = bench(tmp_path)
+    (path / "summary.json").unlink()
+    assert regrade(path) == 0
+    assert json.loads((path / "summary.json").read_text())["variants"]["baseline"]["num_problems"] == 3
