@@ -7,6 +7,7 @@ process must do to pickle references to these functions) stays cheap.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 CORRECT = "correct"
@@ -22,6 +23,11 @@ def init_worker() -> None:
     """
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     import math_verify  # noqa: F401  (pre-import: the first task must not pay for it)
+
+
+def ready() -> int:
+    """A no-op task used to wait until a worker has started; returns its pid."""
+    return os.getpid()
 
 
 def _has_math(parsed: list[Any]) -> bool:

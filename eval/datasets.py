@@ -50,7 +50,7 @@ def answer_to_str(value: Any, where: str) -> str:
     raise ValueError(f"{where}: field 'answer' must be a string or a number, got {value!r}")
 
 
-def _level(value: Any, where: str) -> int | None:
+def _level(value: Any) -> int | None:
     """Parse a MATH level: 3 or "Level 3"; None or "?" give None."""
     if value is None or isinstance(value, int) and not isinstance(value, bool):
         return value
@@ -77,12 +77,14 @@ def _to_problem(name: str, index: int, row: dict[str, Any], where: str) -> Probl
     if "answer" not in row:
         raise ValueError(f"{where}: missing field 'answer'")
     answer = answer_to_str(row["answer"], where)
+    if not answer:
+        raise ValueError(f"{where}: empty field 'answer'")
     subject = row.get("subject")
     return Problem(
         id=_problem_id(name, index, row),
         problem=text,
         answer=answer,
-        level=_level(row.get("level"), where),
+        level=_level(row.get("level")),
         subject=str(subject) if subject is not None else None,
         source=name,
     )

@@ -29,9 +29,9 @@ class Template:
 
     name: str
     level: int
-    text: str
     sample: Callable[[random.Random], Params]
     solve: Callable[[Params], sympy.Rational]
+    text: str
 
 
 def _n(params: Params, key: str) -> sympy.Integer:
@@ -49,7 +49,8 @@ def _one_root(equations: list[sympy.Eq], unknown: sympy.Symbol) -> sympy.Rationa
 
 # Level 1: addition and subtraction with small numbers.
 def _gain(rng: random.Random) -> Params:
-    return {"name": rng.choice(NAMES), "item": rng.choice(ITEMS), "a": rng.randint(2, 12), "b": rng.randint(2, 9)}
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    return {"name": name, "item": item, "a": rng.randint(2, 12), "b": rng.randint(2, 9)}
 
 
 def _loss(rng: random.Random) -> Params:
@@ -216,24 +217,88 @@ def _farm_solve(p: Params) -> sympy.Rational:
 
 
 TEMPLATES: tuple[Template, ...] = (
-    Template("gain", 1, "{name} has {a} {item}. A friend gives {name} {b} more {item}. How many {item} does {name} have now?", _gain, _sum_two),
-    Template("pages", 1, "{name} read {a} pages on Monday and {b} pages on Tuesday. How many pages did {name} read on the two days altogether?", _gain, _sum_two),
-    Template("birds", 1, "There are {a} birds on a tree. Then {b} of the birds fly away. How many birds are left on the tree?", _loss, _difference),
-    Template("spend", 1, "{name} had {a} dollars and spent {b} dollars on a snack. How many dollars does {name} have left?", _spend, _difference),
-    Template("bags", 2, "Each bag holds {a} marbles. How many marbles are there in {b} bags?", _product_params, _product),
-    Template("rows", 2, "A farmer plants {b} rows of trees with {a} trees in each row. How many trees does the farmer plant?", _product_params, _product),
-    Template("share", 2, "{total} cookies are shared equally among {k} children. How many cookies does each child get?", _share_params, _quotient),
-    Template("packs", 2, "Pencils are sold in packs of {k}. How many packs does {name} need to buy to get exactly {total} pencils?", _share_params, _quotient),
-    Template("pizza", 3, "A pizza is cut into {n} equal slices. {name} eats {a} slices and a friend eats {b} slices. What fraction of the pizza is left?", _pizza, _pizza_left),
-    Template("money", 3, "{name} has {m} dollars. {name} spends {p}/{q} of the money on a book and then {r} dollars on lunch. How many dollars does {name} have left?", _money_fraction, _money_left),
-    Template("recipe", 3, "A recipe needs {a}/{b} of a cup of sugar for one batch of cookies. How many cups of sugar are needed for {k} batches?", _recipe, _recipe_total),
-    Template("tank", 3, "A water tank holds {c} liters. It is {p}/{q} full, and then {r} more liters are poured in. How many more liters are needed to fill the tank?", _tank, _tank_missing),
-    Template("think", 4, "I think of a number. When I multiply it by {a} and then add {b}, I get {c}. What is my number?", _think, _think_solve),
-    Template("ages", 4, "{name} is {k} times as old as a younger brother. In {n} years, the sum of their ages will be {s}. How old is the brother now?", _ages, _ages_solve),
-    Template("taxi", 4, "A taxi ride costs a fixed fee of {f} dollars plus {r} dollars for every mile. A ride costs {c} dollars in total. How many miles long was the ride?", _taxi, _taxi_solve),
-    Template("consecutive", 4, "The sum of three consecutive integers is {s}. What is the smallest of the three integers?", _consecutive, _consecutive_solve),
-    Template("shop", 5, "At a shop, {a1} pens and {b1} notebooks cost {c1} dollars together, while {a2} pens and {b2} notebooks cost {c2} dollars. How many dollars does one notebook cost?", _shop, _shop_solve),
-    Template("sum_diff", 5, "The sum of two numbers is {s} and their difference is {d}. What is the larger of the two numbers?", _sum_diff, _sum_diff_solve),
-    Template("rectangle", 5, "The length of a rectangle is {d} centimeters more than its width, and its area is {area} square centimeters. What is the width of the rectangle in centimeters?", _rectangle, _rectangle_solve),
-    Template("farm", 5, "A farm has only chickens and cows. Together they have {heads} heads and {legs} legs. How many cows are on the farm?", _farm, _farm_solve),
+    Template("gain", 1, _gain, _sum_two, (
+        "{name} has {a} {item}. A friend gives {name} {b} more {item}. "
+        "How many {item} does {name} have now?"
+    )),
+    Template("pages", 1, _gain, _sum_two, (
+        "{name} read {a} pages on Monday and {b} pages on Tuesday. "
+        "How many pages did {name} read on the two days altogether?"
+    )),
+    Template("birds", 1, _loss, _difference, (
+        "There are {a} birds on a tree. Then {b} of the birds fly away. "
+        "How many birds are left on the tree?"
+    )),
+    Template("spend", 1, _spend, _difference, (
+        "{name} had {a} dollars and spent {b} dollars on a snack. "
+        "How many dollars does {name} have left?"
+    )),
+    Template("bags", 2, _product_params, _product, (
+        "Each bag holds {a} marbles. How many marbles are there in {b} bags?"
+    )),
+    Template("rows", 2, _product_params, _product, (
+        "A farmer plants {b} rows of trees with {a} trees in each row. "
+        "How many trees does the farmer plant?"
+    )),
+    Template("share", 2, _share_params, _quotient, (
+        "{total} cookies are shared equally among {k} children. "
+        "How many cookies does each child get?"
+    )),
+    Template("packs", 2, _share_params, _quotient, (
+        "Pencils are sold in packs of {k}. "
+        "How many packs does {name} need to buy to get exactly {total} pencils?"
+    )),
+    Template("pizza", 3, _pizza, _pizza_left, (
+        "A pizza is cut into {n} equal slices. "
+        "{name} eats {a} slices and a friend eats {b} slices. "
+        "What fraction of the pizza is left?"
+    )),
+    Template("money", 3, _money_fraction, _money_left, (
+        "{name} has {m} dollars. "
+        "{name} spends {p}/{q} of the money on a book and then {r} dollars on lunch. "
+        "How many dollars does {name} have left?"
+    )),
+    Template("recipe", 3, _recipe, _recipe_total, (
+        "A recipe needs {a}/{b} of a cup of sugar for one batch of cookies. "
+        "How many cups of sugar are needed for {k} batches?"
+    )),
+    Template("tank", 3, _tank, _tank_missing, (
+        "A water tank holds {c} liters. "
+        "It is {p}/{q} full, and then {r} more liters are poured in. "
+        "How many more liters are needed to fill the tank?"
+    )),
+    Template("think", 4, _think, _think_solve, (
+        "I think of a number. When I multiply it by {a} and then add {b}, I get {c}. "
+        "What is my number?"
+    )),
+    Template("ages", 4, _ages, _ages_solve, (
+        "{name} is {k} times as old as a younger brother. "
+        "In {n} years, the sum of their ages will be {s}. How old is the brother now?"
+    )),
+    Template("taxi", 4, _taxi, _taxi_solve, (
+        "A taxi ride costs a fixed fee of {f} dollars plus {r} dollars for every mile. "
+        "A ride costs {c} dollars in total. How many miles long was the ride?"
+    )),
+    Template("consecutive", 4, _consecutive, _consecutive_solve, (
+        "The sum of three consecutive integers is {s}. "
+        "What is the smallest of the three integers?"
+    )),
+    Template("shop", 5, _shop, _shop_solve, (
+        "At a shop, {a1} pens and {b1} notebooks cost {c1} dollars together, "
+        "while {a2} pens and {b2} notebooks cost {c2} dollars. "
+        "How many dollars does one notebook cost?"
+    )),
+    Template("sum_diff", 5, _sum_diff, _sum_diff_solve, (
+        "The sum of two numbers is {s} and their difference is {d}. "
+        "What is the larger of the two numbers?"
+    )),
+    Template("rectangle", 5, _rectangle, _rectangle_solve, (
+        "The length of a rectangle is {d} centimeters more than its width, "
+        "and its area is {area} square centimeters. "
+        "What is the width of the rectangle in centimeters?"
+    )),
+    Template("farm", 5, _farm, _farm_solve, (
+        "A farm has only chickens and cows. "
+        "Together they have {heads} heads and {legs} legs. How many cows are on the farm?"
+    )),
 )

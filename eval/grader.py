@@ -70,9 +70,10 @@ class _Pending:
 def _prepare(gold: str, pred: str) -> Verdict | _Pending:
     """Decide a pair without the pool when possible, else return what the pool needs."""
     answer = select_answer(pred)
-    if answer is None or normalize_answer(answer) == "":
+    pred_norm = "" if answer is None else normalize_answer(answer)
+    if not pred_norm:
         return _verdict("no_answer", answer, gold)
-    gold_norm, pred_norm = normalize_answer(gold), normalize_answer(answer)
+    gold_norm = normalize_answer(gold)
     decided = quick_equal(gold_norm, pred_norm)
     if decided is not None:
         return _verdict("correct" if decided else "wrong", answer, gold)

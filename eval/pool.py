@@ -3,6 +3,10 @@
 math-verify's own timeouts use ``signal.alarm``, which breaks in threads. Grading
 therefore runs in worker processes; the parent waits with ``future.result(timeout)``
 and, when a task overruns, kills the pool's workers and starts a fresh pool.
+
+Workers are started with the "spawn" method, which re-imports the main script in
+each worker: a script that grades at top level needs an ``if __name__ == "__main__":``
+guard (console scripts and ``python -m`` modules are fine).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from eval._mv_worker import init_worker
+from eval._mv_worker import init_worker, ready
 
 TIMEOUT = object()
 """Marker placed in ``run_batch`` results for a task that exceeded its time limit."""
@@ -23,6 +27,7 @@ TIMEOUT = object()
 _LOCK = threading.Lock()
 _POOL: ProcessPoolExecutor | None = None
 _MAX_CRASHES = 2
+_STARTUP_TIMEOUT_S = 300
 
 
 def num_workers() -> int:
@@ -35,16 +40,37 @@ def num_workers() -> int:
     return int(value)
 
 
+def _start_pool() -> ProcessPoolExecutor:
+    """Start a pool and wait until its workers run.
+
+    Start-up (interpreter, sympy and math-verify imports: a second or more) thus
+    never counts against a grading timeout.
+    """
+    workers = num_workers()
+    pool = ProcessPoolExecutor(
+        max_workers=workers, mp_context=multiprocessing.get_context("spawn"), initializer=init_worker
+    )
+    try:
+        pings = [pool.submit(ready) for _ in range(workers)]
+        for ping in pings:
+            ping.result(timeout=_STARTUP_TIMEOUT_S)
+    except (BrokenProcessPool, TimeoutError) as error:
+        _kill(pool)
+        raise RuntimeError(
+            "grading worker processes failed to start (their error is printed above). "
+            'Workers use the "spawn" start method, which re-imports the main script: '
+            'guard its top-level code with `if __name__ == "__main__":`, and do not '
+            "run it from stdin."
+        ) from error
+    return pool
+
+
 def get_pool() -> ProcessPoolExecutor:
-    """Return the module-level pool, creating it (spawn context) on first use."""
+    """Return the module-level pool, starting it (spawn context) on first use."""
     global _POOL
     with _LOCK:
         if _POOL is None:
-            _POOL = ProcessPoolExecutor(
-                max_workers=num_workers(),
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=init_worker,
-            )
+            _POOL = _start_pool()
         return _POOL
 
 
@@ -129,7 +155,14 @@ def _run_round(
     (None if it did not).
     """
     pool = get_pool()
-    futures = [(i, pool.submit(fn, *args_list[i])) for i in todo]
+    futures: list[tuple[int, Future[Any]]] = []
+    unsubmitted: list[int] = []
+    for position, index in enumerate(todo):
+        try:
+            futures.append((index, pool.submit(fn, *args_list[index])))
+        except BrokenProcessPool:  # a task submitted just before already killed a worker
+            unsubmitted = todo[position:]
+            break
     for position, (index, future) in enumerate(futures):
         try:
             results[index] = future.result(timeout=timeout_s)
@@ -145,5 +178,7 @@ def _run_round(
                 results[later_index] = later.result()
             else:
                 retry.append(later_index)
-        return retry, crashed
-    return [], None
+        return retry + unsubmitted, crashed
+    if unsubmitted:
+        discard_pool(pool)
+    return unsubmitted, None

@@ -21,14 +21,15 @@ def read_jsonl(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
     if not file.is_file():
         raise ValueError(f"dataset.path {str(file)!r} is not a file")
     rows: list[tuple[int, dict[str, Any]]] = []
-    with file.open(encoding="utf-8") as handle:
+    with file.open("rb") as handle:
         for line_number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{file}: line {line_number}: invalid JSON ({error.msg})") from None
+                row = json.loads(line.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as error:
+                reason = error.msg if isinstance(error, json.JSONDecodeError) else "not UTF-8"
+                raise ValueError(f"{file}: line {line_number}: invalid JSON ({reason})") from None
             if not isinstance(row, dict):
                 raise ValueError(f"{file}: line {line_number}: expected a JSON object")
             rows.append((line_number, row))

@@ -93,7 +93,10 @@ def test_default_sizes() -> None:
 
 
 def test_accuracy_curves_on_first_k() -> None:
-    candidates = [C("3", 0.2), C("5", 0.9), C("5", 0.1), C("3", 0.4), C("3", 0.3), C(None, 0.95), C("5", 0.1), C("4", 0.1)]
+    candidates = [
+        C("3", 0.2), C("5", 0.9), C("5", 0.1), C("3", 0.4),
+        C("3", 0.3), C(None, 0.95), C("5", 0.1), C("4", 0.1),
+    ]
     curves = accuracy_curves(candidates, "3", equiv=exact)
     assert curves == {
         "num_candidates": 8,
@@ -132,15 +135,17 @@ def test_accuracy_curves_needs_candidates() -> None:
 
 
 def test_summarize_accuracy_averages_flags() -> None:
-    first = {"sizes": [1, 2], "majority": [True, True], "pass": [False, True], "seed": 0, "majority_answer": ["1", "1"]}
-    second = {"sizes": [1, 2], "majority": [False, True], "pass": [False, False], "seed": 0, "majority_answer": ["2", "2"]}
+    first = {"sizes": [1, 2], "majority": [True, True], "pass": [False, True], "seed": 0,
+             "majority_answer": ["1", "1"]}
+    second = {"sizes": [1, 2], "majority": [False, True], "pass": [False, False], "seed": 0,
+              "majority_answer": ["2", "2"]}
     assert summarize_accuracy([first, second]) == {
         "num_problems": 2,
         "sizes": [1, 2],
         "majority": [0.5, 1.0],
         "pass": [0.0, 0.5],
     }
-    flags = [{"correct": True, "id": "a"}, {"correct": False, "id": "b"}, {"correct": True, "id": "c"}, {"correct": True, "id": "d"}]
+    flags = [{"correct": c, "id": i} for c, i in [(True, "a"), (False, "b"), (True, "c"), (True, "d")]]
     assert summarize_accuracy(flags) == {"num_problems": 4, "correct": 0.75}
     assert summarize_accuracy([]) == {"num_problems": 0}
 

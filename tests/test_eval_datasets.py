@@ -90,7 +90,13 @@ def test_bad_json_line_names_file_and_line(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("row", "field"),
-    [({"answer": "2"}, "problem"), ({"problem": "1+1?"}, "answer"), ({"problem": "", "answer": "1"}, "problem")],
+    [
+        ({"answer": "2"}, "problem"),
+        ({"problem": "1+1?"}, "answer"),
+        ({"problem": "", "answer": "1"}, "problem"),
+        ({"problem": "1+1?", "answer": " "}, "answer"),
+        ({"problem": "1+1?", "answer": None}, "answer"),
+    ],
 )
 def test_missing_field_names_file_line_and_field(tmp_path: Path, row: dict[str, str], field: str) -> None:
     path = _write_jsonl(tmp_path / "rows.jsonl", [GOOD, "", json.dumps(row)])
@@ -98,6 +104,14 @@ def test_missing_field_names_file_line_and_field(tmp_path: Path, row: dict[str, 
         load_problems("aime24", path=path)
     message = str(info.value)
     assert "rows.jsonl" in message and "line 3" in message and field in message
+
+
+def test_non_utf8_line_names_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "latin.jsonl"
+    bad = '{"problem": "caf\u00e9", "answer": "1"}'.encode("latin-1")
+    path.write_bytes(GOOD.encode() + b"\n" + bad + b"\n")
+    with pytest.raises(ValueError, match="latin.jsonl: line 2: invalid JSON"):
+        load_problems("math500", path=str(path))
 
 
 def test_non_object_row_is_rejected(tmp_path: Path) -> None:
@@ -174,7 +188,8 @@ def test_offline_hub_fails_fast_with_clear_error() -> None:
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
     )
-    assert done.stdout.startswith("DatasetLoadError could not load Hugging Face dataset 'HuggingFaceH4/aime_2024'")
+    expected = "DatasetLoadError could not load Hugging Face dataset 'HuggingFaceH4/aime_2024'"
+    assert done.stdout.startswith(expected)
     assert "dataset.path=" in done.stdout
 
 
@@ -228,8 +243,12 @@ def test_select_random_k_after_level_filter() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "field"),
-    [({"first_k": -1}, "first_k"), ({"random_k": 1.5}, "random_k"), ({"first_k": 1, "random_k": 1}, "first_k"),
-     ({"levels": ["1"]}, "levels")],
+    [
+        ({"first_k": -1}, "first_k"),
+        ({"random_k": 1.5}, "random_k"),
+        ({"first_k": 1, "random_k": 1}, "first_k"),
+        ({"levels": ["1"]}, "levels"),
+    ],
 )
 def test_select_rejects_bad_arguments(kwargs: dict[str, object], field: str) -> None:
     with pytest.raises(ValueError, match=field):

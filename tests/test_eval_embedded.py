@@ -51,7 +51,8 @@ def recompute(item: EmbeddedItem) -> Fraction:
     if name == "consecutive":
         return Fraction(p["s"] - 3, 3)
     if name == "shop":
-        return _positive(sympy.solve([p["a1"] * x + p["b1"] * y - p["c1"], p["a2"] * x + p["b2"] * y - p["c2"]], [x, y], dict=True), y)
+        system = [p["a1"] * x + p["b1"] * y - p["c1"], p["a2"] * x + p["b2"] * y - p["c2"]]
+        return _positive(sympy.solve(system, [x, y], dict=True), y)
     if name == "sum_diff":
         return Fraction(p["s"] + p["d"], 2)
     if name == "rectangle":
@@ -74,7 +75,8 @@ def test_answer_matches_independent_recomputation(index: int) -> None:
     item = ITEMS[index]
     expected = recompute(item)
     assert expected > 0
-    assert item.problem.answer == (str(expected.numerator) if expected.denominator == 1 else f"{expected.numerator}/{expected.denominator}")
+    as_text = f"{expected.numerator}/{expected.denominator}" if expected.denominator > 1 else str(expected)
+    assert item.problem.answer == as_text
 
 
 def test_all_answers_recompute_and_are_canonical_strings() -> None:
@@ -102,7 +104,8 @@ def test_known_first_problem_for_seed_0() -> None:
     assert generate_embedded(1, seed=0) == [
         Problem(
             id="embedded-1-0",
-            problem="Mia has 4 stickers. A friend gives Mia 3 more stickers. How many stickers does Mia have now?",
+            problem="Mia has 4 stickers. A friend gives Mia 3 more stickers. "
+            "How many stickers does Mia have now?",
             answer="7",
             level=1,
             subject="Arithmetic",

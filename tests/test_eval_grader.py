@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -64,9 +67,8 @@ def test_normalize_answer(raw: str, expected: str) -> None:
 
 
 def test_rational_literals_and_quick_equal() -> None:
-    assert [as_rational(s) is not None for s in ["12", "-3", "025", "3/4", "\\frac{6}{8}", "0.5", "\\sqrt2"]] == [
-        True, True, True, True, True, False, False,
-    ]
+    literals = ["12", "-3", "025", "3/4", "\\frac{6}{8}", "0.5", "\\sqrt2"]
+    assert [as_rational(s) is not None for s in literals] == [True, True, True, True, True, False, False]
     assert as_rational("\\frac{6}{8}") == as_rational("3/4")
     assert quick_equal("025", "25") is True
     assert quick_equal("26", "25") is False
@@ -189,3 +191,16 @@ def test_run_batch_crashing_task_is_isolated_and_gets_timeout() -> None:
     tasks = [(signal.SIGWINCH,), (signal.SIGKILL,), (signal.SIGWINCH,), (signal.SIGWINCH,)]
     assert run_batch(signal.raise_signal, tasks, timeout_s=5) == [None, TIMEOUT, None, None]
     assert grade_answer("2", "\\boxed{\\sqrt{4}}").reason == "correct"
+
+
+def test_unguarded_script_gets_a_clear_start_up_error(tmp_path: Path) -> None:
+    script = tmp_path / "unguarded.py"
+    script.write_text('from eval import grade_answer\nprint(grade_answer("x+1", "1+x"))\n')
+    repo = Path(__file__).parents[1]
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=repo, env={"PYTHONPATH": str(repo), "PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 1
+    assert "RuntimeError: grading worker processes failed to start" in done.stderr
+    assert 'if __name__ == "__main__":' in done.stderr

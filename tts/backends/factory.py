@@ -14,6 +14,7 @@ from tts.backends.base import Generator, Verifier
 from tts.config.schema import BackendKind, Config
 
 GIB = 1 << 30
+PROMPT_ROOM = 1024  # tokens reserved for the chat-templated problem prompt
 CONF_PROMPTS = Path(__file__).resolve().parents[2] / "conf" / "prompts"
 
 
@@ -67,7 +68,9 @@ class Backends:
             from tts.backends.fake import FakeGenerator
             return FakeGenerator(batch_cap=spec.max_num_seqs)
         from tts.backends.vllm_generator import VllmGenerator
-        return VllmGenerator.from_config(self.cfg, kv_cache_bytes=spec.kv_bytes, max_num_seqs=spec.max_num_seqs)
+        # the longest sequence: a long problem prompt, the path, and a step of speculation
+        longest = PROMPT_ROOM + g.max_total_tokens + 2 * g.step_max_tokens
+        return VllmGenerator(self._llm(g.model, g.dtype, spec, self.cfg.memory.generator_fraction, longest))
 
     def _make_verifier(self, spec: EngineSpec) -> Verifier:
         v = self.cfg.verifier
@@ -75,7 +78,24 @@ class Backends:
             from tts.backends.fake import FakeVerifier
             return FakeVerifier()
         from tts.backends.vllm_verifier import VllmVerifier
-        return VllmVerifier.from_config(self.cfg, kv_cache_bytes=spec.kv_bytes, max_num_seqs=spec.max_num_seqs)
+        longest = PROMPT_ROOM + self.cfg.generator.max_total_tokens + 2 * self.cfg.generator.step_max_tokens
+        llm = self._llm(v.model, v.dtype, spec, 1.0 - self.cfg.memory.generator_fraction, longest)
+        return VllmVerifier(llm, v.adapter.value, judge_prompt=read_prompt(v.judge_prompt_file))
+
+    def _llm(self, model: str, dtype: str, spec: EngineSpec, gpu_share: float, longest: int):
+        """One in-process vLLM engine. On CPU its KV budget is `spec.kv_bytes`; on a GPU
+        (untested here) each engine gets its share of `memory.gpu_memory_utilization`."""
+        from tts.backends.vllm_engine import has_cuda, make_llm
+        from tts.models.cache import resolve_model
+
+        m = self.cfg.memory
+        gpu = has_cuda()
+        return make_llm(str(resolve_model(model)), kv_cache_bytes=None if gpu else spec.kv_bytes,
+                        gpu_memory_utilization=m.gpu_memory_utilization * gpu_share if gpu else None,
+                        block_size=m.block_size, max_num_seqs=spec.max_num_seqs,
+                        max_num_batched_tokens=max(m.max_num_batched_tokens, longest), dtype=dtype,
+                        seed=self.cfg.bench.seed, tensor_parallel_size=self.cfg.generator.tensor_parallel_size,
+                        min_tokens_per_seq=longest)
 
     @staticmethod
     def _close(pair) -> None:
@@ -89,6 +109,7 @@ class Backends:
 
 
 def reset_prefix_cache(backend) -> None:
-    reset = getattr(backend, "reset_prefix_cache", None)
-    if reset is not None:
-        reset()
+    """Forget cached prefixes so that the next variant starts cold, like the first."""
+    llm = getattr(backend, "llm", None)
+    if llm is not None:
+        llm.reset_prefix_cache()

@@ -7,7 +7,8 @@ scheduler for per-step statistics and two engines can share one process.
 Memory, CPU: the KV cache is exactly `kv_cache_bytes` (vLLM's `kv_cache_memory_bytes`);
 this is the lever for the generator/verifier split.
 
-Memory, GPU: with `kv_cache_bytes` set, the same exact lever is used. Otherwise
+Memory, GPU: with `kv_cache_bytes` set, the same exact lever is used (and, unless given,
+`gpu_memory_utilization` is set to the fraction free at start-up, which vLLM checks). Otherwise
 `gpu_memory_utilization` applies, which in vLLM 0.32 is a *per-instance* budget
 (weights + activations + KV = utilization x total memory), checked at start-up against the
 memory that is free *then*. Two engines on one GPU therefore need
@@ -29,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     import vllm
+
+    from tts.config.schema import Config
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +148,11 @@ def make_llm(
     `engine_kwargs` go to `vllm.LLM` as they are (e.g. `runner="pooling"` for reward heads).
     """
     config = read_hf_config(model_path)
-    max_len = min_tokens_per_seq or int(config.get("max_position_embeddings", 4096))
+    model_len = int(config.get("max_position_embeddings", 4096))
+    max_len = min_tokens_per_seq or model_len
+    if max_len > model_len:
+        raise ValueError(f"min_tokens_per_seq: {max_len} exceeds the model's "
+                         f"max_position_embeddings ({model_len})")
     if block_size % 32 != 0 and not has_cuda():
         raise ValueError(f"block_size: {block_size} is not a multiple of 32 (vLLM on CPU)")
     memory = _memory_kwargs(config, kv_cache_bytes, gpu_memory_utilization, block_size,
@@ -181,9 +188,22 @@ def _memory_kwargs(
     check_kv_budget(config, kv_cache_bytes=kv_cache_bytes, block_size=block_size, dtype=dtype,
                     min_tokens_per_seq=max_len, tensor_parallel_size=tensor_parallel_size)
     memory: dict[str, Any] = {"kv_cache_memory_bytes": int(kv_cache_bytes)}
-    if on_gpu and gpu_memory_utilization is not None:
-        memory["gpu_memory_utilization"] = gpu_memory_utilization
+    if on_gpu:
+        memory["gpu_memory_utilization"] = gpu_memory_utilization or free_gpu_fraction()
     return memory
+
+
+def free_gpu_fraction(margin: float = 0.02) -> float:
+    """The fraction of the current GPU that is free now, less a margin.
+
+    With an explicit KV size vLLM ignores `gpu_memory_utilization` for the KV cache but still
+    refuses to start unless `utilization x total` bytes are free; an engine started after
+    another one must therefore ask for no more than what is left.
+    """
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    return max(0.05, free / total - margin)
 
 
 def kv_cache_info(llm: vllm.LLM) -> KvCacheInfo:
@@ -220,3 +240,36 @@ def shutdown_llm(llm: vllm.LLM) -> None:
     client = getattr(llm.llm_engine, "engine_core", None)
     if client is not None and hasattr(client, "shutdown"):
         client.shutdown()
+
+
+PROMPT_ALLOWANCE_TOKENS = 1024
+"""Room for the prompt (problem + template, or the judge's instructions) beyond the path's
+`generator.max_total_tokens`, when the engine's longest sequence is derived from a config."""
+
+
+def engine_kwargs_from_config(cfg: Config, *, dtype: str, kv_cache_bytes: int,
+                              max_num_seqs: int, tensor_parallel_size: int = 1) -> dict[str, Any]:
+    """`make_llm` arguments for one engine of a run (the model path excepted)."""
+    return dict(
+        kv_cache_bytes=kv_cache_bytes, gpu_memory_utilization=None,
+        block_size=cfg.memory.block_size, max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=cfg.memory.max_num_batched_tokens, dtype=dtype,
+        seed=cfg.bench.seed, tensor_parallel_size=tensor_parallel_size,
+        min_tokens_per_seq=cfg.generator.max_total_tokens + PROMPT_ALLOWANCE_TOKENS,
+    )
+
+
+def token_prompt(llm: vllm.LLM, token_ids: list[int]) -> Any:
+    """A token-id prompt ready for `LLMEngine.add_request`.
+
+    vLLM 0.32 deprecates raw prompts there in favour of the renderer's output; older
+    versions take the raw `TokensPrompt`.
+    """
+    from vllm.inputs import TokensPrompt
+
+    prompt = TokensPrompt(prompt_token_ids=token_ids)
+    renderer = getattr(llm.llm_engine, "renderer", None)
+    if renderer is None or not hasattr(renderer, "render_cmpl"):
+        return prompt
+    (rendered,) = renderer.render_cmpl([prompt])
+    return rendered

@@ -17,11 +17,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tts.backends.base import FinishReason, GenDelta, Generator, GenRequest, StepStats
-from tts.backends.vllm_engine import make_llm, shutdown_llm
+from tts.backends.vllm_engine import (
+    engine_kwargs_from_config, make_llm, shutdown_llm, token_prompt,
+)
 from tts.backends.vllm_stats import SchedulerProbe
 
 if TYPE_CHECKING:  # pragma: no cover
     import vllm
+
+    from tts.config.schema import Config
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +66,16 @@ class VllmGenerator(Generator):
         """Start an engine with `make_llm(model_path, **engine_kwargs)` and wrap it."""
         return cls(make_llm(model_path, **engine_kwargs))
 
+    @classmethod
+    def from_config(cls, cfg: Config, *, kv_cache_bytes: int, max_num_seqs: int) -> VllmGenerator:
+        """The generator a run's config names (`generator.model`: registry key or folder)."""
+        from tts.models.cache import resolve_model
+
+        g = cfg.generator
+        return cls.from_model(str(resolve_model(g.model)), **engine_kwargs_from_config(
+            cfg, dtype=g.dtype, kv_cache_bytes=kv_cache_bytes, max_num_seqs=max_num_seqs,
+            tensor_parallel_size=g.tensor_parallel_size))
+
     @property
     def llm(self) -> vllm.LLM:
         return self._llm
@@ -100,7 +114,6 @@ class VllmGenerator(Generator):
 
     def add(self, request: GenRequest) -> None:
         from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
         if request.request_id in self._live:
@@ -112,7 +125,7 @@ class VllmGenerator(Generator):
             top_p=request.top_p, seed=request.seed, output_kind=RequestOutputKind.DELTA,
             detokenize=False, skip_special_tokens=True,
         )
-        prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
+        prompt = token_prompt(self._llm, list(request.prompt_token_ids))
         self._engine.add_request(request.request_id, prompt, params)
         self._live[request.request_id] = _Live(num_prompt_tokens=len(request.prompt_token_ids))
 
@@ -154,6 +167,10 @@ class VllmGenerator(Generator):
         `SchedulerProbe.set_batch_cap`: at most the engine's `max_num_seqs`)."""
         if batch_cap is not None:
             self._probe.set_batch_cap(batch_cap)
+
+    def reset_prefix_cache(self) -> None:
+        """Drop the engine's cached prefixes (between the variants of a comparison)."""
+        self._llm.reset_prefix_cache()
 
     def close(self) -> None:
         self.abort(list(self._live))

@@ -176,8 +176,8 @@ def make_steps(job: GenJob, decode: Callable[[Sequence[int]], str], token_text: 
                total_left: int) -> list[Step]:
     """Turn a finished job into steps (several when `split`), marking the total limit."""
     end = job.end or StepEnd.STEP_LIMIT
-    if end is StepEnd.STEP_LIMIT and len(job.tokens) >= total_left:
-        end = StepEnd.TOTAL_LIMIT
+    if end is not StepEnd.EOS and len(job.tokens) >= total_left:
+        end = StepEnd.TOTAL_LIMIT  # the path's budget is spent: it completes here
     if not job.split:
         return [Step(tuple(job.tokens), decode(job.tokens), end)]
     steps, cur, last = [], [], ""

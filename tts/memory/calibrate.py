@@ -79,26 +79,46 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown CPU"
 
 
+def _busy_cpu_seconds() -> float:
+    """CPU-seconds spent busy by the whole machine (all CPUs), from /proc/stat; 0 if absent."""
+    stat = Path("/proc/stat")
+    if not stat.is_file():
+        return 0.0
+    ticks = [int(v) for v in stat.read_text().split("\n", 1)[0].split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle + iowait
+    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _measure(seconds: float, matmul_n: int, copy_mib: int) -> tuple[float, dict[str, float], int, float]:
+    """(bandwidth GB/s, TFLOP/s by dtype, threads, share of the CPUs other processes used)."""
+    import torch
+
+    threads_before = torch.get_num_threads()
+    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    busy0, own0, wall0 = _busy_cpu_seconds(), sum(os.times()[:2]), time.perf_counter()
+    try:
+        bandwidth = measure_bandwidth_gbs(seconds / 2, copy_mib)
+        rates = {d: measure_matmul_tflops(d, seconds / 4, matmul_n) for d in ("bfloat16", "float32")}
+    finally:
+        torch.set_num_threads(threads_before)
+    others = (_busy_cpu_seconds() - busy0) - (sum(os.times()[:2]) - own0)
+    other_share = max(0.0, others / ((time.perf_counter() - wall0) * (os.cpu_count() or 1)))
+    return bandwidth, rates, threads, other_share
+
+
 def calibrate_cpu(seconds: float = 2.0, matmul_n: int = 2048, copy_mib: int = 256) -> DeviceProfile:
     """Measure this machine and return a ``cpu`` profile with ``calibrated=True``.
 
     Half of ``seconds`` goes to the copy-bandwidth test, the rest is shared by the bf16 and
     fp32 matmul tests. ``peak_tflops`` is the faster of the two dtypes (bf16 is what the
     models run in, but some CPUs lack fast bf16 kernels). All CPUs the process may use
-    are used as torch threads for the measurement, so run it on an otherwise idle
-    machine; the load average before the run is recorded in ``source``.
+    are used as torch threads, so run it on an otherwise idle machine: the share of CPU
+    time other processes took during the run is recorded in ``source``.
     """
     import torch
 
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    threads_before = torch.get_num_threads()
-    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    torch.set_num_threads(threads)
-    try:
-        bandwidth = measure_bandwidth_gbs(seconds / 2, copy_mib)
-        rates = {d: measure_matmul_tflops(d, seconds / 4, matmul_n) for d in ("bfloat16", "float32")}
-    finally:
-        torch.set_num_threads(threads_before)
+    bandwidth, rates, threads, other_share = _measure(seconds, matmul_n, copy_mib)
     best_dtype = max(rates, key=rates.__getitem__)
     when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     rate_text = ", ".join(f"{d} {r * 1e3:.1f} GFLOP/s" for d, r in rates.items())
@@ -106,7 +126,8 @@ def calibrate_cpu(seconds: float = 2.0, matmul_n: int = 2048, copy_mib: int = 25
         f"calibrated by tts.memory.calibrate.calibrate_cpu on host {socket.gethostname()} "
         f"({_cpu_model()}, {threads} threads, torch {torch.__version__}) at {when}: "
         f"{matmul_n}^3 matmul 20th-percentile time of repeats {rate_text} (peak = {best_dtype}); "
-        f"{copy_mib} MiB torch copy, read+write bytes; 1-min load average before {load:.2f}"
+        f"{copy_mib} MiB torch copy, read+write bytes; other processes used "
+        f"{other_share:.0%} of the CPUs during the run"
     )
     return DeviceProfile(
         name="cpu",

@@ -45,7 +45,7 @@ def convert_gguf(src_dir: Path, gguf_name: str, out_dir: Path) -> None:
     if gguf_adds_bos(src_dir / gguf_name) and hasattr(tokenizer, "add_bos_token"):
         # transformers drops the GGUF's add_bos_token flag (seen with Gemma 3, which
         # degenerates without <bos>); restore it so the saved tokenizer prepends BOS.
-        tokenizer.add_bos_token = True
+        tokenizer.add_bos_token = True  # type: ignore[misc]  # the property has a setter
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
@@ -111,7 +111,6 @@ def verify_folder(folder: Path) -> dict[str, Any]:
     model = AutoModelForCausalLM.from_pretrained(
         str(folder), dtype=torch.bfloat16, local_files_only=True
     )
-    model.eval()
     with torch.no_grad():
         logits = model(torch.tensor([ids[:8]])).logits
     if not bool(torch.isfinite(logits).all()):

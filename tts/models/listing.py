@@ -20,10 +20,7 @@ def list_models() -> list[dict[str, Any]]:
     for spec in REGISTRY.values():
         path = local_path(spec.key)
         present = not folder_problems(path)
-        if present:
-            needs = "-"
-        else:
-            needs = "pypi" if spec.source == "pypi-gguf" else "hub"
+        needs = "-" if present else ("pypi" if spec.source == "pypi-gguf" else "hub")
         rows.append(
             {
                 "key": spec.key,

