@@ -37,6 +37,12 @@ def _find(parent: list[int], i: int) -> int:
     return i
 
 
+def _union(parent: list[int], a: int, b: int) -> None:
+    """Merge the sets of ``a`` and ``b``; the smaller index stays the root."""
+    root_a, root_b = _find(parent, a), _find(parent, b)
+    parent[max(root_a, root_b)] = min(root_a, root_b)
+
+
 def _merge_keys(reps: list[str], keys: list[str], equiv: Equivalence) -> list[int]:
     """Union-find over distinct keys; return the root index of each key.
 
@@ -51,14 +57,13 @@ def _merge_keys(reps: list[str], keys: list[str], equiv: Equivalence) -> list[in
             if same is None:
                 unsure.append((i, j))
             elif same:
-                parent[_find(parent, j)] = _find(parent, i)
+                _union(parent, i, j)
     root_pairs = sorted({(_find(parent, i), _find(parent, j)) for i, j in unsure})
     root_pairs = [(a, b) for a, b in root_pairs if a != b]
     verdicts = equiv([(reps[a], reps[b]) for a, b in root_pairs]) if root_pairs else []
     for (a, b), same in zip(root_pairs, verdicts):
         if same:
-            root_a, root_b = _find(parent, a), _find(parent, b)
-            parent[max(root_a, root_b)] = min(root_a, root_b)
+            _union(parent, a, b)
     return [_find(parent, i) for i in range(len(keys))]
 
 

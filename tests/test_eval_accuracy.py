@@ -49,6 +49,14 @@ def test_group_answers_uses_keys_and_quick_compare_before_equivalence() -> None:
     ]
 
 
+def test_group_label_is_the_first_member_whatever_the_merge_order() -> None:
+    # keys: "a"(0), "5"(1), "b"(2), "10/2"(3); "a"~"10/2" via equiv, then "5"="10/2" directly
+    def a_is_5(pairs: Sequence[tuple[str, str]]) -> list[bool]:
+        return [{a, b} in ({"a", "5"}, {"a", "10/2"}) for a, b in pairs]
+
+    assert group_answers(["a", "5", "b", "10/2"], a_is_5) == [0, 0, 2, 0]
+
+
 def test_majority_vote_counts_equivalent_answers() -> None:
     candidates = [C("2"), C("\\frac12"), C("0.5"), C("2"), C("1/2"), C(None), C(None), C(None)]
     assert majority_vote(candidates) == "\\frac12"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 console = Console(stderr=True)
@@ -64,7 +65,7 @@ def run_jobs(jobs: list[Job]) -> int:
         try:
             path = _with_progress(run_bench, job.cfg)
         except (ValueError, FileExistsError, FileNotFoundError) as err:
-            console.print(f"[red]error:[/red] {err}")
+            console.print(f"[red]error:[/red] {escape(str(err))}")
             return 2
         print_summary(path)
     return 0
@@ -143,7 +144,7 @@ def run_profile(jobs: list[Job], calibrate: bool) -> int:
         try:
             profile_memory(job.cfg, calibrate=calibrate, console=Console())
         except ValueError as err:
-            console.print(f"[red]error:[/red] {err}")
+            console.print(f"[red]error:[/red] {escape(str(err))}")
             return 2
     return 0
 
@@ -154,7 +155,7 @@ def run_report(runs: list[Path], baseline: str | None, out: Path | None) -> int:
     try:
         path = write_report([str(r) for r in runs], baseline, out)
     except ReportError as err:
-        console.print(f"[red]error:[/red] {err}")
+        console.print(f"[red]error:[/red] {escape(str(err))}")
         return 2
     Console().print(f"report written to {path}")
     return 0
@@ -176,8 +177,8 @@ def pull_model(key: str, force: bool) -> int:
 
     try:
         path = pull(key, force=force)
-    except (ProvisionError, ValueError) as err:
-        console.print(f"[red]error:[/red] {err}")
+    except (ProvisionError, ValueError, FileNotFoundError) as err:
+        console.print(f"[red]error:[/red] {escape(str(err))}")
         return 1
     Console().print(f"{key}: {path}")
     return 0

@@ -22,7 +22,6 @@ CPU machines this project is tested on.
 from __future__ import annotations
 
 import json
-import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,8 +31,6 @@ if TYPE_CHECKING:  # pragma: no cover
     import vllm
 
     from tts.config.schema import Config
-
-logger = logging.getLogger(__name__)
 
 _DTYPE_BYTES: dict[str, int] = {
     "bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float8": 1, "fp8": 1,

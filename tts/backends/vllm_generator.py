@@ -10,7 +10,6 @@ next step, and any output of an aborted request is dropped here as well.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -26,8 +25,6 @@ if TYPE_CHECKING:  # pragma: no cover
     import vllm
 
     from tts.config.schema import Config
-
-logger = logging.getLogger(__name__)
 
 _FINISH_REASONS: dict[str, FinishReason] = {
     "stop": FinishReason.EOS,  # no stop strings are set: only EOS / generation-config EOS ids

@@ -1,0 +1,143 @@
+"""The report's columns, its baseline, the headline-metric table and the key-config table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tts.report.sources import ReportError, RunData
+from tts.results.summary import ratio_table
+
+# Optim switches shown as flags when on (the letters follow the FlashTTS ablation names).
+OPTIM_FLAGS = [("prefix_aware", "P"), ("roofline_memory", "M"), ("speculative", "S"), ("lookahead", "L")]
+
+
+@dataclass
+class Column:
+    """One column of the report: a variant of a run, with the config it ran under."""
+
+    name: str
+    run: RunData
+    variant: str
+    metrics: dict[str, Any]
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def get(self, section: str, key: str) -> Any:
+        """A config value, or None when the run's config does not hold it."""
+        value = self.config.get(section)
+        return value.get(key) if isinstance(value, dict) else None
+
+    @property
+    def n(self) -> int | None:
+        """search.n, the number of candidates, or None when unknown."""
+        value = self.get("search", "n")
+        return value if isinstance(value, int) else None
+
+
+def build_columns(runs: list[RunData]) -> list[Column]:
+    """One column per variant of each run that has a summary, in the order given."""
+    columns = []
+    for run in runs:
+        for name, variant in run.columns():
+            config = dict(run.config)
+            compare = (config.get("bench") or {}).get("compare") or []
+            if variant in compare:
+                config["optim"] = preset_optim(variant)
+            columns.append(Column(name, run, variant, run.variants[variant], config))
+    return columns
+
+
+def preset_optim(name: str) -> dict[str, Any]:
+    """The optim settings of a `bench.compare` preset (the schema defaults under conf/optim/NAME.yaml)."""
+    import yaml
+
+    from tts.config.compose import CONF_DIR
+
+    defaults = {"engine": "baseline", "score_cache": True, "speculative": False, "lookahead": False,
+                "prefix_aware": False, "roofline_memory": False, "decoupled_policy": "eager_first"}
+    path = CONF_DIR / "optim" / f"{name}.yaml"
+    if not path.exists():
+        return {**defaults, "engine": name}
+    return {**defaults, **(yaml.safe_load(path.read_text()) or {})}
+
+
+def resolve_baseline(columns: list[Column], runs: list[RunData], baseline: str | None) -> str:
+    """The baseline column: a column name, or a run's name (its first column); default the first."""
+    if not columns:
+        raise ReportError("none of the runs has a summary.json to compare: "
+                          + ", ".join(r.source for r in runs))
+    if baseline is None:
+        return columns[0].name
+    names = [c.name for c in columns]
+    if baseline in names:
+        return baseline
+    for run in runs:
+        if baseline in (run.name, run.source) and run.variants:
+            return run.columns()[0][0]
+    valid = list(dict.fromkeys(names + [r.name for r in runs if r.variants]))
+    raise ReportError(f"--baseline {baseline!r} is neither a column nor a run; valid names: {', '.join(valid)}")
+
+
+def metric_rows(columns: list[Column], baseline: str) -> list[dict]:
+    """The headline metrics (`RATIO_METRICS`): each column's value and its ratio to the baseline's."""
+    return ratio_table({c.name: c.metrics for c in columns}, baseline)
+
+
+def engine_label(optim: dict[str, Any]) -> str:
+    """The engine and its switched-on optimisations, e.g. "flash+PMS" or "decoupled (eager_first)"."""
+    if not optim:
+        return "-"
+    engine = str(optim.get("engine", "-"))
+    if engine == "decoupled":
+        return f"decoupled ({optim.get('decoupled_policy', '-')})"
+    flags = "".join(letter for key, letter in OPTIM_FLAGS if optim.get(key))
+    return f"{engine}+{flags}" if flags else engine
+
+
+def config_row(column: Column) -> dict[str, str]:
+    """The key config of a column, as display strings."""
+    optim = column.config.get("optim") or {}
+    off = [k for k in ("score_cache", "eos_at_depth_limit") if optim.get(k) is False]
+    return {
+        "column": column.name,
+        "algorithm": _s(column.get("search", "algorithm")),
+        "N": _s(column.n),
+        "beam width": _s(column.get("search", "beam_width")),
+        "engine": engine_label(optim),
+        "flags off": ", ".join(off) or "-",
+        "dataset": _dataset(column.config.get("dataset") or {}),
+        "problems": _s(column.metrics.get("num_problems")),
+        "generator": _s(column.get("generator", "model")),
+        "verifier": _s(column.get("verifier", "model")),
+        "memory": _s(column.get("memory", "allocation")),
+    }
+
+
+def config_table(columns: list[Column]) -> str:
+    """A Markdown table of each column's key config."""
+    rows = [config_row(c) for c in columns]
+    keys = list(rows[0])
+    lines = ["| " + " | ".join(keys) + " |", "|---" * len(keys) + "|"]
+    lines += ["| " + " | ".join(_cell(r[k]) for k in keys) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _dataset(ds: dict[str, Any]) -> str:
+    if not ds:
+        return "-"
+    text = str(ds.get("name", "-"))
+    if ds.get("split"):
+        text += f":{ds['split']}"
+    if ds.get("first_k"):
+        text += f" first {ds['first_k']}"
+    if ds.get("random_k"):
+        text += f" random {ds['random_k']} (seed {ds.get('seed', 0)})"
+    return text
+
+
+def _s(value: Any) -> str:
+    return "-" if value is None or value == "" else str(value)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
