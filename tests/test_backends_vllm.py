@@ -6,14 +6,15 @@ default model is missing.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
 
 from tts.backends.base import FinishReason, GenDelta, GenRequest, ScoreRequest, StepStats
 
-pytestmark = pytest.mark.vllm
-pytest.importorskip("vllm")
+pytestmark = [pytest.mark.vllm, pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                                    reason="vLLM is not installed")]
 
 KV_BYTES = 64 << 20
 SEQ_TOKENS = 1024
@@ -170,8 +171,11 @@ def test_kv_cache_matches_the_budget_check(gen, model_path: str) -> None:
 def test_judge_scores_are_probabilities_and_deterministic(ver) -> None:
     requests = [PATH, ScoreRequest("What is 12 + 7?", ("12 + 7 = 21.",), (0,))]
     first, stats = ver.score(requests)
-    again, stats2 = ver.score(requests)
-    assert first == again
+    again, stats2 = ver.score(requests)  # served from the prefix cache this time
+    assert [len(s) for s in again] == [2, 1]
+    # Greedy and batch-independent here (exactly equal on CPU); 1e-3 leaves room for
+    # kernels whose reductions depend on the batch shape.
+    assert [x for s in again for x in s] == pytest.approx([x for s in first for x in s], abs=1e-3)
     assert [len(s) for s in first] == [2, 1]
     assert all(0.0 <= x <= 1.0 for s in first for x in s)
     assert stats.num_requests == 3 and stats.prompt_tokens > 0 and stats.step_stats

@@ -87,7 +87,7 @@ def test_kv_uses_each_models_own_shape():
     assert blocked.mean_decode_ctx == 45.0
 
 
-def test_ties_go_to_larger_b_dec():
+def test_ties_go_to_larger_b_dec_then_larger_b_pre():
     # Compute-bound with N=4: batches 1, 2 and 4 all give exactly the same stage times
     # (power-of-two scaling is exact), so (1,1), (1,2), (2,2), (1,4), (4,1)... all tie.
     workload = Workload(num_requests=4, verifier_seq_len=8, decode_len=8)
@@ -96,8 +96,10 @@ def test_ties_go_to_larger_b_dec():
     alloc = search_allocation(SMOL, SMOL, SLOW_COMPUTE, workload, 5 * k)
     assert alloc.t_total == brute_force_allocation(SMOL, SMOL, SLOW_COMPUTE, workload, 5 * k).t_total
     assert (alloc.b_pre, alloc.b_dec) == (1, 4)
-    t_41 = search_allocation(SMOL, SMOL, SLOW_COMPUTE, workload, 4 * k + k).t_total
-    assert t_41 == alloc.t_total
+    # With room for (2, 4) and (4, 2), B_dec still wins; B_pre then takes the larger batch.
+    wide = search_allocation(SMOL, SMOL, SLOW_COMPUTE, workload, 6 * k)
+    assert (wide.b_pre, wide.b_dec) == (2, 4) and wide.t_total == alloc.t_total
+    assert wide == brute_force_allocation(SMOL, SMOL, SLOW_COMPUTE, workload, 6 * k)
 
 
 def test_best_b_dec_may_sit_below_the_memory_boundary():

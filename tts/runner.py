@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tts.backends.factory import Backends, read_prompt, static_split
 from tts.config.compose import CONF_DIR, ConfigError, to_yaml, validate
-from tts.config.schema import Config, EngineKind, OptimConfig
+from tts.config.schema import BackendKind, Config, EngineKind, OptimConfig
 from tts.engine.sync import EngineOptions, ProblemInput, SyncEngine
 from tts.results.records import build_record
 from tts.results.store import RunStore
@@ -79,7 +79,9 @@ def build_engine(cfg: Config, optim: OptimConfig, backends: Backends):
     """The engine for one variant, on backends sized for it."""
     from tts.memory.planner import plan_memory
 
-    gen_spec, ver_spec = plan_memory(cfg, optim) if optim.roofline_memory else static_split(cfg)
+    # M needs real model shapes; the fake backend has none, so it keeps the static split
+    roofline = optim.roofline_memory and cfg.generator.backend is BackendKind.vllm
+    gen_spec, ver_spec = plan_memory(cfg, optim) if roofline else static_split(cfg)
     policy = lambda: make_policy(cfg.search, cfg.generator.step_max_tokens, cfg.generator.max_total_tokens)
     uses_verifier = policy().uses_verifier
     gen, ver = backends.get(gen_spec, ver_spec if uses_verifier else None)
@@ -88,7 +90,7 @@ def build_engine(cfg: Config, optim: OptimConfig, backends: Backends):
         from tts.engine.decoupled import DecoupledEngine
         return DecoupledEngine(gen, ver, policy, system, engine_options(cfg, optim), optim)
     engine = SyncEngine(gen, ver, policy, system, engine_options(cfg, optim))
-    if optim.roofline_memory:
+    if roofline:
         from tts.memory.planner import RuntimeAllocator
         engine.on_iteration = RuntimeAllocator(cfg, gen, ver)
     return engine

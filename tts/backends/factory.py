@@ -77,12 +77,18 @@ class Backends:
         if v.backend is BackendKind.fake:
             from tts.backends.fake import FakeVerifier
             return FakeVerifier()
+        from tts.backends.adapters import adapter_class, make_adapter
         from tts.backends.vllm_verifier import VllmVerifier
+        name = v.adapter.value
+        adapter_class(name)  # an unknown adapter fails before any model loads
         longest = PROMPT_ROOM + self.cfg.generator.max_total_tokens + 2 * self.cfg.generator.step_max_tokens
-        llm = self._llm(v.model, v.dtype, spec, 1.0 - self.cfg.memory.generator_fraction, longest)
-        return VllmVerifier(llm, v.adapter.value, judge_prompt=read_prompt(v.judge_prompt_file))
+        llm = self._llm(v.model, v.dtype, spec, 1.0 - self.cfg.memory.generator_fraction, longest,
+                        dict(adapter_class(name).engine_kwargs))
+        options = {"prompt_file": v.judge_prompt_file} if name == "judge" else {}
+        return VllmVerifier(llm, make_adapter(name, llm.get_tokenizer(), **options))
 
-    def _llm(self, model: str, dtype: str, spec: EngineSpec, gpu_share: float, longest: int):
+    def _llm(self, model: str, dtype: str, spec: EngineSpec, gpu_share: float, longest: int,
+             engine_kwargs: dict | None = None):
         """One in-process vLLM engine. On CPU its KV budget is `spec.kv_bytes`; on a GPU
         (untested here) each engine gets its share of `memory.gpu_memory_utilization`."""
         from tts.backends.vllm_engine import has_cuda, make_llm
@@ -95,7 +101,7 @@ class Backends:
                         block_size=m.block_size, max_num_seqs=spec.max_num_seqs,
                         max_num_batched_tokens=max(m.max_num_batched_tokens, longest), dtype=dtype,
                         seed=self.cfg.bench.seed, tensor_parallel_size=self.cfg.generator.tensor_parallel_size,
-                        min_tokens_per_seq=longest)
+                        min_tokens_per_seq=longest, engine_kwargs=engine_kwargs)
 
     @staticmethod
     def _close(pair) -> None:

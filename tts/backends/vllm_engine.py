@@ -239,23 +239,6 @@ def shutdown_llm(llm: vllm.LLM) -> None:
         client.shutdown()
 
 
-PROMPT_ALLOWANCE_TOKENS = 1024
-"""Room for the prompt (problem + template, or the judge's instructions) beyond the path's
-`generator.max_total_tokens`, when the engine's longest sequence is derived from a config."""
-
-
-def engine_kwargs_from_config(cfg: Config, *, dtype: str, kv_cache_bytes: int,
-                              max_num_seqs: int, tensor_parallel_size: int = 1) -> dict[str, Any]:
-    """`make_llm` arguments for one engine of a run (the model path excepted)."""
-    return dict(
-        kv_cache_bytes=kv_cache_bytes, gpu_memory_utilization=None,
-        block_size=cfg.memory.block_size, max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=cfg.memory.max_num_batched_tokens, dtype=dtype,
-        seed=cfg.bench.seed, tensor_parallel_size=tensor_parallel_size,
-        min_tokens_per_seq=cfg.generator.max_total_tokens + PROMPT_ALLOWANCE_TOKENS,
-    )
-
-
 def token_prompt(llm: vllm.LLM, token_ids: list[int]) -> Any:
     """A token-id prompt ready for `LLMEngine.add_request`.
 

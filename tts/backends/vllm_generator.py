@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from tts.backends.base import FinishReason, GenDelta, Generator, GenRequest, StepStats
 from tts.backends.vllm_engine import (
-    engine_kwargs_from_config, make_llm, shutdown_llm, token_prompt,
+    make_llm, shutdown_llm, token_prompt,
 )
 from tts.backends.vllm_stats import SchedulerProbe
 
@@ -62,16 +62,6 @@ class VllmGenerator(Generator):
     def from_model(cls, model_path: str, **engine_kwargs: Any) -> VllmGenerator:
         """Start an engine with `make_llm(model_path, **engine_kwargs)` and wrap it."""
         return cls(make_llm(model_path, **engine_kwargs))
-
-    @classmethod
-    def from_config(cls, cfg: Config, *, kv_cache_bytes: int, max_num_seqs: int) -> VllmGenerator:
-        """The generator a run's config names (`generator.model`: registry key or folder)."""
-        from tts.models.cache import resolve_model
-
-        g = cfg.generator
-        return cls.from_model(str(resolve_model(g.model)), **engine_kwargs_from_config(
-            cfg, dtype=g.dtype, kv_cache_bytes=kv_cache_bytes, max_num_seqs=max_num_seqs,
-            tensor_parallel_size=g.tensor_parallel_size))
 
     @property
     def llm(self) -> vllm.LLM:

@@ -25,7 +25,7 @@ from tts.backends.adapters import PrmAdapter, PromptSpec, ReadKind, ScoreOutput
 from tts.backends.adapters import adapter_class, make_adapter
 from tts.backends.base import ScoreBatchStats, ScoreRequest, StepStats, Verifier
 from tts.backends.vllm_engine import (
-    engine_kwargs_from_config, make_llm, shutdown_llm, token_prompt,
+    make_llm, shutdown_llm, token_prompt,
 )
 from tts.backends.vllm_stats import SchedulerProbe
 
@@ -58,19 +58,6 @@ class VllmVerifier(Verifier):
         extra.update(engine_kwargs.pop("engine_kwargs", None) or {})
         llm = make_llm(model_path, engine_kwargs=extra, **engine_kwargs)
         return cls(llm, make_adapter(adapter, llm.get_tokenizer(), **(adapter_options or {})))
-
-    @classmethod
-    def from_config(cls, cfg: Config, *, kv_cache_bytes: int, max_num_seqs: int) -> VllmVerifier:
-        """The verifier a run's config names (`verifier.model`, `verifier.adapter`)."""
-        from tts.models.cache import resolve_model
-
-        v = cfg.verifier
-        name = getattr(v.adapter, "value", v.adapter)
-        options = {"prompt_file": v.judge_prompt_file} if name == "judge" else {}
-        return cls.from_model(
-            str(resolve_model(v.model)), adapter=name, adapter_options=options,
-            **engine_kwargs_from_config(cfg, dtype=v.dtype, kv_cache_bytes=kv_cache_bytes,
-                                        max_num_seqs=max_num_seqs))
 
     @property
     def llm(self) -> vllm.LLM:

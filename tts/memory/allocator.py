@@ -13,7 +13,8 @@ memory grows. With the ``ceil(N/B)`` factor that is not always true (N=10: B=5 r
 full batches, B=6 runs two batches of six), so the search takes, for each ``B_pre``, the
 best ``B_dec`` *up to* the eq. (1) boundary. A running minimum over ``B_dec`` makes that
 O(N) and keeps the result equal to a brute-force search over all pairs. Ties go to the
-larger ``B_dec``, then the smaller ``B_pre``.
+larger ``B_dec`` (the paper's rule), then to the larger ``B_pre``: the roofline ignores
+fixed per-forward costs, which favour larger batches whenever the model sees no difference.
 
 Stage times are compared in integer nanoseconds. On compute-bound plateaus the modelled
 times of different batch sizes are equal in exact arithmetic but differ by a few float
@@ -135,29 +136,30 @@ def _problem(gen_shape: ModelShape, ver_shape: ModelShape, device: DeviceProfile
     )
 
 
-def _prefix_argmin(t: np.ndarray, prefer_larger: bool) -> np.ndarray:
-    """``out[m]`` = index of the minimum of ``t[:m+1]``; ties to the larger or smaller index."""
-    running = np.minimum.accumulate(t)
-    if prefer_larger:
-        is_best = t == running
-    else:
-        is_best = np.empty(t.shape, dtype=bool)
-        is_best[0] = True
-        is_best[1:] = t[1:] < running[:-1]
+def _prefix_argmin(t: np.ndarray) -> np.ndarray:
+    """``out[m]`` = index of the minimum of ``t[:m+1]``, ties to the larger index."""
+    # The last index holding the running minimum is the answer: any later drop of the
+    # minimum would itself be such an index.
+    is_best = t == np.minimum.accumulate(t)
     return np.maximum.accumulate(np.where(is_best, np.arange(t.size), 0))
 
 
 def _pick(total: np.ndarray, b_pre: np.ndarray, b_dec: np.ndarray) -> int:
-    """Index of the minimum ``total``; ties to larger ``b_dec``, then smaller ``b_pre``."""
+    """Index of the minimum ``total``; ties to larger ``b_dec``, then larger ``b_pre``."""
     tied = np.flatnonzero(total == total.min())
     tied = tied[b_dec[tied] == b_dec[tied].max()]
-    return int(tied[np.argmin(b_pre[tied])])
+    return int(tied[np.argmax(b_pre[tied])])
+
+
+def _build(b_pre: int, b_dec: int, t_ver_ns: int, t_gen_ns: int, kv_ver: int, kv_gen: int,
+           mode: str, overhead_ns: int = 0) -> Allocation:
+    return Allocation(b_pre, b_dec, (t_ver_ns + t_gen_ns + overhead_ns) / 1e9, t_ver_ns / 1e9,
+                      t_gen_ns / 1e9, b_pre * kv_ver, b_dec * kv_gen, mode)
 
 
 def _allocation(p: _Problem, b_pre: int, b_dec: int, mode: str, overhead_ns: int = 0) -> Allocation:
-    t_ver, t_gen = int(p.t_ver[b_pre - 1]), int(p.t_gen[b_dec - 1])
-    return Allocation(b_pre, b_dec, (t_ver + t_gen + overhead_ns) / 1e9, t_ver / 1e9, t_gen / 1e9,
-                      b_pre * p.kv_ver, b_dec * p.kv_gen, mode)
+    return _build(b_pre, b_dec, int(p.t_ver[b_pre - 1]), int(p.t_gen[b_dec - 1]), p.kv_ver, p.kv_gen,
+                  mode, overhead_ns)
 
 
 def _search_split(p: _Problem, n: int, budget: int) -> Allocation | None:
@@ -167,7 +169,7 @@ def _search_split(p: _Problem, n: int, budget: int) -> Allocation | None:
         return None
     b_pre = np.arange(1, last_pre + 1, dtype=np.int64)
     cap = np.minimum((budget - b_pre * p.kv_ver) // p.kv_gen, n)  # eq. (1), clipped to N
-    b_dec = _prefix_argmin(p.t_gen, prefer_larger=True)[cap - 1] + 1
+    b_dec = _prefix_argmin(p.t_gen)[cap - 1] + 1
     total = p.t_ver[:last_pre] + p.t_gen[b_dec - 1]
     i = _pick(total, b_pre, b_dec)
     return _allocation(p, int(b_pre[i]), int(b_dec[i]), "split")
@@ -178,8 +180,8 @@ def _search_offload(p: _Problem, n: int, budget: int, overhead_ns: int) -> Alloc
     cap_pre, cap_dec = min(n, budget // p.kv_ver), min(n, budget // p.kv_gen)
     if cap_pre < 1 or cap_dec < 1:
         return None
-    b_pre = int(_prefix_argmin(p.t_ver[:cap_pre], prefer_larger=False)[-1]) + 1
-    b_dec = int(_prefix_argmin(p.t_gen[:cap_dec], prefer_larger=True)[-1]) + 1
+    b_pre = int(_prefix_argmin(p.t_ver[:cap_pre])[-1]) + 1
+    b_dec = int(_prefix_argmin(p.t_gen[:cap_dec])[-1]) + 1
     return _allocation(p, b_pre, b_dec, "offload", overhead_ns)
 
 
@@ -208,13 +210,30 @@ def search_allocation(gen_shape: ModelShape, ver_shape: ModelShape, device: Devi
     return _cheaper(split, _search_offload(p, n, budget, _to_ns(offload_overhead_s)))
 
 
+def evaluate_allocation(gen_shape: ModelShape, ver_shape: ModelShape, device: DeviceProfile,
+                        workload: Workload, b_pre: int, b_dec: int) -> Allocation:
+    """Modelled times and KV bytes of one given (B_pre, B_dec), without searching.
+
+    For comparing a fixed split (e.g. a static fraction's batch caps) with the search.
+    Batches are clipped to N, as in the search.
+    """
+    if b_pre < 1 or b_dec < 1:
+        raise ValueError(f"b_pre and b_dec must be >= 1, got {b_pre}, {b_dec}")
+    n = workload.num_requests
+    b_pre, b_dec = min(b_pre, n), min(b_dec, n)
+    pre, dec = _stage_costs(gen_shape, ver_shape, workload)
+    return _build(b_pre, b_dec, _to_ns(_t_verifier(pre, device, n, b_pre)),
+                  _to_ns(_t_generator(dec, device, n, workload.decode_len, b_dec)),
+                  workload.kv_verifier(ver_shape), workload.kv_generator(gen_shape), "split")
+
+
 def _brute_best(t_ver: list[int], t_gen: list[int], pairs: list[tuple[int, int]]) -> tuple[int, int] | None:
     best: tuple[float, int, int] | None = None
     for bp, bd in pairs:
-        key = (t_ver[bp - 1] + t_gen[bd - 1], -bd, bp)
+        key = (t_ver[bp - 1] + t_gen[bd - 1], -bd, -bp)
         if best is None or key < best:
             best = key
-    return None if best is None else (best[2], -best[1])
+    return None if best is None else (-best[2], -best[1])
 
 
 def brute_force_allocation(gen_shape: ModelShape, ver_shape: ModelShape, device: DeviceProfile,

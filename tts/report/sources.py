@@ -151,7 +151,8 @@ def load_wandb_run(spec: str) -> RunData:
         import wandb
 
         remote = wandb.Api(timeout=30).run(run_path)
-        summary = unflatten(_plain(dict(remote.summary.items())))
+        raw = getattr(remote, "summary_metrics", None)
+        summary = unflatten(_plain(raw if isinstance(raw, Mapping) else dict(remote.summary.items())))
         config = _plain(dict(remote.config))
         name = str(getattr(remote, "name", "") or run_path.rsplit("/", 1)[-1])
     except Exception as err:  # any W&B failure (no login, no network, no such run)

@@ -1,0 +1,131 @@
+"""Every search algorithm on real vLLM (CPU) with the default model, tiny limits.
+
+Invariants checked on the real outputs: each beam's text is its steps' concatenation,
+token counts match the tokenizer, scores lie in [0, 1], selections respect the policy,
+every record is complete. Also the benchmark path (`run_bench`) end to end.
+"""
+
+import json
+
+import pytest
+
+from tts.backends.factory import Backends, static_split
+from tts.config.compose import compose, validate
+from tts.engine.sync import ProblemInput
+from tts.models.cache import is_present
+from tts.results.store import RunStore
+from tts.runner import build_engine, run_bench
+
+pytestmark = [pytest.mark.vllm,
+              pytest.mark.skipif(not is_present("smollm2-135m-instruct"),
+                                 reason="default model not pulled (tts models pull smollm2-135m-instruct)")]
+
+TINY = ["logger=none", "search.n=4", "search.beam_width=2", "search.max_iterations=2",
+        "generator.step_max_tokens=12", "generator.max_total_tokens=36", "memory.kv_cache_gib=0.25",
+        "memory.generator_max_num_seqs=8", "memory.verifier_max_num_seqs=8"]
+ALGOS = ["beam", "dvts", "best_of_n", "self_consistency", "dynamic_branching", "varying_granularity"]
+
+
+@pytest.fixture(scope="module")
+def backends():
+    cfg = validate(compose("config", TINY))
+    b = Backends(cfg)
+    yield b
+    b.close()
+
+
+def engine_for(backends, *overrides):
+    cfg = validate(compose("config", TINY + list(overrides)))
+    backends.cfg = cfg
+    return cfg, build_engine(cfg, cfg.optim, backends)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_every_algorithm_on_real_vllm(backends, algo):
+    cfg, engine = engine_for(backends, f"search={algo}", "search.n=4", "search.beam_width=2",
+                             "search.max_iterations=2", "search.early_step_max_tokens=6")
+    outs = list(engine.run([ProblemInput("q1", "What is 2 + 3?")]))
+    assert len(outs) == 1
+    out = outs[0]
+    tok = backends._gen[1]
+    assert len(out.candidates) == cfg.search.n
+    for beam in out.candidates:
+        assert beam.text == "".join(s.text for s in beam.steps)
+        assert beam.num_tokens <= cfg.generator.max_total_tokens
+        for step in beam.steps:
+            assert tok.decode(step.token_ids) == step.text
+            assert len(step.token_ids) <= max(cfg.generator.step_max_tokens, cfg.generator.max_total_tokens)
+        if out.policy.uses_verifier and algo != "varying_granularity":
+            assert all(s is not None and 0.0 <= s <= 1.0 for s in beam.scores)
+        if not out.policy.uses_verifier:
+            assert all(s is None for s in beam.scores)
+    m = out.metrics
+    assert m.gen_tokens > 0 and m.generator_s > 0 and m.iterations >= 1
+    assert m.gen_prompt_tokens > 0 and 0 <= m.gen_cached_tokens <= m.gen_prompt_tokens
+    if out.policy.uses_verifier:
+        assert m.verifier_s > 0 and m.scores_computed > 0
+
+
+def test_beam_selection_respects_policy(backends):
+    _, engine = engine_for(backends, "search=beam", "search.max_iterations=3", "optim.eos_at_depth_limit=false")
+    seen = []
+    policy = engine.policy
+    orig = policy.select
+
+    def spy(search, now):
+        scored = [b for b in search.frontier if not b.is_finished_path]
+        orig(search, now)
+        seen.append((scored, list(search.frontier)))
+
+    policy.select = spy
+    list(engine.run([ProblemInput("q2", "Compute 7 * 6.")]))
+    for scored, nxt in seen:
+        if not nxt:
+            continue
+        keep = policy.cfg.n // policy.cfg.beam_width
+        parents = {b.parent for b in nxt}
+        assert len(parents) <= keep
+        best = sorted(scored, key=policy.path_score, reverse=True)[:keep]
+        cutoff = min(policy.path_score(b) for b in best)
+        kept = [b for b in scored if b.uid in parents]
+        assert all(policy.path_score(b) >= cutoff for b in kept)
+
+
+def test_speculative_engine_on_real_vllm(backends):
+    _, engine = engine_for(backends, "optim=PMS", "optim.roofline_memory=false", "search.max_iterations=3",
+                           "optim.eos_at_depth_limit=false")
+    out = next(iter(engine.run([ProblemInput("q3", "What is 10 - 4?")])))
+    m = out.metrics
+    assert m.spec_generated > 0 and 0 <= m.spec_used <= m.spec_generated
+    assert all(b.text == "".join(s.text for s in b.steps) for b in out.candidates)
+
+
+def test_run_bench_embedded_writes_complete_records(tmp_path):
+    cfg = compose("config", TINY + ["dataset.first_k=2", f"bench.results_dir={tmp_path}", "bench.run_name=r"])
+    path = run_bench(cfg)
+    records = RunStore(path).records()
+    assert len(records) == 2
+    for r in records:
+        assert r["variant"] == "baseline" and len(r["candidates"]) == 4
+        assert set(r["verdicts"]) == {"majority", "weighted", "prm_max"}
+        assert all(v["reason"] in ("correct", "wrong", "no_answer", "unparsable", "timeout")
+                   for v in r["verdicts"].values())
+        m = r["metrics"]
+        assert m["latency_s"] >= m["generator_s"] > 0 and m["verifier_s"] > 0
+    summary = json.loads((path / "summary.json").read_text())["variants"]["baseline"]
+    for key in ("precise_goodput", "latency_s_mean", "generator_s_mean", "verifier_s_mean", "tokens_per_s",
+                "gen_cache_hit_rate", "ver_cache_hit_rate", "gen_batch_util_mean", "straggler_gap", "acc_majority"):
+        assert key in summary, key
+    assert sum(summary["generator"]["batch_util_hist"]) > 0
+
+
+def test_too_small_kv_budget_is_a_clear_error_before_loading():
+    cfg = validate(compose("config", TINY + ["memory.kv_cache_gib=0.0001"]))
+    with pytest.raises(ValueError, match="KV|kv"):
+        Backends(cfg).get(*static_split(cfg))
+
+
+def test_missing_model_folder_is_a_clear_error(tmp_path):
+    cfg = validate(compose("config", TINY + [f"generator.model={tmp_path}/nope"]))
+    with pytest.raises(FileNotFoundError, match="nope"):
+        Backends(cfg).get(*static_split(cfg))
