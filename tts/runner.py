@@ -69,7 +69,7 @@ def engine_options(cfg: Config, optim: OptimConfig) -> EngineOptions:
     return EngineOptions(
         concurrency=cfg.bench.concurrency, seed=cfg.bench.seed, score_cache=optim.score_cache,
         eos_at_depth_limit=optim.eos_at_depth_limit, speculative=optim.speculative,
-        lookahead=optim.lookahead, ordering="prefix_aware" if optim.prefix_aware else "fifo",
+        lookahead=optim.lookahead, ordering="prefix_aware" if optim.prefix_aware else optim.request_order,
         spec_max_tokens=optim.spec_max_tokens, spec_truncate_ratio=optim.spec_truncate_ratio,
         spec_truncate_std=optim.spec_truncate_std, temperature=cfg.generator.temperature,
         top_p=cfg.generator.top_p)

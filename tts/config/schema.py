@@ -173,6 +173,7 @@ class OptimConfig:
     speculative: bool = False  # S: speculative beam extension
     lookahead: bool = False  # verify current + speculative step together
     prefix_aware: bool = False  # P: siblings contiguous, parents in order
+    request_order: str = "fifo"  # order without P: fifo (search-and-learn's) or random (seeded)
     roofline_memory: bool = False  # M: roofline-guided KV split
     spec_truncate_ratio: float = 0.85  # R: mean kept fraction of speculative tokens on duplicates
     spec_truncate_std: float = 0.1
@@ -181,6 +182,8 @@ class OptimConfig:
     verifier_batch_size: int = 0  # decoupled: PRM items per call; 0 = no cap
 
     def __post_init__(self) -> None:
+        _require(self.request_order in ("fifo", "random"), "optim.request_order",
+                 f"{self.request_order!r}; valid choices: fifo, random")
         _require(0.0 <= self.spec_truncate_ratio <= 1.0, "optim.spec_truncate_ratio", "must be in [0, 1]")
         _require(self.spec_truncate_std >= 0.0, "optim.spec_truncate_std", "must be >= 0")
         _require(not (self.lookahead and not self.speculative), "optim.lookahead",

@@ -13,7 +13,7 @@ from pathlib import Path
 from tts.backends.factory import GIB, EngineSpec
 from tts.config.schema import Config, OptimConfig
 from tts.memory.allocator import Workload
-from tts.memory.device import DeviceProfile
+from tts.memory.device import DeviceProfile, device_from_dict
 from tts.memory.policy import KVSplit, RooflineSplit
 from tts.memory.roofline import ModelShape
 
@@ -28,9 +28,9 @@ def model_shape(model: str) -> ModelShape:
 
 
 def device_profile(cfg: Config) -> DeviceProfile:
-    d = cfg.device
-    return DeviceProfile(name=d.name, kind=d.kind, peak_tflops=d.peak_tflops,
-                         bandwidth_gbs=d.bandwidth_gbs, memory_gb=d.memory_gb, source=d.source)
+    from dataclasses import asdict
+
+    return device_from_dict(asdict(cfg.device))
 
 
 def workload_for(cfg: Config, beams: int, path_tokens: int) -> Workload:
@@ -48,6 +48,12 @@ def _split(cfg: Config, beams: int, path_tokens: int) -> KVSplit | None:
 
 def plan_memory(cfg: Config, optim: OptimConfig) -> tuple[EngineSpec, EngineSpec]:
     """Engine KV budgets from the roofline split for the run's peak workload."""
+    if cfg.memory.offload_idle_model:
+        # The allocator prices the offload option (search_allocation's extended mode),
+        # but putting the idle engine to sleep needs vLLM's sleep mode, which is GPU-only,
+        # and the engine does not drive it yet.
+        raise ValueError("memory.offload_idle_model: offloading the idle model at run time is not "
+                         "implemented (vLLM sleep mode is GPU-only); set it to false")
     beams = cfg.search.n * cfg.bench.concurrency
     split = _split(cfg, beams, cfg.generator.max_total_tokens // 2)
     if split is None:

@@ -81,6 +81,7 @@ class StepLog:
     tokens_per_request: Counter = field(default_factory=Counter)
     steps: int = 0
     util_sum: float = 0.0
+    running_sum: int = 0
     kv_trace: list[tuple[float, float]] = field(default_factory=list)  # (t, kv usage)
     util_trace: list[tuple[float, float]] = field(default_factory=list)  # (t, batch util)
     t0: float = field(default_factory=time.perf_counter)
@@ -94,6 +95,7 @@ class StepLog:
             self.tokens_per_request[_bucket(n)] += 1
         self.steps += 1
         self.util_sum += util
+        self.running_sum += s.num_running
         now = time.perf_counter() - self.t0
         self.kv_trace.append((now, s.kv_usage))
         self.util_trace.append((now, util))
@@ -102,6 +104,7 @@ class StepLog:
         return {
             "steps": self.steps,
             "batch_util_mean": _ratio(self.util_sum, self.steps),
+            "running_mean": _ratio(self.running_sum, self.steps),  # comparable across batch caps
             "batch_util_hist": self.util_hist,
             "token_util_hist": self.token_util_hist,
             "tokens_per_request_hist": dict(sorted(self.tokens_per_request.items(), key=lambda kv: _bucket_order(kv[0]))),

@@ -25,6 +25,7 @@ RATIO_METRICS = [
     ("gen_cache_hit_rate", "generator prefix-cache hit rate", True),
     ("ver_cache_hit_rate", "verifier prefix-cache hit rate", True),
     ("gen_batch_util_mean", "generator batch utilisation", True),
+    ("gen_running_mean", "generator requests per step", True),
     ("spec_hit_rate", "speculation hit rate", True),
 ]
 
@@ -39,6 +40,7 @@ def variant_summary(records: list[dict], step_log: dict | None, wall_s: float | 
     if step_log:
         for model, log in step_log.items():
             s[f"{model[:3]}_batch_util_mean"] = log["batch_util_mean"]
+            s[f"{model[:3]}_running_mean"] = log.get("running_mean", 0.0)
             s[model] = log
     return s
 
