@@ -78,3 +78,27 @@ def test_regrade_rebuilds_summary(tmp_path):
     (path / "summary.json").unlink()
     assert regrade(path) == 0
     assert json.loads((path / "summary.json").read_text())["variants"]["baseline"]["num_problems"] == 3
+
+
+def test_run_completes_when_wandb_is_unavailable(tmp_path, monkeypatch):
+    import wandb
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no W&B here")
+
+    monkeypatch.setattr(wandb, "init", broken)
+    cfg = compose("config", [o for o in FAKE if o != "logger=none"] +
+                  ["logger=wandb", "logger.mode=offline", f"bench.results_dir={tmp_path}", "bench.run_name=w"])
+    with pytest.warns(UserWarning, match="W&B unavailable"):
+        path = run_bench(cfg)
+    assert len(RunStore(path).records()) == 3 and (path / "summary.json").exists()
+
+
+def test_wandb_mode_comes_from_config_then_env(monkeypatch, tmp_path):
+    from tts.results.wandb_logger import RunLogger
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert RunLogger(True, None, "p", None, [], tmp_path, {}, "n").mode == "disabled"
+    monkeypatch.delenv("WANDB_MODE")
+    assert RunLogger(False, None, "p", None, [], tmp_path, {}, "n").mode == "offline"
+    assert RunLogger(False, "online", "p", None, [], tmp_path, {}, "n").mode == "online"

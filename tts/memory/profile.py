@@ -1,41 +1,117 @@
-"""``tts profile-memory``: per-model memory breakdown and a sweep of the KV split.
+"""``tts profile-memory``: per-model memory breakdown and a measured sweep of the KV split.
 
-Prints, for a run config: each model's weights and KV bytes per token, how many of its
-requests the budget holds, the modelled total time of static splits from 10% to 90%
-generator share, and the roofline search's choice. ``--calibrate`` first measures this
-CPU and rewrites ``conf/device/cpu.yaml``.
+What it does, for a composed run config (thesis chapters 5-6):
+
+1. ``--calibrate`` (or ``profile.calibrate``): measure this CPU, rewrite
+   ``conf/device/cpu.yaml`` and print the numbers.
+2. Breakdown: start the generator, then the verifier, at the configured split
+   (``memory.generator_fraction``) and read each engine's weights, peak activations,
+   non-torch memory, KV cache bytes and blocks, block size and bytes per token from the
+   engine itself, with the memory each start took (`profile_breakdown`).
+3. Sweep: for each generator share in ``profile.splits`` (plus ``tight_split`` and
+   ``loose_split``), rebuild both engines at that split, attach a `ThrashCounter` to each,
+   run ``profile.num_problems`` problems with the configured search, and record
+   throughputs, prefix-cache hit rates, thrash and KV blocks per scheduling step
+   (`profile_sweep`). Splits whose KV share cannot hold one sequence are skipped, with why.
+4. Write ``profile.json`` (the ``sweep`` rows are what ``tts report`` plots), the
+   resolved ``config.yaml`` and the PNG plots (`profile_plots`) into one results folder,
+   and print the breakdown and the sweep as tables. The roofline model's view of the same
+   splits is kept under ``modelled`` for comparison.
+
+The workload is the run's search with its limits capped (`profile_sweep.PROFILE_CAPS`),
+so that the default profile finishes in minutes.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict
+import json
+import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tts.memory.allocator import Allocation, Workload, evaluate_allocation, search_allocation
-from tts.memory.calibrate import calibrate_and_write
-from tts.memory.device import DeviceProfile, device_from_dict
-from tts.memory.roofline import ModelShape
+from tts.memory.profile_model import FRACTIONS, static_sweep  # noqa: F401  (public API)
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # pragma: no cover
+    from omegaconf import DictConfig
     from rich.console import Console
 
-GIB = 2**30
-FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+    from tts.backends.factory import Backends
+    from tts.config.schema import Config
+    from tts.memory.device import DeviceProfile
+    from tts.memory.profile_sweep import SplitRun
+
+MIB = 2**20
+PROFILE_JSON = "profile.json"
 
 
-def static_sweep(gen: ModelShape, ver: ModelShape, device: DeviceProfile, workload: Workload,
-                 budget: int, fractions: tuple[float, ...] = FRACTIONS) -> list[tuple[float, Allocation | None]]:
-    """Modelled allocation of each static generator share; ``None`` where a side holds no request."""
-    rows: list[tuple[float, Allocation | None]] = []
-    for f in fractions:
-        gen_cap = int(budget * f) // workload.kv_generator(gen)
-        ver_cap = (budget - int(budget * f)) // workload.kv_verifier(ver)
-        ok = gen_cap >= 1 and ver_cap >= 1
-        rows.append((f, evaluate_allocation(gen, ver, device, workload, ver_cap, gen_cap) if ok else None))
-    return rows
+def profile_memory(cfg: DictConfig, calibrate: bool = False, console: Console | None = None) -> Path:
+    """Run the memory profile of `cfg` (a composed run config); returns the results folder.
+
+    Raises ValueError for an invalid ``profile`` section, an existing non-empty results
+    folder, an empty problem subset, or a configured split whose engines cannot start.
+    """
+    from rich.console import Console
+
+    from tts.backends.factory import Backends
+    from tts.memory.profile_sweep import split_config, workload_overrides
+    from tts.runner import load_problems_for
+
+    console = console or Console()
+    fractions, run_order = _fractions(cfg)
+    folder = _results_folder(cfg)
+    device = _device(cfg, calibrate or bool(cfg.profile.get("calibrate", False)), console)
+    overrides = workload_overrides(cfg)
+    base = split_config(cfg, cfg.memory.generator_fraction, overrides)
+    problems = load_problems_for(base)[: int(cfg.profile.num_problems)]
+    if not problems:
+        raise ValueError("dataset: the subset selects no problems to profile with")
+    _print_workload(console, base, overrides, len(problems))
+    backends = Backends(base)
+    try:
+        breakdown = build_breakdown(base, backends)
+        if breakdown:
+            console.print(breakdown_table(breakdown))
+        runs, skipped = _sweep(cfg, overrides, run_order, backends, problems, console)
+    finally:
+        backends.close()
+    profile = assemble(cfg, base, device, overrides, problems, breakdown, runs, skipped, fractions)
+    _write(folder, cfg, profile)
+    console.print(sweep_table(profile["sweep"], profile.get("modelled")))
+    console.print(f"profile written to {folder}")
+    return folder
 
 
-def _device(cfg: Any, calibrate: bool, console: Console) -> DeviceProfile:
+def _fractions(cfg: DictConfig) -> tuple[list[float], list[float]]:
+    """(all generator shares, sorted; the order to run them: the configured one first)."""
+    prof = cfg.profile
+    splits = [float(f) for f in prof.splits]
+    for name, value in (("profile.tight_split", prof.tight_split), ("profile.loose_split", prof.loose_split)):
+        if not 0.0 < float(value) < 1.0:
+            raise ValueError(f"{name}: {value} must be in (0, 1)")
+    bad = [f for f in splits if not 0.0 < f < 1.0]
+    if bad or not splits:
+        raise ValueError(f"profile.splits: {list(prof.splits)}: give one or more generator shares in (0, 1)")
+    if int(prof.num_problems) < 1:
+        raise ValueError(f"profile.num_problems: {prof.num_problems} must be >= 1")
+    shares = sorted({round(f, 6) for f in splits + [float(prof.tight_split), float(prof.loose_split)]})
+    first = round(float(cfg.memory.generator_fraction), 6)
+    order = ([first] if first in shares else []) + [f for f in shares if f != first]
+    return shares, order
+
+
+def _results_folder(cfg: DictConfig) -> Path:
+    name = cfg.bench.run_name or time.strftime("profile-%Y%m%d-%H%M%S")
+    folder = Path(cfg.bench.results_dir) / name
+    if folder.exists() and any(folder.iterdir()):
+        raise ValueError(f"results folder {folder} already holds files; choose another bench.run_name")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _device(cfg: DictConfig, calibrate: bool, console: Console) -> DeviceProfile:
+    from tts.memory.calibrate import calibrate_and_write
+    from tts.memory.device import device_from_dict
+
     device = device_from_dict(dict(cfg.device))
     if calibrate:
         measured = calibrate_and_write()
@@ -46,74 +122,177 @@ def _device(cfg: Any, calibrate: bool, console: Console) -> DeviceProfile:
     return device
 
 
-def _model_table(shapes: dict[str, ModelShape], kv_per_request: dict[str, int], budget: int) -> Any:
-    from rich.table import Table
-
-    table = Table(title=f"models (KV budget {budget / GIB:.2f} GiB)")
-    for col in ("role", "params", "weights GiB", "KV B/token", "KV per request", "requests in budget"):
-        table.add_column(col)
-    for role, shape in shapes.items():
-        table.add_row(role, f"{shape.num_params / 1e6:.1f}M", f"{shape.weight_bytes / GIB:.3f}",
-                      str(shape.kv_bytes_per_token), f"{kv_per_request[role] / 2**20:.2f} MiB",
-                      str(budget // kv_per_request[role]))
-    return table
+def _print_workload(console: Console, base: Config, overrides: dict[str, Any], num_problems: int) -> None:
+    capped = ", ".join(f"{k}={v}" for k, v in overrides.items()) or "none"
+    console.print(
+        f"profile workload: {base.search.algorithm.value} n={base.search.n} M={base.search.beam_width}, "
+        f"step<= {base.generator.step_max_tokens} tok, path<= {base.generator.max_total_tokens} tok, "
+        f"{num_problems} problem(s), concurrency {base.bench.concurrency}, "
+        f"KV budget {base.memory.kv_cache_gib} GiB (caps applied: {capped})")
 
 
-def _sweep_table(rows: list[tuple[str, Allocation | None]], workload: Workload) -> Any:
-    from rich.table import Table
+def build_breakdown(cfg: Config, backends: Backends) -> dict[str, dict[str, Any]]:
+    """Start the generator, then the verifier, at `cfg`'s split and read their memory.
 
-    table = Table(title=f"KV split sweep: N={workload.num_requests}, S={workload.verifier_seq_len}, "
-                        f"S_dec={workload.decode_len}")
-    for col in ("split", "B_pre", "B_dec", "T_verifier s", "T_generator s", "T_total s", "mode"):
-        table.add_column(col)
-    for label, a in rows:
-        cells = ("-",) * 6 if a is None else (str(a.b_pre), str(a.b_dec), f"{a.t_verifier:.4f}",
-                                              f"{a.t_generator:.4f}", f"{a.t_total:.4f}", a.mode)
-        table.add_row(label, *cells)
-    return table
-
-
-def profile_memory(cfg: Any, calibrate: bool = False, console: Console | None = None) -> dict[str, Any]:
-    """Print the memory breakdown and the modelled split sweep for ``cfg``.
-
-    ``cfg`` is a composed run config (``generator``, ``verifier``, ``device``, ``memory``,
-    ``search``, ``bench``, optionally ``profile.splits``). The workload is the run's peak:
-    ``search.n * bench.concurrency`` beams at half the maximum path length, as in the
-    planner. Returns a JSON-ready dict (``breakdown``, ``sweep`` rows keyed by
-    ``generator_fraction``, ``roofline``) in the shape the report reads from ``profile.json``.
+    Each engine is measured on its own start (see `profile_breakdown`), then warmed up; the
+    engines stay in `backends`, so the sweep reuses them for this split. Fake backends have
+    no breakdown.
     """
-    from rich.console import Console
+    from tts.backends.factory import static_split
+    from tts.backends.vllm_engine import has_cuda
+    from tts.config.schema import BackendKind
+    from tts.memory.profile_breakdown import engine_breakdown, measure_start
+    from tts.memory.profile_sweep import warm_up
+    from tts.search import make_policy
 
-    from tts.memory.planner import model_shape, workload_for
+    gen_spec, ver_spec = static_split(cfg)
+    uses_verifier = make_policy(cfg.search, cfg.generator.step_max_tokens,
+                                cfg.generator.max_total_tokens).uses_verifier
+    requested = (None, None) if has_cuda() else (gen_spec.kv_bytes, ver_spec.kv_bytes)
+    out: dict[str, dict[str, Any]] = {}
+    ver = None
+    with measure_start() as start:
+        gen, _ = backends.get(gen_spec, None)
+    if cfg.generator.backend is BackendKind.vllm:
+        out["generator"] = engine_breakdown(gen.llm, start, requested[0])
+    if uses_verifier:
+        with measure_start() as start:
+            _, ver = backends.get(gen_spec, ver_spec)
+        if cfg.verifier.backend is BackendKind.vllm:
+            out["verifier"] = engine_breakdown(ver.llm, start, requested[1])
+    warm_up(gen, ver)
+    return out
 
-    console = console or Console()
-    device = _device(cfg, calibrate, console)
-    shapes = {"generator": model_shape(cfg.generator.model), "verifier": model_shape(cfg.verifier.model)}
-    workload = workload_for(cfg, cfg.search.n * cfg.bench.concurrency, cfg.generator.max_total_tokens // 2)
-    budget = int(cfg.memory.kv_cache_gib * GIB)
-    kv = {"generator": workload.kv_generator(shapes["generator"]), "verifier": workload.kv_verifier(shapes["verifier"])}
-    console.print(f"device {device.name}: {device.peak_tflops} TFLOP/s, {device.bandwidth_gbs} GB/s ({device.source})")
-    console.print(_model_table(shapes, kv, budget))
-    gen, ver = shapes["generator"], shapes["verifier"]
-    best = search_allocation(gen, ver, device, workload, budget)
-    profile_cfg = getattr(cfg, "profile", None)
-    fractions = tuple(profile_cfg.splits) if profile_cfg is not None else FRACTIONS
-    sweep = static_sweep(gen, ver, device, workload, budget, fractions)
-    rows = [(f"static {f:.0%} gen", a) for f, a in sweep]
-    console.print(_sweep_table(rows + [("roofline search", best)], workload))
+
+def _sweep(cfg: DictConfig, overrides: dict[str, Any], order: list[float], backends: Backends,
+           problems: list[Any], console: Console) -> tuple[dict[float, SplitRun], list[dict[str, Any]]]:
+    from tts.memory.profile_sweep import infeasible, run_split, split_config
+
+    runs: dict[float, SplitRun] = {}
+    skipped: list[dict[str, Any]] = []
+    for f in order:
+        split_cfg = split_config(cfg, f, overrides)
+        why = infeasible(split_cfg)
+        if why is not None:
+            skipped.append({"generator_fraction": f, "reason": why})
+            console.print(f"split {f:.2f}: skipped ({why})")
+            continue
+        runs[f] = run = run_split(split_cfg, backends, problems)
+        g, v = run.meter.gen, run.meter.ver
+        console.print(f"split {f:.2f}: {run.problems} problem(s) in {run.wall_s:.1f} s, "
+                      f"{g.tokens} generated tokens, {v.prompt_tokens} verifier prompt tokens")
+    return runs, skipped
+
+
+def assemble(cfg: DictConfig, base: Config, device: DeviceProfile, overrides: dict[str, Any],
+             problems: list[Any], breakdown: dict[str, Any], runs: dict[float, SplitRun],
+             skipped: list[dict[str, Any]], fractions: list[float]) -> dict[str, Any]:
+    """The JSON-ready profile (see the module docstring for its parts)."""
+    from tts.memory.profile_model import model_for_config
+    from tts.memory.profile_sweep import sweep_row
+
+    rows = [sweep_row(runs[f]) for f in sorted(runs)]
+    traces = {}
+    for name, f in (("tight", cfg.profile.tight_split), ("loose", cfg.profile.loose_split)):
+        run = runs.get(round(float(f), 6))
+        if run is not None:
+            traces[name] = {"generator_fraction": run.fraction,
+                            **{role: run.blocks_per_step(role) for role in ("generator", "verifier")},
+                            **{f"{role}_after_step": run.blocks_after_step(role)
+                               for role in ("generator", "verifier")},
+                            **{f"{role}_usable_blocks": (n - 1 if n else None)
+                               for role, n in run.num_blocks.items()}}
     return {
+        "vllm_version": _vllm_version(base),
         "device": device.to_dict(),
-        "workload": asdict(workload),
-        "kv_budget_bytes": budget,
-        "breakdown": {role: {"num_params": s.num_params, "weight_bytes": s.weight_bytes,
-                             "kv_bytes_per_token": s.kv_bytes_per_token, "kv_bytes_per_request": kv[role]}
-                      for role, s in shapes.items()},
-        "sweep": [{"generator_fraction": f, **_alloc_row(a)} for f, a in sweep if a is not None],
-        "roofline": None if best is None else {"generator_fraction": best.kv_bytes_generator / budget,
-                                               **_alloc_row(best)},
+        "workload": {"overrides": overrides, "algorithm": base.search.algorithm.value,
+                     "n": base.search.n, "beam_width": base.search.beam_width,
+                     "step_max_tokens": base.generator.step_max_tokens,
+                     "max_total_tokens": base.generator.max_total_tokens,
+                     "problem_ids": [p.id for p in problems], "concurrency": base.bench.concurrency,
+                     "kv_cache_gib": base.memory.kv_cache_gib, "block_size": base.memory.block_size},
+        "breakdown": breakdown,
+        "sweep": rows,
+        "skipped": skipped,
+        "kv_blocks_per_step": traces,
+        "thrash": {f"{f:g}": runs[f].thrash for f in sorted(runs)},
+        "modelled": model_for_config(base, device, tuple(fractions)),
     }
 
 
-def _alloc_row(a: Allocation) -> dict[str, float | int]:
-    return {"b_pre": a.b_pre, "b_dec": a.b_dec, "model_t_total_s": a.t_total,
-            "model_t_verifier_s": a.t_verifier, "model_t_generator_s": a.t_generator}
+def _vllm_version(cfg: Config) -> str | None:
+    from tts.config.schema import BackendKind
+
+    if BackendKind.vllm not in (cfg.generator.backend, cfg.verifier.backend):
+        return None
+    import vllm
+
+    return str(vllm.__version__)
+
+
+def _write(folder: Path, cfg: DictConfig, profile: dict[str, Any]) -> None:
+    from tts.config.compose import to_yaml
+    from tts.memory.profile_plots import write_plots
+
+    (folder / "config.yaml").write_text(to_yaml(cfg))
+    profile["plots"] = write_plots(folder, profile)
+    (folder / PROFILE_JSON).write_text(json.dumps(profile, indent=1, default=str))
+
+
+def _mib(value: Any) -> str:
+    return "-" if value is None else f"{value / MIB:.1f}"
+
+
+def breakdown_table(breakdown: dict[str, dict[str, Any]]) -> Any:
+    """The per-model memory components as a rich table."""
+    from rich.table import Table
+
+    from tts.memory.profile_breakdown import COMPONENTS
+
+    roles = list(breakdown)
+    table = Table(title="memory per model (MiB unless stated)")
+    table.add_column("component")
+    for role in roles:
+        table.add_column(role, justify="right")
+    for key, label in COMPONENTS:
+        table.add_row(label, *[_mib(breakdown[r].get(key)) for r in roles])
+    for key, label in (("kv_num_blocks", "KV blocks (null block incl.)"), ("block_size", "block size (tokens)"),
+                       ("kv_bytes_per_token", "KV bytes / token"), ("kv_tokens", "KV tokens"),
+                       ("max_model_len", "max model len (tokens)")):
+        table.add_row(label, *[str(breakdown[r].get(key, "-")) for r in roles])
+    table.add_row("weights from", *[str(breakdown[r].get("weights_source", "-")) for r in roles])
+    table.add_row("measured with", *[str(breakdown[r].get("measured_source", "-")) for r in roles])
+    return table
+
+
+def _fmt(value: Any, spec: str = ".3g") -> str:
+    if value is None:
+        return "-"
+    if spec == "d" and not isinstance(value, int):
+        spec = ".3g"  # KV usage fractions where block counts are unknown (fake backends)
+    return format(value, spec)
+
+
+def _pair(row: dict[str, Any], key: str, spec: str) -> str:
+    return f"{_fmt(row.get('gen_' + key), spec)}/{_fmt(row.get('ver_' + key), spec)}"
+
+
+def sweep_table(rows: list[dict[str, Any]], modelled: dict[str, Any] | None = None) -> Any:
+    """The measured split sweep (with the modelled total time where known) as a rich table.
+    Pairs read generator/verifier."""
+    from rich.table import Table
+
+    model_t = {round(r["generator_fraction"], 6): r["model_t_total_s"] for r in (modelled or {}).get("rows", [])}
+    table = Table(title="KV split sweep, measured (pairs: generator/verifier)")
+    cols = ("gen share", "KV MiB", "KV blocks", "system tok/s", "gen tok/s", "ver tok/s",
+            "hit rate", "thrash", "evictions", "peak blocks", "model T s")
+    for col in cols:
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(
+            f"{r['generator_fraction']:.2f}", f"{_mib(r['gen_kv_bytes'])}/{_mib(r['ver_kv_bytes'])}",
+            _pair(r, "kv_blocks", "d"), _fmt(r["system_tokens_per_s"], ".1f"),
+            _fmt(r["generator_tokens_per_s"], ".1f"), _fmt(r["verifier_tokens_per_s"], ".1f"),
+            _pair(r, "hit_rate", ".2f"), _pair(r, "thrash", "d"), _pair(r, "evictions", "d"),
+            _pair(r, "kv_blocks_peak", "d"), _fmt(model_t.get(round(r["generator_fraction"], 6)), ".3g"))
+    return table

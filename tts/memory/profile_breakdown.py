@@ -14,8 +14,10 @@ Components, per model:
   instance took outside the weights: non-torch allocations and persistent buffers). GPU only.
 - ``kv_cache_bytes`` / ``kv_num_blocks`` / ``block_size`` / ``kv_bytes_per_token``: the
   engine's ``KVCacheConfig`` (the tensors vLLM allocated) and ``kv_cache_info``.
-  ``kv_tokens`` is blocks x block size, what vLLM logs as "KV cache size: N tokens"
-  (the null block included).
+  ``kv_tokens`` is blocks x block size (the null block included);
+  ``kv_cache_size_tokens`` and ``max_concurrency`` are vLLM's own figures, the ones it logs
+  as "KV cache size: N tokens, Maximum concurrency for L tokens per request: Cx"
+  (N = C x L, C = blocks / blocks of one max-length request).
 - ``measured_start_bytes``: memory the process (CPU: RSS) or the device (GPU: used memory
   from ``torch.cuda.mem_get_info``) gained while this engine started; ``other_bytes`` is
   that minus weights and KV: the engine's runtime, non-torch and allocator overhead as
@@ -85,11 +87,27 @@ def memory_in_use() -> tuple[int, str]:
     return int(psutil.Process().memory_info().rss), "process RSS"
 
 
+def apply_vllm_logging() -> None:
+    """Apply vLLM's default logging config now, as its first engine start would.
+
+    vLLM (0.32) re-applies its ``dictConfig`` when the first engine of a process starts,
+    which replaces the handlers of the ``vllm`` logger; applying it beforehand makes that
+    a no-op, so a handler added afterwards keeps receiving vLLM's lines.
+    """
+    try:
+        from vllm.config.logging import LoggingConfig
+        from vllm.logger import configure_logging_if_needed
+    except ImportError:  # another vLLM layout: capture what can be captured
+        return
+    configure_logging_if_needed(LoggingConfig())
+
+
 @contextmanager
 def measure_start() -> Iterator[EngineStart]:
     """Measure memory around an engine start and capture vLLM's memory-related log lines."""
     import vllm  # noqa: F401  -- import cost must not count as the engine's memory
 
+    apply_vllm_logging()
     start = EngineStart()
     handler = _Capture(start.log)
     vllm_logger = logging.getLogger("vllm")
@@ -118,12 +136,13 @@ def weights_bytes(worker: Any) -> tuple[int | None, str]:
     model = getattr(runner, "model", None)
     if model is None:
         return None, "unavailable"
-    total = 0
+    total, counted = 0, set()
     for module in model.modules():
-        for p in module.parameters(recurse=False):
-            total += p.numel() * p.element_size()
-        for b in module.buffers(recurse=False):
-            total += b.numel() * b.element_size()
+        for t in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
+            key = (t.data_ptr(), t.numel())
+            if key not in counted:  # tied weights (embedding = LM head) count once
+                counted.add(key)
+                total += t.numel() * t.element_size()
         total += _repacked_bytes(module)
     return total, "loaded tensors (CPU-repacked linears at logical size)"
 
@@ -162,6 +181,7 @@ def engine_breakdown(llm: Any, start: EngineStart | None = None,
         "kv_bytes_per_token": info.bytes_per_token,
         "kv_bytes_per_block": info.bytes_per_token * info.block_size,
         "kv_tokens": info.num_tokens,
+        "kv_cache_size_tokens": _int_or_none(getattr(cache, "kv_cache_size_tokens", None)),
         "max_concurrency": _float_or_none(getattr(cache, "kv_cache_max_concurrency", None)),
         "max_model_len": int(llm.llm_engine.model_config.max_model_len),
         "requested_kv_bytes": requested_kv_bytes,

@@ -219,6 +219,64 @@ class ThrashCounter:
         return original(request, *args, **kw)
 
 
+class BlockUsageTrace:
+    """KV blocks in use right after each scheduling decision of one engine (thesis Fig 5.3).
+
+    Wraps the ``schedule`` method of the engine's scheduler instance (on top of any wrapper
+    already there, e.g. tts's `SchedulerProbe`) and, after every schedule that scheduled
+    tokens, records the pool's blocks held by requests (all blocks less the free queue,
+    which includes evictable cached blocks, less the null block). This is the batch's
+    allocation while the step runs; usage read after the step misses requests that finish
+    within it (verifier scoring requests mostly do).
+    """
+
+    def __init__(self) -> None:
+        self.blocks: list[int] = []
+        self.num_blocks = 0
+        self._scheduler: Any = None
+        self._previous: Any = None
+        self._active = False
+
+    @classmethod
+    def attach(cls, llm: vllm.LLM, strict: bool = True) -> BlockUsageTrace:
+        """Start recording for `llm`; on an unsupported vLLM raise `UnsupportedVllmError`
+        (``strict``) or return a trace that records nothing."""
+        trace = cls()
+        try:
+            manager = _kv_cache_manager(llm)
+        except UnsupportedVllmError as err:
+            if strict:
+                raise
+            logger.warning("KV block trace disabled: %s", err)
+            return trace
+        scheduler, pool = find_scheduler(llm), manager.block_pool
+        trace.num_blocks = int(pool.num_gpu_blocks)
+        trace._scheduler, trace._previous = scheduler, vars(scheduler).get("schedule")
+        original = scheduler.schedule
+
+        def schedule(*args: Any, **kwargs: Any) -> Any:
+            output = original(*args, **kwargs)
+            if trace._active and getattr(output, "total_num_scheduled_tokens", 0):
+                trace.blocks.append(trace.num_blocks - 1 - int(pool.get_num_free_blocks()))
+            return output
+
+        schedule._tts_thrash_hook = True  # type: ignore[attr-defined]
+        scheduler.schedule = schedule
+        trace._active = True
+        return trace
+
+    def detach(self) -> None:
+        """Stop recording and put back the scheduler's previous ``schedule``."""
+        self._active = False
+        sched = self._scheduler
+        if sched is None or not getattr(vars(sched).get("schedule"), "_tts_thrash_hook", False):
+            return  # someone wrapped on top of ours: leave theirs, ours records nothing
+        if self._previous is None:
+            delattr(sched, "schedule")
+        else:
+            sched.schedule = self._previous
+
+
 def _wrap(obj: Any, name: str, hook: Any) -> None:
     """Shadow `obj.name` (a bound method) with an instance attribute calling `hook(original, ...)`."""
     original = getattr(obj, name)

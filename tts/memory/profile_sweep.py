@@ -1,0 +1,286 @@
+"""The measured generator/verifier KV split sweep of `tts profile-memory` (thesis 5.2, 6.1, 6.2).
+
+For each generator share, both engines are built at that split through the run's own
+machinery (`Backends`, `build_engine`), a `ThrashCounter` is attached to each engine's
+block pool, a `BackendMeter` wraps the two backends, and the configured search runs over
+the first ``profile.num_problems`` problems. Measured per split:
+
+- ``system_tokens_per_s``: generated tokens / wall seconds of the whole run;
+- ``generator_tokens_per_s``: generated tokens / seconds spent in generator steps;
+- ``verifier_tokens_per_s``: verifier prompt tokens (cached included) / seconds in
+  verifier calls;
+- ``gen_hit_rate`` / ``ver_hit_rate``: cached prompt tokens / prompt tokens, from vLLM's
+  per-request ``num_cached_tokens``;
+- thrash, evictions and block hits/misses from the `ThrashCounter`s;
+- KV blocks in use after every scheduling step (``kv_usage`` x usable blocks), per model.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from tts.memory.thrash import BlockUsageTrace, ThrashCounter
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tts.backends.factory import Backends
+    from tts.config.schema import Config
+
+# Profile-only workload caps: (profile field, run config key, cap). The profile runs the
+# configured search with each limit capped, so that the default finishes in minutes. Once
+# `ProfileConfig` has the field, its value wins (null: the run config's value, uncapped).
+PROFILE_CAPS: tuple[tuple[str, str, int], ...] = (
+    ("search_n", "search.n", 4),
+    ("step_max_tokens", "generator.step_max_tokens", 32),
+    ("max_total_tokens", "generator.max_total_tokens", 128),
+    ("max_iterations", "search.max_iterations", 6),
+)
+
+
+def workload_overrides(cfg: DictConfig) -> dict[str, Any]:
+    """The run-config values the profile changes (dotted key -> value); see `PROFILE_CAPS`."""
+    prof = cfg.get("profile") or {}
+    out: dict[str, Any] = {}
+    for name, key, cap in PROFILE_CAPS:
+        run_value = OmegaConf.select(cfg, key)
+        if name in prof:
+            value = run_value if prof[name] is None else prof[name]
+        else:
+            value = min(run_value, cap)
+        if value != run_value:
+            out[key] = value
+    n = out.get("search.n", cfg.search.n)
+    width = int(cfg.search.beam_width)
+    if n % width:
+        out["search.beam_width"] = math.gcd(n, width)
+    return out
+
+
+def split_config(cfg: DictConfig, fraction: float, overrides: dict[str, Any]) -> Config:
+    """The validated run config at one generator share, static split, profile workload."""
+    from tts.config.compose import validate
+
+    node = copy.deepcopy(cfg)
+    node.memory.generator_fraction = float(fraction)
+    node.optim.roofline_memory = False  # the sweep measures static splits
+    for key, value in overrides.items():
+        OmegaConf.update(node, key, value)
+    return validate(node)
+
+
+@dataclass
+class ModelMeter:
+    """What one backend did during a split's run."""
+
+    seconds: float = 0.0
+    tokens: int = 0  # generator: generated tokens; verifier: prompt tokens
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    calls: int = 0
+    kv_usage: list[float] = field(default_factory=list)  # after each scheduling step
+
+    @property
+    def hit_rate(self) -> float | None:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else None
+
+    def rate(self) -> float | None:
+        return self.tokens / self.seconds if self.seconds > 0 else None
+
+
+class BackendMeter:
+    """Times and counts the generator's steps and the verifier's calls.
+
+    It wraps `step` / `score` of the two backend objects (tts's own classes, through
+    instance attributes); `detach` removes the wrappers.
+    """
+
+    def __init__(self, generator: Any, verifier: Any | None) -> None:
+        self.gen, self.ver = ModelMeter(), ModelMeter()
+        self._wrapped: list[tuple[Any, str]] = []
+        self._wrap(generator, "step", self._on_step)
+        if verifier is not None:
+            self._wrap(verifier, "score", self._on_score)
+
+    def _wrap(self, obj: Any, name: str, hook: Any) -> None:
+        original = getattr(obj, name)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return hook(original, *args, **kwargs)
+
+        setattr(obj, name, wrapper)
+        self._wrapped.append((obj, name))
+
+    def _on_step(self, original: Any) -> Any:
+        start = time.perf_counter()
+        deltas, stats = original()
+        m = self.gen
+        m.seconds += time.perf_counter() - start
+        m.calls += 1
+        m.tokens += sum(len(d.new_token_ids) for d in deltas)
+        for d in deltas:
+            if d.num_prompt_tokens is not None:
+                m.prompt_tokens += d.num_prompt_tokens
+                m.cached_tokens += d.num_cached_tokens or 0
+        if stats.num_running or stats.num_waiting:
+            m.kv_usage.append(float(stats.kv_usage))
+        return deltas, stats
+
+    def _on_score(self, original: Any, requests: Any) -> Any:
+        start = time.perf_counter()
+        scores, stats = original(requests)
+        m = self.ver
+        m.seconds += time.perf_counter() - start
+        m.calls += 1
+        m.tokens += stats.prompt_tokens
+        m.prompt_tokens += stats.prompt_tokens
+        m.cached_tokens += stats.cached_tokens
+        m.kv_usage.extend(float(s.kv_usage) for s in stats.step_stats if s.num_running or s.num_waiting)
+        return scores, stats
+
+    def detach(self) -> None:
+        """Remove the wrappers."""
+        for obj, name in self._wrapped:
+            if name in vars(obj):
+                delattr(obj, name)
+        self._wrapped.clear()
+
+
+@dataclass
+class SplitRun:
+    """One split's measurements."""
+
+    fraction: float
+    wall_s: float
+    problems: int
+    meter: BackendMeter
+    thrash: dict[str, dict[str, Any] | None]
+    num_blocks: dict[str, int | None]
+    kv_bytes: dict[str, int]
+    scheduled_blocks: dict[str, list[int]] = field(default_factory=dict)
+
+    def blocks_after_step(self, role: str) -> list[int] | list[float]:
+        """KV blocks in use after each step, `StepStats.kv_usage` x usable blocks (usage
+        fractions where the block count is unknown: fake backends)."""
+        usage = (self.meter.gen if role == "generator" else self.meter.ver).kv_usage
+        n = self.num_blocks.get(role)
+        return [round(u * (n - 1)) for u in usage] if n else list(usage)
+
+    def blocks_per_step(self, role: str) -> list[int] | list[float]:
+        """KV blocks held by the batch of each scheduling step (`BlockUsageTrace`), else
+        `blocks_after_step`."""
+        return self.scheduled_blocks.get(role) or self.blocks_after_step(role)
+
+
+def infeasible(cfg: Config) -> str | None:
+    """Why this split cannot start (a KV budget below one longest sequence), or None. CPU only:
+    on a GPU `Backends` sizes engines by `gpu_memory_utilization`, not by these bytes."""
+    from tts.backends.factory import PROMPT_ROOM, static_split
+    from tts.backends.vllm_engine import check_kv_budget, has_cuda, read_hf_config
+    from tts.config.schema import BackendKind
+    from tts.models.cache import resolve_model
+
+    gen_spec, ver_spec = static_split(cfg)
+    g = cfg.generator
+    longest = PROMPT_ROOM + g.max_total_tokens + 2 * g.step_max_tokens
+    sides = (("generator", gen_spec, g.model, g.dtype, g.backend),
+             ("verifier", ver_spec, cfg.verifier.model, cfg.verifier.dtype, cfg.verifier.backend))
+    for role, spec, model, dtype, backend in sides:
+        if backend is BackendKind.fake or has_cuda():
+            continue
+        try:
+            check_kv_budget(read_hf_config(resolve_model(model)), kv_cache_bytes=spec.kv_bytes,
+                            block_size=cfg.memory.block_size, dtype=dtype, min_tokens_per_seq=longest,
+                            tensor_parallel_size=g.tensor_parallel_size)
+        except ValueError as err:
+            return f"{role}: {err}"
+    return None
+
+
+def run_split(cfg: Config, backends: Backends, problems: list[Any]) -> SplitRun:
+    """Build both engines at `cfg`'s split (reusing them if already built), run the problems."""
+    from tts.backends.factory import static_split
+    from tts.engine.sync import ProblemInput
+    from tts.runner import build_engine
+
+    backends.cfg = cfg
+    engine = build_engine(cfg, cfg.optim, backends)
+    gen, ver = engine.gen, engine.scoring.verifier
+    meter = BackendMeter(gen, ver)
+    hooks = {"generator": _attach(gen), "verifier": _attach(ver)}
+    start = time.perf_counter()
+    try:
+        done = sum(1 for _ in engine.run([ProblemInput(p.id, p.problem) for p in problems]))
+    finally:
+        wall = time.perf_counter() - start
+        meter.detach()
+        thrash = {r: (h[0].snapshot() if h and h[0].enabled else None) for r, h in hooks.items()}
+        for h in hooks.values():
+            if h is not None:
+                h[0].detach()
+                h[1].detach()
+    gen_spec, ver_spec = static_split(cfg)
+    return SplitRun(
+        fraction=cfg.memory.generator_fraction, wall_s=wall, problems=done, meter=meter, thrash=thrash,
+        num_blocks={"generator": _num_blocks(gen), "verifier": _num_blocks(ver)},
+        kv_bytes={"generator": gen_spec.kv_bytes, "verifier": ver_spec.kv_bytes if ver else 0},
+        scheduled_blocks={r: h[1].blocks for r, h in hooks.items() if h is not None})
+
+
+def _attach(backend: Any | None) -> tuple[ThrashCounter, BlockUsageTrace] | None:
+    llm = getattr(backend, "llm", None)
+    if llm is None:
+        return None
+    return ThrashCounter.attach(llm, strict=False), BlockUsageTrace.attach(llm, strict=False)
+
+
+def warm_up(generator: Any | None, verifier: Any | None) -> None:
+    """One short request through each backend, so that one-off kernel set-up in the process
+    is not timed as the first split's work (the sweep resets the prefix caches after)."""
+    from tts.backends.base import GenRequest, ScoreRequest
+
+    if generator is not None:
+        prompt = tuple(generator.encode_prompt("What is 12 + 30?", ""))
+        generator.add(GenRequest("profile-warm-up", prompt, max_tokens=8, seed=0))
+        while generator.num_unfinished():
+            generator.step()
+    if verifier is not None:
+        verifier.score([ScoreRequest("What is 12 + 30?", ("12 + 30 = 42.",), (0,))])
+
+
+def _num_blocks(backend: Any | None) -> int | None:
+    llm = getattr(backend, "llm", None)
+    if llm is None:
+        return None
+    from tts.backends.vllm_engine import kv_cache_info
+
+    return kv_cache_info(llm).num_blocks
+
+
+def sweep_row(run: SplitRun) -> dict[str, Any]:
+    """One `profile.json` sweep row; the first keys are the ones `tts report` plots first."""
+    g, v = run.meter.gen, run.meter.ver
+    t = {role: run.thrash.get(role) or {} for role in ("generator", "verifier")}
+    row: dict[str, Any] = {
+        "generator_fraction": run.fraction,
+        "system_tokens_per_s": g.tokens / run.wall_s if run.wall_s > 0 else None,
+        "generator_tokens_per_s": g.rate(), "verifier_tokens_per_s": v.rate(),
+        "gen_thrash": t["generator"].get("thrash"), "ver_thrash": t["verifier"].get("thrash"),
+        "gen_hit_rate": g.hit_rate, "ver_hit_rate": v.hit_rate,
+        "gen_kv_blocks": run.num_blocks["generator"], "ver_kv_blocks": run.num_blocks["verifier"],
+        "gen_kv_bytes": run.kv_bytes["generator"], "ver_kv_bytes": run.kv_bytes["verifier"],
+        "wall_s": run.wall_s, "generator_s": g.seconds, "verifier_s": v.seconds,
+        "gen_tokens": g.tokens, "ver_prompt_tokens": v.prompt_tokens, "problems": run.problems,
+    }
+    for role, prefix in (("generator", "gen"), ("verifier", "ver")):
+        blocks = run.blocks_per_step(role)
+        row[f"{prefix}_kv_blocks_peak"] = max(blocks) if blocks else None
+        after = run.blocks_after_step(role)
+        row[f"{prefix}_kv_blocks_after_step_mean"] = sum(after) / len(after) if after else None
+        for key in ("thrash_blocks", "evictions", "hits", "misses", "lookups", "seen"):
+            row[f"{prefix}_{'block_' + key if key in ('hits', 'misses') else key}"] = t[role].get(key)
+    return row
