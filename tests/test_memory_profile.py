@@ -1,19 +1,34 @@
-"""`tts profile-memory` library side: the static sweep and the printed report."""
+"""`tts profile-memory`: the modelled sweep, the workload caps, a fake-backend profile, and a
+tiny real profile whose breakdown is checked against what vLLM itself logs at start."""
+
+from __future__ import annotations
 
 import io
 import json
-from types import SimpleNamespace
+import logging
+import math
+import re
 
+import pytest
 from rich.console import Console
 
-import tts.memory.planner as planner
+from tts.config.compose import compose
 from tts.memory.allocator import Workload, evaluate_allocation, search_allocation
 from tts.memory.device import load_device
-from tts.memory.profile import FRACTIONS, profile_memory, static_sweep
+from tts.memory.profile import FRACTIONS, profile_memory, static_sweep, sweep_table
+from tts.memory.profile_model import modelled_sweep
+from tts.memory.profile_sweep import workload_overrides
 from tts.memory.roofline import ModelShape
+from tts.models.cache import is_present
+from tts.report.plots import split_sweep
 
 SMOL = ModelShape(30, 576, 9, 3, 64, 1536, 49152, 2, 134_515_008)
 H100 = load_device("h100")
+GIB = 2**30
+PLOTS = ("memory_breakdown.png", "split_throughput.png", "kv_blocks_per_step.png",
+         "cache_hit_rates.png", "thrash.png")
+REPORTED = ("system_tokens_per_s", "generator_tokens_per_s", "verifier_tokens_per_s",
+            "gen_thrash", "ver_thrash", "gen_hit_rate", "ver_hit_rate")
 
 
 def test_evaluate_allocation_matches_search_at_its_choice():
@@ -32,21 +47,154 @@ def test_static_sweep_literal_caps():
     assert all(best.t_total <= a.t_total for _, a in rows if a is not None)
 
 
-def test_profile_memory_prints_tables_without_models(monkeypatch):
-    monkeypatch.setattr(planner, "model_shape", lambda model: SMOL)
-    cfg = SimpleNamespace(
-        device=H100.to_dict(),
-        generator=SimpleNamespace(model="g", step_max_tokens=96, max_total_tokens=768),
-        verifier=SimpleNamespace(model="v"),
-        memory=SimpleNamespace(kv_cache_gib=1.0, block_size=32),
-        search=SimpleNamespace(n=8),
-        bench=SimpleNamespace(concurrency=2),
-    )
+def test_modelled_sweep_is_json_ready():
+    workload = Workload(num_requests=16, verifier_seq_len=400, decode_len=96, gen_context_len=300)
+    out = modelled_sweep(SMOL, SMOL, H100, workload, GIB, FRACTIONS)
+    assert [r["generator_fraction"] for r in out["rows"]] == list(FRACTIONS)
+    assert out["shapes"]["generator"]["kv_bytes_per_token"] == 23040
+    assert out["roofline"]["b_dec"] >= 1
+    json.dumps(out)
+
+
+def test_workload_caps_and_beam_width():
+    cfg = compose("config", ["logger=none"])
+    assert workload_overrides(cfg) == {"search.n": 4, "generator.step_max_tokens": 32,
+                                       "generator.max_total_tokens": 128, "search.max_iterations": 6}
+    small = compose("config", ["logger=none", "search.n=2", "search.beam_width=2",
+                               "generator.step_max_tokens=8", "generator.max_total_tokens=24",
+                               "search.max_iterations=2"])
+    assert workload_overrides(small) == {}  # caps never raise a limit
+    odd = compose("config", ["logger=none", "search.n=12", "search.beam_width=3"])
+    assert workload_overrides(odd)["search.beam_width"] == 1  # 4 beams, width must divide them
+
+
+FAKE = ["logger=none", "generator=fake", "verifier=fake", "profile.num_problems=2",
+        "profile.splits=[0.3,0.6]", "profile.tight_split=0.3", "profile.loose_split=0.6"]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("profile.splits=[0.0,0.5]", "profile.splits"),
+    ("profile.tight_split=1.0", "profile.tight_split"),
+    ("profile.num_problems=0", "profile.num_problems"),
+])
+def test_invalid_profile_sections_are_refused(tmp_path, override, message):
+    cfg = compose("config", FAKE + [f"bench.results_dir={tmp_path}", override])
+    with pytest.raises(ValueError, match=message):
+        profile_memory(cfg, console=Console(file=io.StringIO()))
+
+
+def test_fake_backend_profile_writes_the_folder(tmp_path):
+    cfg = compose("config", FAKE + [f"bench.results_dir={tmp_path}", "bench.run_name=fake"])
     out = io.StringIO()
-    result = profile_memory(cfg, calibrate=False, console=Console(file=out, width=200))
-    text = out.getvalue()
-    assert "KV split sweep: N=16" in text and "roofline search" in text and "23040" in text
-    assert result["breakdown"]["generator"]["kv_bytes_per_token"] == 23040
-    assert [r["generator_fraction"] for r in result["sweep"]] == list(FRACTIONS)
-    assert result["roofline"]["b_dec"] == 16
-    json.dumps(result)  # JSON-ready, as profile.json
+    folder = profile_memory(cfg, console=Console(file=out, width=200))
+    assert folder == tmp_path / "fake"
+    profile = json.loads((folder / "profile.json").read_text())
+    assert [r["generator_fraction"] for r in profile["sweep"]] == [0.3, 0.6]
+    assert all(r["system_tokens_per_s"] > 0 and r["gen_tokens"] > 0 for r in profile["sweep"])
+    assert profile["breakdown"] == {} and profile["modelled"] is None
+    assert (folder / "config.yaml").exists() and (folder / "split_throughput.png").exists()
+    assert set(profile["kv_blocks_per_step"]) == {"tight", "loose"}
+    assert split_sweep(profile)[0] == "generator_fraction"  # `tts report` reads the sweep
+    assert "KV split sweep" in out.getvalue()
+    with pytest.raises(ValueError, match="already holds files"):
+        profile_memory(cfg, console=Console(file=io.StringIO()))
+
+
+# --------------------------------------------------------------------- real vLLM, tiny
+
+TINY = ["logger=none", "search.n=2", "search.beam_width=2", "search.max_iterations=2",
+        "generator.step_max_tokens=8", "generator.max_total_tokens=24", "memory.kv_cache_gib=0.06",
+        "memory.generator_fraction=0.45", "memory.generator_max_num_seqs=8",
+        "memory.verifier_max_num_seqs=8", "profile.splits=[0.1,0.45,0.55]", "profile.num_problems=1",
+        "profile.tight_split=0.45", "profile.loose_split=0.55", "bench.run_name=tiny"]
+KV_SIZE = re.compile(r"KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens "
+                     r"per request: ([\d.]+)x")
+KV_SET = re.compile(r"Explicitly set \(([\d.]+)/[\d.]+\) GiB for KV cache")
+CHECKPOINT = re.compile(r"Checkpoint size: ([\d.]+) GiB")
+
+needs_model = pytest.mark.skipif(not is_present("smollm2-135m-instruct"),
+                                 reason="default model not pulled (tts models pull smollm2-135m-instruct)")
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from tts.memory.profile_breakdown import apply_vllm_logging
+
+    apply_vllm_logging()  # vLLM's first engine would re-apply it and drop our handler
+    handler = _Lines()
+    vllm_logger = logging.getLogger("vllm")
+    vllm_logger.addHandler(handler)
+    out = io.StringIO()
+    try:
+        cfg = compose("config", TINY + [f"bench.results_dir={tmp_path_factory.mktemp('profile')}"])
+        folder = profile_memory(cfg, console=Console(file=out, width=200))
+    finally:
+        vllm_logger.removeHandler(handler)
+    return folder, json.loads((folder / "profile.json").read_text()), handler.lines, out.getvalue()
+
+
+@pytest.mark.vllm
+@needs_model
+def test_breakdown_agrees_with_vllm_start_log(tiny):
+    _, profile, lines, _ = tiny
+    logged = {(int(n.replace(",", "")), int(m.replace(",", "")), float(c))
+              for n, m, c in (KV_SIZE.search(line).groups() for line in lines if KV_SIZE.search(line))}
+    kv_set = {float(m.group(1)) for line in lines if (m := KV_SET.search(line))}
+    for role in ("generator", "verifier"):
+        b = profile["breakdown"][role]
+        n_tokens, max_len = b["kv_cache_size_tokens"], b["max_model_len"]
+        assert (n_tokens, max_len, round(b["max_concurrency"], 2)) in logged
+        per_request = math.ceil(max_len / b["block_size"])
+        assert round(n_tokens / max_len * per_request) == b["kv_num_blocks"]
+        assert round(b["kv_cache_bytes"] / GIB, 2) in kv_set
+        assert b["kv_cache_bytes"] == b["kv_num_blocks"] * b["kv_bytes_per_block"] <= b["requested_kv_bytes"]
+        assert b["kv_bytes_per_token"] == 23040 and b["block_size"] == 32
+        assert b["measured_start_bytes"] > b["weights_bytes"] > 0
+    checkpoint = [float(m.group(1)) for line in lines if (m := CHECKPOINT.search(line))]
+    for gib in checkpoint:  # the bf16 checkpoint holds exactly the weights
+        assert profile["breakdown"]["generator"]["weights_bytes"] / GIB == pytest.approx(gib, abs=0.01)
+
+
+@pytest.mark.vllm
+@needs_model
+def test_tiny_profile_writes_sweep_rows_and_plots(tiny):
+    folder, profile, _, printed = tiny
+    rows = profile["sweep"]
+    assert [r["generator_fraction"] for r in rows] == [0.45, 0.55]
+    assert [s["generator_fraction"] for s in profile["skipped"]] == [0.1]
+    assert "generator: kv_cache_bytes" in profile["skipped"][0]["reason"]
+    for r in rows:
+        assert all(r[k] is not None for k in REPORTED)
+        assert r["system_tokens_per_s"] > 0 and r["generator_tokens_per_s"] > r["system_tokens_per_s"]
+        assert 0.0 <= r["gen_hit_rate"] <= 1.0 and 0.0 <= r["ver_hit_rate"] <= 1.0
+        assert r["gen_thrash"] >= 0 and r["gen_block_misses"] >= 1 and r["ver_lookups"] >= 1
+        assert 0 < r["gen_kv_blocks_peak"] < r["gen_kv_blocks"]
+    first = profile["breakdown"]["generator"]["kv_num_blocks"]
+    assert rows[0]["gen_kv_blocks"] == first == rows[1]["ver_kv_blocks"]  # 0.45 of the budget each
+    for name in ("tight", "loose"):
+        trace = profile["kv_blocks_per_step"][name]
+        for role in ("generator", "verifier"):
+            assert trace[role] and max(trace[role]) <= trace[f"{role}_usable_blocks"]
+    for plot in PLOTS:
+        assert (folder / plot).stat().st_size > 0
+    assert (folder / "config.yaml").exists()
+    assert split_sweep(profile)[0] == "generator_fraction"
+    assert "memory per model" in printed and "KV split sweep" in printed
+
+
+def test_sweep_table_formats_missing_values():
+    row = {"generator_fraction": 0.5, "gen_kv_bytes": 2**20, "ver_kv_bytes": 2**20,
+           "system_tokens_per_s": 1.0, "generator_tokens_per_s": None, "verifier_tokens_per_s": 2.0,
+           "gen_kv_blocks_peak": 0.25}
+    out = io.StringIO()
+    Console(file=out, width=200).print(sweep_table([row]))
+    assert "0.50" in out.getvalue() and "0.25/-" in out.getvalue()
