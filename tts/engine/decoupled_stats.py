@@ -1,0 +1,107 @@
+"""Statistics of the decoupled engine: run-level counters, their step-log summary, and the
+per-problem share of each PRM call."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from tts.engine.decoupled_policy import FillPolicy
+from tts.engine.decoupled_work import Kind, _DLive
+from tts.engine.scoring import ScoreCache
+from tts.metrics.collector import UTIL_BINS, StepLog
+from tts.search.tree import Beam
+
+
+@dataclass
+class DecoupledStats:
+    """Run-level counters of the decoupled engine."""
+
+    llm_rounds: int = 0
+    llm_steps: int = 0
+    prm_calls: int = 0
+    prm_items: list[int] = field(default_factory=list)  # beams per PRM call
+    prm_computed: int = 0  # step scores the verifier computed (cache hits excluded)
+    tokens: dict[str, int] = field(default_factory=lambda: {k.value: 0 for k in Kind})
+    requests: dict[str, int] = field(default_factory=lambda: {k.value: 0 for k in Kind})
+    spec_generated: int = 0
+    spec_used: int = 0
+    spec_wasted: int = 0
+    spec_whole: int = 0  # adopted finished: a step with no generation request
+    spec_promoted: int = 0  # adopted while running: the request became the real one
+    spec_partial: int = 0  # adopted as a prefix of the real step
+    spec_dropped: int = 0  # speculative steps of beams that selection did not keep
+    spec_preempted: int = 0  # speculative requests stopped to make room (tokens kept)
+    problems_started: int = 0
+    max_live: int = 0
+
+    def summary(self, gen_log: StepLog, fill: FillPolicy, prm_cap: int) -> dict:
+        total_tok, total_req = sum(self.tokens.values()), sum(self.requests.values())
+        filler = self.tokens[Kind.EAGER.value] + self.tokens[Kind.SPEC.value]
+        util = [min(1.0, n / prm_cap) for n in self.prm_items] if prm_cap else []
+        hist = [0] * UTIL_BINS
+        for u in util:
+            hist[min(UTIL_BINS - 1, int(u * UTIL_BINS))] += 1
+        g = gen_log.summary()
+        return {
+            "policy": fill.name,
+            "fill_decisions": dict(fill.decisions),
+            # the results summary reads `batch_util_mean` from every step log: the LLM's
+            "batch_util_mean": g["batch_util_mean"],
+            "llm_batch_util_mean": g["batch_util_mean"],
+            "llm_batch_util_hist": g["batch_util_hist"],
+            "llm_rounds": self.llm_rounds,
+            "llm_steps": self.llm_steps,
+            "prm_calls": self.prm_calls,
+            "prm_items_mean": statistics.fmean(self.prm_items) if self.prm_items else 0.0,
+            "prm_batch_cap": prm_cap,
+            "prm_batch_util_mean": statistics.fmean(util) if util else None,
+            "prm_batch_util_hist": hist if util else None,
+            "prm_scores_computed": self.prm_computed,
+            "tokens": dict(self.tokens),
+            "requests": dict(self.requests),
+            "tokens_per_request_mean": total_tok / total_req if total_req else 0.0,
+            "tokens_per_request_by_kind": {k: (self.tokens[k] / n if n else 0.0) for k, n in self.requests.items()},
+            "scheduled_tokens_per_request_hist": g["tokens_per_request_hist"],
+            "eager_tokens": self.tokens[Kind.EAGER.value],
+            "spec_tokens": self.tokens[Kind.SPEC.value],
+            "eager_share": self.tokens[Kind.EAGER.value] / filler if filler else 0.0,
+            "spec_share": self.tokens[Kind.SPEC.value] / filler if filler else 0.0,
+            "spec_generated": self.spec_generated,
+            "spec_used": self.spec_used,
+            "spec_wasted": self.spec_wasted,
+            "spec_hit_rate": self.spec_used / self.spec_generated if self.spec_generated else 0.0,
+            "spec_steps_whole": self.spec_whole,
+            "spec_steps_promoted": self.spec_promoted,
+            "spec_steps_partial": self.spec_partial,
+            "spec_steps_dropped": self.spec_dropped,
+            "spec_preempted": self.spec_preempted,
+            "requests_saved": self.spec_whole,
+            "kv_usage_mean": g["kv_usage_mean"],
+            "kv_usage_max": g["kv_usage_max"],
+            "problems_started": self.problems_started,
+            "max_live_problems": self.max_live,
+        }
+
+
+def account_prm(batch: list[tuple[_DLive, Beam]], scored, hits0: dict[str, int], cache: ScoreCache | None) -> None:
+    """Share one PRM call among its problems' metrics: the call's wall time goes to every
+    problem in it, its tokens and requests in proportion to the scores each made it compute."""
+    lives = {id(live): live for live, _ in batch}
+    items: dict[int, int] = {}
+    for live, _ in batch:
+        items[id(live)] = items.get(id(live), 0) + 1
+    computed = {}
+    for key, live in lives.items():
+        hits = cache.hits_by_problem[live.input.id] - hits0[live.input.id] if cache is not None else 0
+        computed[key] = max(0, items[key] - hits)
+    total = sum(computed.values()) or 1
+    for key, live in lives.items():
+        m = live.metrics
+        m.verifier_s += scored.wall_s
+        m.scores_requested += items[key]
+        m.scores_computed += computed[key]
+        for b in scored.batches:
+            m.ver_prompt_tokens += b.prompt_tokens * computed[key] // total
+            m.ver_cached_tokens += b.cached_tokens * computed[key] // total
+            m.ver_requests += b.num_requests * computed[key] // total
