@@ -161,3 +161,27 @@ def test_prefix_aware_beats_random_at_small_cache():
     assert hit_rate("prefix_aware", 12) > hit_rate("random", 12) + 0.05
     # a cache that holds everything: order does not matter
     assert hit_rate("prefix_aware", 1 << 20) == hit_rate("random", 1 << 20)
+
+
+def test_speculative_slots_go_to_the_highest_bins_first():
+    """Cap 2 (real + speculative): while three real requests run, nobody speculates; the
+    jobs that finished meanwhile are parked; when a slot frees, the highest priority gets
+    it, restarting from its path if it had been parked."""
+    from tts.engine.generation import GenerationPhase, GenJob
+
+    lengths = {11: 1, 12: 2, 13: 3, 14: 12}  # seed -> step length (chars = tokens)
+
+    def script(problem, steps, seed):
+        return "a" * lengths[seed] + "\n\n"
+
+    gen = FakeGenerator(script, batch_cap=8)
+    prompt = tuple(gen.encode_prompt("q", "s"))
+    prios = {11: 1, 12: 3, 13: 2, 14: 1}
+    jobs = [GenJob(Beam("p", prompt, seed), limit=30, spec_priority=prios[seed]) for seed in (11, 12, 13, 14)]
+    phase = GenerationPhase(gen, 0.0, 1.0, speculative=True, spec_max_tokens=50, spec_batch_cap=2)
+    phase.run(jobs)
+    spec = {j.beam.seed: len(j.spec) for j in jobs}
+    # seeds 11 and 12 finish while 3+ requests are pending: parked. When 13 finishes only
+    # 14 is pending: one free slot, and 12 (priority 3) takes it over 13 (2) and 11 (1).
+    assert spec[12] > 0 and spec[11] == 0 and spec[13] == 0
+    assert all(j.end is not None for j in jobs)

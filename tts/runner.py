@@ -70,9 +70,24 @@ def engine_options(cfg: Config, optim: OptimConfig) -> EngineOptions:
         concurrency=cfg.bench.concurrency, seed=cfg.bench.seed, score_cache=optim.score_cache,
         eos_at_depth_limit=optim.eos_at_depth_limit, speculative=optim.speculative,
         lookahead=optim.lookahead, ordering="prefix_aware" if optim.prefix_aware else optim.request_order,
-        spec_max_tokens=optim.spec_max_tokens, spec_truncate_ratio=optim.spec_truncate_ratio,
+        spec_max_tokens=optim.spec_max_tokens, spec_batch_cap=spec_batch_cap(cfg, optim),
+        spec_truncate_ratio=optim.spec_truncate_ratio,
         spec_truncate_std=optim.spec_truncate_std, temperature=cfg.generator.temperature,
         top_p=cfg.generator.top_p)
+
+
+def spec_batch_cap(cfg: Config, optim: OptimConfig) -> int:
+    """optim.spec_batch_cap, with -1 resolved to the decode ridge batch: the batch at
+    which a decode step turns from reading the weights (memory-bound) to computing
+    (compute-bound), i.e. the device's ridge point in FLOP/byte x bytes per weight / 2."""
+    if optim.spec_batch_cap >= 0 or not optim.speculative:
+        return max(0, optim.spec_batch_cap)
+    if cfg.generator.backend is not BackendKind.vllm:
+        return 0
+    from tts.memory.planner import device_profile, model_shape
+
+    shape = model_shape(cfg.generator.model)
+    return max(1, round(device_profile(cfg).ridge_point * shape.dtype_bytes / 2))
 
 
 def build_engine(cfg: Config, optim: OptimConfig, backends: Backends):

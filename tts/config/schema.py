@@ -178,6 +178,10 @@ class OptimConfig:
     spec_truncate_ratio: float = 0.85  # R: mean kept fraction of speculative tokens on duplicates
     spec_truncate_std: float = 0.1
     spec_max_tokens: int = 0  # cap on speculative tokens per beam; 0 = generator.step_max_tokens
+    # requests kept running while speculating: -1 = the decode roofline's ridge batch for
+    # this device and generator (beyond it each extra sequence slows the stragglers),
+    # 0 = the generator's batch cap (the paper's GPU setting), N = at most N
+    spec_batch_cap: int = -1
     decoupled_policy: DecoupledPolicy = DecoupledPolicy.eager_first
     verifier_batch_size: int = 0  # decoupled: PRM items per call; 0 = no cap
 
@@ -185,6 +189,7 @@ class OptimConfig:
         _require(self.request_order in ("fifo", "random"), "optim.request_order",
                  f"{self.request_order!r}; valid choices: fifo, random")
         _require(0.0 <= self.spec_truncate_ratio <= 1.0, "optim.spec_truncate_ratio", "must be in [0, 1]")
+        _require(self.spec_batch_cap >= -1, "optim.spec_batch_cap", "must be -1 (auto), 0 (batch cap) or >= 1")
         _require(self.spec_truncate_std >= 0.0, "optim.spec_truncate_std", "must be >= 0")
         _require(not (self.lookahead and not self.speculative), "optim.lookahead",
                  "needs optim.speculative=true (it verifies speculative steps)")

@@ -63,59 +63,49 @@ class GenerationPhase:
 
     def __init__(self, generator: Generator, temperature: float, top_p: float,
                  speculative: bool = False, spec_max_tokens: int = 0,
-                 kv_spec_limit: float = 0.95) -> None:
+                 kv_spec_limit: float = 0.95, spec_batch_cap: int = 0) -> None:
         self.gen = generator
         self.temperature = temperature
         self.top_p = top_p
         self.speculative = speculative
         self.spec_max_tokens = spec_max_tokens
         self.kv_spec_limit = kv_spec_limit
+        # Speculation may keep at most this many requests running (real + speculative);
+        # 0 = the generator's batch cap. Beyond the decode roofline's ridge batch every
+        # extra sequence slows the stragglers, so the engine passes that batch here.
+        self.spec_batch_cap = spec_batch_cap
 
     def run(self, jobs: Sequence[GenJob], on_step: Callable[[StepStats], None] | None = None) -> PhaseStats:
         stats, start = PhaseStats(), time.perf_counter()
-        by_id: dict[str, GenJob] = {}
+        self._by_id: dict[str, GenJob] = {}
         for job in jobs:
             self._adopt_spec(job)
-            if job.finished:
-                continue
-            job.request_id = f"g{next(_request_ids)}"
-            by_id[job.request_id] = job
-            budget = job.limit - len(job.tokens)
-            extra = self.spec_max_tokens if (self.speculative and job.spec_priority > 0 and not job.to_eos) else 0
-            self.gen.add(GenRequest(job.request_id, job.beam.token_ids + tuple(job.tokens),
-                                    budget + extra, job.beam.seed, self.temperature, self.top_p))
-            stats.requests += 1
-        pending = set(by_id)  # real work not finished
-        speculating: set[str] = set()
+            if not job.finished:
+                budget = job.limit - len(job.tokens)
+                extra = self.spec_max_tokens if (self.speculative and job.spec_priority > 0 and not job.to_eos) else 0
+                self._submit(job, tuple(job.tokens), budget + extra, stats)
+        pending = set(self._by_id)  # real work not finished
+        speculating: dict[str, int] = {}  # request id -> speculative priority
+        parked: dict[int, GenJob] = {}  # finished jobs waiting for a speculative slot
         while pending:
             deltas, step = self.gen.step()
             stats.steps.append(step)
             if on_step:
                 on_step(step)
+            finished_now: list[str] = []
             aborts = []
             for d in deltas:
-                job = by_id[d.request_id]
-                if d.num_prompt_tokens is not None:
-                    stats.prompt_tokens += d.num_prompt_tokens
-                    stats.cached_tokens += d.num_cached_tokens or 0
-                stats.tokens += len(d.new_token_ids)
-                if d.request_id in speculating:
-                    job.spec.extend(d.new_token_ids)  # a final EOS is kept: the next step ends there
-                    stats.spec_tokens += len(d.new_token_ids)
-                    if d.finished:
-                        speculating.discard(d.request_id)
-                    continue
-                overflow = self._consume(job, d.new_token_ids, d.finish_reason)
-                if job.finished:
-                    pending.discard(d.request_id)
-                    job.spec.extend(overflow)
-                    if d.finished:
-                        continue
-                    if self._may_speculate(job, pending, step):
-                        speculating.add(d.request_id)
+                if self._take_delta(d, stats, pending, speculating):
+                    if self._may_speculate(self._by_id[d.request_id]):
+                        finished_now.append(d.request_id)
                     else:
                         aborts.append(d.request_id)
             aborts += self._preempt_speculation(speculating, step)
+            if pending and not self._preempted(step):
+                aborts += self._assign_slots(finished_now, parked, pending, speculating, stats)
+            else:  # phase 1 only: real work waits, or the KV cache is short
+                parked.update((self._by_id[r].beam.uid, self._by_id[r]) for r in finished_now)
+                aborts += finished_now
             if aborts:
                 self.gen.abort(aborts)
         if speculating:
@@ -124,6 +114,65 @@ class GenerationPhase:
             stats.step_lengths.append(len(job.tokens) - job.adopted)
         stats.wall_s = time.perf_counter() - start
         return stats
+
+    def _submit(self, job: GenJob, extra_prompt: tuple[int, ...], max_tokens: int, stats: PhaseStats) -> str:
+        rid = f"g{next(_request_ids)}"
+        job.request_id = rid
+        self._by_id[rid] = job
+        self.gen.add(GenRequest(rid, job.beam.token_ids + extra_prompt, max_tokens, job.beam.seed,
+                                self.temperature, self.top_p))
+        stats.requests += 1
+        return rid
+
+    def _take_delta(self, d, stats: PhaseStats, pending: set[str], speculating: dict[str, int]) -> bool:
+        """Apply one delta; True when it finished a real step and the request runs on."""
+        job = self._by_id[d.request_id]
+        if d.num_prompt_tokens is not None:
+            stats.prompt_tokens += d.num_prompt_tokens
+            stats.cached_tokens += d.num_cached_tokens or 0
+        stats.tokens += len(d.new_token_ids)
+        if d.request_id in speculating:
+            job.spec.extend(d.new_token_ids)  # a final EOS is kept: the next step ends there
+            stats.spec_tokens += len(d.new_token_ids)
+            if d.finished:
+                speculating.pop(d.request_id, None)
+            return False
+        overflow = self._consume(job, d.new_token_ids, d.finish_reason)
+        if not job.finished or d.request_id not in pending:
+            return False
+        pending.discard(d.request_id)
+        job.spec.extend(overflow)
+        return not d.finished
+
+    def _assign_slots(self, finished_now: list[str], parked: dict[int, GenJob], pending: set[str],
+                      speculating: dict[str, int], stats: PhaseStats) -> list[str]:
+        """Speculative slots go to the highest priority bins first. A request that just
+        finished its step runs on in place; a parked one (finished while no slot was
+        free) restarts from its path, served from the prefix cache. Returns aborts."""
+        cap = self.spec_batch_cap or self.gen.batch_cap
+        free = cap - len(pending) - len(speculating)
+        cands = [(self._by_id[r].spec_priority, 1, r) for r in finished_now]
+        cands += [(job.spec_priority, 0, uid) for uid, job in parked.items()]
+        cands.sort(key=lambda c: (-c[0], -c[1]))
+        aborts = []
+        for prio, running, key in cands:
+            if free > 0:
+                free -= 1
+                if running:
+                    speculating[key] = prio
+                else:
+                    job = parked.pop(key)
+                    budget = self.spec_max_tokens - len(job.spec)
+                    if budget > 0:
+                        speculating[self._submit(job, tuple(job.tokens) + tuple(job.spec), budget, stats)] = prio
+            elif running:
+                aborts.append(key)
+                parked[self._by_id[key].beam.uid] = self._by_id[key]
+        return aborts
+
+    def _preempted(self, step: StepStats) -> bool:
+        """Speculation stops at once when real requests wait or the KV cache runs short."""
+        return step.kv_usage >= self.kv_spec_limit or step.num_waiting > 0
 
     def _adopt_spec(self, job: GenJob) -> None:
         """Start from the beam's speculative tokens; they may already hold the whole step."""
@@ -156,16 +205,11 @@ class GenerationPhase:
             job.end = StepEnd.EOS if finish is FinishReason.EOS else StepEnd.STEP_LIMIT
         return []
 
-    def _may_speculate(self, job: GenJob, pending: set[str], step: StepStats) -> bool:
-        if not self.speculative or job.spec_priority <= 0 or job.to_eos or job.end is StepEnd.EOS:
-            return False
-        # Phase 1 first: real requests still queued behind the batch cap need the slot.
-        if step.num_waiting > 0:
-            return False
-        return step.kv_usage < self.kv_spec_limit
+    def _may_speculate(self, job: GenJob) -> bool:
+        return self.speculative and job.spec_priority > 0 and not job.to_eos and job.end is not StepEnd.EOS
 
-    def _preempt_speculation(self, speculating: set[str], step: StepStats) -> list[str]:
-        if speculating and (step.kv_usage >= self.kv_spec_limit or step.num_waiting > 0):
+    def _preempt_speculation(self, speculating: dict[str, int], step: StepStats) -> list[str]:
+        if speculating and self._preempted(step):
             dropped = list(speculating)
             speculating.clear()
             return dropped

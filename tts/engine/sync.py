@@ -51,6 +51,7 @@ class EngineOptions:
     lookahead: bool = False
     ordering: str = "fifo"
     spec_max_tokens: int = 0
+    spec_batch_cap: int = 0  # 0 = the generator's batch cap
     spec_truncate_ratio: float = 0.85
     spec_truncate_std: float = 0.1
     temperature: float = 0.8
@@ -80,7 +81,8 @@ class SyncEngine:
         self.ordering: Ordering = make_ordering(options.ordering, options.seed)
         spec_max = options.spec_max_tokens or self.policy.step_max_tokens
         self.phase = GenerationPhase(generator, options.temperature, options.top_p,
-                                     options.speculative, spec_max)
+                                     options.speculative, spec_max,
+                                     spec_batch_cap=options.spec_batch_cap)
         self.gen_log, self.ver_log = StepLog(), StepLog()
         self.rng = random.Random(options.seed)
         self.on_iteration: Callable[[list[Beam]], None] | None = None  # memory policy hook

@@ -21,7 +21,10 @@ Components, per model:
 - ``measured_start_bytes``: memory the process (CPU: RSS) or the device (GPU: used memory
   from ``torch.cuda.mem_get_info``) gained while this engine started; ``other_bytes`` is
   that minus weights and KV: the engine's runtime, non-torch and allocator overhead as
-  actually observed. The first engine in a process also carries one-off library set-up.
+  actually observed. The first engine in a process also carries one-off library set-up;
+  an engine started after others were closed can reuse their freed memory, so RSS then
+  under-counts (``other_bytes`` may even be negative). `tts profile-memory` starts the two
+  measured engines first in its process.
 
 The multi-model profiling pitfall (thesis 5.1): when two engines share a GPU, the one
 started second profiles against a device the first already fills, and vLLM versions that
