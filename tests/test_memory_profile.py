@@ -102,9 +102,11 @@ def test_fake_backend_profile_writes_the_folder(tmp_path):
 
 # --------------------------------------------------------------------- real vLLM, tiny
 
+# memory.generator_fraction=0.1 cannot start the generator (6 MiB < one 1064-token
+# sequence): the breakdown falls back to 0.45, the first share that starts both engines.
 TINY = ["logger=none", "search.n=2", "search.beam_width=2", "search.max_iterations=2",
         "generator.step_max_tokens=8", "generator.max_total_tokens=24", "memory.kv_cache_gib=0.06",
-        "memory.generator_fraction=0.45", "memory.generator_max_num_seqs=8",
+        "memory.generator_fraction=0.1", "memory.generator_max_num_seqs=8",
         "memory.verifier_max_num_seqs=8", "profile.splits=[0.1,0.45,0.55]", "profile.num_problems=1",
         "profile.tight_split=0.45", "profile.loose_split=0.55", "bench.run_name=tiny"]
 KV_SIZE = re.compile(r"KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens "
@@ -178,6 +180,7 @@ def test_tiny_profile_writes_sweep_rows_and_plots(tiny):
         assert 0.0 <= r["gen_hit_rate"] <= 1.0 and 0.0 <= r["ver_hit_rate"] <= 1.0
         assert r["gen_thrash"] >= 0 and r["gen_block_misses"] >= 1 and r["ver_lookups"] >= 1
         assert 0 < r["gen_kv_blocks_peak"] < r["gen_kv_blocks"]
+    assert profile["breakdown_generator_fraction"] == 0.45
     first = profile["breakdown"]["generator"]["kv_num_blocks"]
     assert rows[0]["gen_kv_blocks"] == first == rows[1]["ver_kv_blocks"]  # 0.45 of the budget each
     for name in ("tight", "loose"):
@@ -189,6 +192,16 @@ def test_tiny_profile_writes_sweep_rows_and_plots(tiny):
     assert (folder / "config.yaml").exists()
     assert split_sweep(profile)[0] == "generator_fraction"
     assert "memory per model" in printed and "KV split sweep" in printed
+
+
+@needs_model
+def test_a_budget_no_share_can_start_is_refused_before_any_engine(tmp_path):
+    cfg = compose("config", ["logger=none", "memory.kv_cache_gib=0.02", "profile.splits=[0.5]",
+                             "profile.tight_split=0.5", "profile.loose_split=0.5",
+                             f"bench.results_dir={tmp_path}"])
+    with pytest.raises(ValueError, match="no generator share can start both engines"):
+        profile_memory(cfg, console=Console(file=io.StringIO()))
+    assert not any(tmp_path.iterdir())  # refused before the results folder was made
 
 
 def test_sweep_table_formats_missing_values():

@@ -165,8 +165,9 @@ def print_models() -> None:
     from tts.models.listing import list_models
 
     table = Table(title="tts models")
-    for col in ("key", "role", "adapter", "source", "present", "needs", "path"):
-        table.add_column(col)
+    for col in ("key", "role", "adapter", "source", "present", "needs"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("path", overflow="fold")
     for m in list_models():
         table.add_row(*(str(m.get(c, "")) for c in ("key", "role", "adapter", "source", "present", "needs", "path")))
     Console().print(table)

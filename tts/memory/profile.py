@@ -5,7 +5,7 @@ What it does, for a composed run config (thesis chapters 5-6):
 1. ``--calibrate`` (or ``profile.calibrate``): measure this CPU, rewrite
    ``conf/device/cpu.yaml`` and print the numbers.
 2. Breakdown: start the generator, then the verifier, at the configured split
-   (``memory.generator_fraction``) and read each engine's weights, peak activations,
+   (``memory.generator_fraction``, else the first feasible one) and read each engine's weights, peak activations,
    non-torch memory, KV cache bytes and blocks, block size and bytes per token from the
    engine itself, with the memory each start took (`profile_breakdown`).
 3. Sweep: for each generator share in ``profile.splits`` (plus ``tight_split`` and
@@ -47,8 +47,10 @@ PROFILE_JSON = "profile.json"
 def profile_memory(cfg: DictConfig, calibrate: bool = False, console: Console | None = None) -> Path:
     """Run the memory profile of `cfg` (a composed run config); returns the results folder.
 
-    Raises ValueError for an invalid ``profile`` section, an existing non-empty results
-    folder, an empty problem subset, or a configured split whose engines cannot start.
+    The breakdown is taken at ``memory.generator_fraction`` or, when one engine cannot
+    start there, at the first share in the sweep where both can. Raises ValueError for an
+    invalid ``profile`` section, an existing non-empty results folder, an empty problem
+    subset, or a KV budget where no share starts both engines.
     """
     from rich.console import Console
 
@@ -57,11 +59,13 @@ def profile_memory(cfg: DictConfig, calibrate: bool = False, console: Console | 
     from tts.runner import load_problems_for
 
     console = console or Console()
-    fractions, run_order = _fractions(cfg)
+    fractions = _fractions(cfg)
+    overrides = workload_overrides(cfg)
+    share = _breakdown_share(cfg, overrides, fractions)
+    run_order = ([share] if share in fractions else []) + [f for f in fractions if f != share]
     folder = _results_folder(cfg)
     device = _device(cfg, calibrate or bool(cfg.profile.get("calibrate", False)), console)
-    overrides = workload_overrides(cfg)
-    base = split_config(cfg, cfg.memory.generator_fraction, overrides)
+    base = split_config(cfg, share, overrides)
     problems = load_problems_for(base)[: int(cfg.profile.num_problems)]
     if not problems:
         raise ValueError("dataset: the subset selects no problems to profile with")
@@ -81,8 +85,8 @@ def profile_memory(cfg: DictConfig, calibrate: bool = False, console: Console | 
     return folder
 
 
-def _fractions(cfg: DictConfig) -> tuple[list[float], list[float]]:
-    """(all generator shares, sorted; the order to run them: the configured one first)."""
+def _fractions(cfg: DictConfig) -> list[float]:
+    """All generator shares to run (sweep, tight and loose), sorted; ValueError if invalid."""
     prof = cfg.profile
     splits = [float(f) for f in prof.splits]
     for name, value in (("profile.tight_split", prof.tight_split), ("profile.loose_split", prof.loose_split)):
@@ -93,10 +97,20 @@ def _fractions(cfg: DictConfig) -> tuple[list[float], list[float]]:
         raise ValueError(f"profile.splits: {list(prof.splits)}: give one or more generator shares in (0, 1)")
     if int(prof.num_problems) < 1:
         raise ValueError(f"profile.num_problems: {prof.num_problems} must be >= 1")
-    shares = sorted({round(f, 6) for f in splits + [float(prof.tight_split), float(prof.loose_split)]})
-    first = round(float(cfg.memory.generator_fraction), 6)
-    order = ([first] if first in shares else []) + [f for f in shares if f != first]
-    return shares, order
+    return sorted({round(f, 6) for f in splits + [float(prof.tight_split), float(prof.loose_split)]})
+
+
+def _breakdown_share(cfg: DictConfig, overrides: dict[str, Any], shares: list[float]) -> float:
+    """The configured share if both engines can start there, else the first share that can."""
+    from tts.memory.profile_sweep import infeasible, split_config
+
+    reasons = []
+    for f in dict.fromkeys([round(float(cfg.memory.generator_fraction), 6), *shares]):
+        why = infeasible(split_config(cfg, f, overrides))
+        if why is None:
+            return f
+        reasons.append(f"{f:g}: {why}")
+    raise ValueError("memory.kv_cache_gib: no generator share can start both engines; " + "; ".join(reasons))
 
 
 def _results_folder(cfg: DictConfig) -> Path:
@@ -212,6 +226,7 @@ def assemble(cfg: DictConfig, base: Config, device: DeviceProfile, overrides: di
                      "problem_ids": [p.id for p in problems], "concurrency": base.bench.concurrency,
                      "kv_cache_gib": base.memory.kv_cache_gib, "block_size": base.memory.block_size},
         "breakdown": breakdown,
+        "breakdown_generator_fraction": base.memory.generator_fraction,
         "sweep": rows,
         "skipped": skipped,
         "kv_blocks_per_step": traces,

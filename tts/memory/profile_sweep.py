@@ -184,11 +184,14 @@ def infeasible(cfg: Config) -> str | None:
     from tts.config.schema import BackendKind
     from tts.models.cache import resolve_model
 
+    from tts.search import make_policy
+
     gen_spec, ver_spec = static_split(cfg)
     g = cfg.generator
     longest = PROMPT_ROOM + g.max_total_tokens + 2 * g.step_max_tokens
-    sides = (("generator", gen_spec, g.model, g.dtype, g.backend),
-             ("verifier", ver_spec, cfg.verifier.model, cfg.verifier.dtype, cfg.verifier.backend))
+    sides = [("generator", gen_spec, g.model, g.dtype, g.backend)]
+    if make_policy(cfg.search, g.step_max_tokens, g.max_total_tokens).uses_verifier:
+        sides.append(("verifier", ver_spec, cfg.verifier.model, cfg.verifier.dtype, cfg.verifier.backend))
     for role, spec, model, dtype, backend in sides:
         if backend is BackendKind.fake or has_cuda():
             continue
@@ -227,7 +230,8 @@ def run_split(cfg: Config, backends: Backends, problems: list[Any]) -> SplitRun:
     return SplitRun(
         fraction=cfg.memory.generator_fraction, wall_s=wall, problems=done, meter=meter, thrash=thrash,
         num_blocks={"generator": _num_blocks(gen), "verifier": _num_blocks(ver)},
-        kv_bytes={"generator": gen_spec.kv_bytes, "verifier": ver_spec.kv_bytes if ver else 0},
+        kv_bytes={"generator": _kv_bytes(gen, gen_spec.kv_bytes),
+                  "verifier": _kv_bytes(ver, ver_spec.kv_bytes) if ver is not None else 0},
         scheduled_blocks={r: h[1].blocks for r, h in hooks.items() if h is not None})
 
 
@@ -250,6 +254,16 @@ def warm_up(generator: Any | None, verifier: Any | None) -> None:
             generator.step()
     if verifier is not None:
         verifier.score([ScoreRequest("What is 12 + 30?", ("12 + 30 = 42.",), (0,))])
+
+
+def _kv_bytes(backend: Any, requested: int) -> int:
+    """The KV bytes the engine allocated (the requested budget for fake backends)."""
+    llm = getattr(backend, "llm", None)
+    if llm is None:
+        return requested
+    from tts.backends.vllm_engine import kv_cache_info
+
+    return kv_cache_info(llm).total_bytes
 
 
 def _num_blocks(backend: Any | None) -> int | None:
