@@ -143,7 +143,7 @@ def run_profile(jobs: list[Job], calibrate: bool) -> int:
     for job in jobs:
         try:
             profile_memory(job.cfg, calibrate=calibrate, console=Console())
-        except ValueError as err:
+        except (ValueError, FileNotFoundError) as err:
             console.print(f"[red]error:[/red] {escape(str(err))}")
             return 2
     return 0

@@ -50,6 +50,7 @@ class Backends:
     def get(self, gen_spec: EngineSpec, ver_spec: EngineSpec | None) -> tuple[Generator, Verifier | None]:
         if self._gen is None or self._gen[0] != gen_spec:
             self._close(self._gen)
+            self._gen = None  # a failed build must not leave the closed engine behind
             self._gen = (gen_spec, self._make_generator(gen_spec))
         else:
             reset_prefix_cache(self._gen[1])
@@ -57,6 +58,7 @@ class Backends:
             return self._gen[1], None
         if self._ver is None or self._ver[0] != ver_spec:
             self._close(self._ver)
+            self._ver = None
             self._ver = (ver_spec, self._make_verifier(ver_spec))
         else:
             reset_prefix_cache(self._ver[1])

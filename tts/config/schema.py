@@ -275,6 +275,11 @@ class ProfileConfig:
     loose_split: float = 0.5
     num_problems: int = 2  # problems run at each split of the sweep
     calibrate: bool = False  # measure this CPU and write conf/device/cpu.yaml
+    # caps that keep the sweep short (null: the run config's own value; never raised)
+    search_n: int | None = 4
+    step_max_tokens: int | None = 32
+    max_total_tokens: int | None = 128
+    max_iterations: int | None = 6
 
 
 @dataclass

@@ -5,9 +5,10 @@ What it does, for a composed run config (thesis chapters 5-6):
 1. ``--calibrate`` (or ``profile.calibrate``): measure this CPU, rewrite
    ``conf/device/cpu.yaml`` and print the numbers.
 2. Breakdown: start the generator, then the verifier, at the configured split
-   (``memory.generator_fraction``, else the first feasible one) and read each engine's weights, peak activations,
-   non-torch memory, KV cache bytes and blocks, block size and bytes per token from the
-   engine itself, with the memory each start took (`profile_breakdown`).
+   (``memory.generator_fraction``, else the first feasible one) and read each engine's
+   weights, peak activations, non-torch memory, KV cache bytes and blocks, block size and
+   bytes per token from the engine itself, with the memory each start took
+   (`profile_breakdown`).
 3. Sweep: for each generator share in ``profile.splits`` (plus ``tight_split`` and
    ``loose_split``), rebuild both engines at that split, attach a `ThrashCounter` to each,
    run ``profile.num_problems`` problems with the configured search, and record
@@ -259,24 +260,25 @@ def _mib(value: Any) -> str:
 
 
 def breakdown_table(breakdown: dict[str, dict[str, Any]]) -> Any:
-    """The per-model memory components as a rich table."""
+    """The per-model memory components as a rich table (sources in the caption)."""
     from rich.table import Table
 
     from tts.memory.profile_breakdown import COMPONENTS
 
     roles = list(breakdown)
-    table = Table(title="memory per model (MiB unless stated)")
+    sources = {f"{b.get('weights_source', '-')}; measured: {b.get('measured_source', '-')}"
+               for b in breakdown.values()}
+    table = Table(title="memory per model (MiB unless stated)", caption="weights: " + " | ".join(sorted(sources)))
     table.add_column("component")
     for role in roles:
         table.add_column(role, justify="right")
     for key, label in COMPONENTS:
         table.add_row(label, *[_mib(breakdown[r].get(key)) for r in roles])
-    for key, label in (("kv_num_blocks", "KV blocks (null block incl.)"), ("block_size", "block size (tokens)"),
+    for key, label in (("kv_num_blocks", "KV blocks (with null)"), ("block_size", "block size (tokens)"),
                        ("kv_bytes_per_token", "KV bytes / token"), ("kv_tokens", "KV tokens"),
-                       ("max_model_len", "max model len (tokens)")):
+                       ("kv_cache_size_tokens", "KV tokens (vLLM log)"),
+                       ("max_model_len", "max model len")):
         table.add_row(label, *[str(breakdown[r].get(key, "-")) for r in roles])
-    table.add_row("weights from", *[str(breakdown[r].get("weights_source", "-")) for r in roles])
-    table.add_row("measured with", *[str(breakdown[r].get("measured_source", "-")) for r in roles])
     return table
 
 
@@ -293,21 +295,25 @@ def _pair(row: dict[str, Any], key: str, spec: str) -> str:
 
 
 def sweep_table(rows: list[dict[str, Any]], modelled: dict[str, Any] | None = None) -> Any:
-    """The measured split sweep (with the modelled total time where known) as a rich table.
-    Pairs read generator/verifier."""
+    """The measured split sweep as two rich tables (throughput; prefix cache and thrash),
+    with the roofline model's total time where known. Pairs read generator/verifier."""
+    from rich.console import Group
     from rich.table import Table
 
     model_t = {round(r["generator_fraction"], 6): r["model_t_total_s"] for r in (modelled or {}).get("rows", [])}
-    table = Table(title="KV split sweep, measured (pairs: generator/verifier)")
-    cols = ("gen share", "KV MiB", "KV blocks", "system tok/s", "gen tok/s", "ver tok/s",
-            "hit rate", "thrash", "evictions", "peak blocks", "model T s")
-    for col in cols:
-        table.add_column(col, justify="right")
+    speed = Table(title="KV split sweep: throughput (pairs: generator/verifier)")
+    cache = Table(title="KV split sweep: prefix cache and thrash (pairs: generator/verifier)")
+    for col in ("gen share", "KV blocks", "system tok/s", "gen tok/s", "ver tok/s", "model T s"):
+        speed.add_column(col, justify="right")
+    for col in ("gen share", "hit rate", "block hits", "misses", "thrash", "evictions", "peak blocks"):
+        cache.add_column(col, justify="right")
     for r in rows:
-        table.add_row(
-            f"{r['generator_fraction']:.2f}", f"{_mib(r['gen_kv_bytes'])}/{_mib(r['ver_kv_bytes'])}",
-            _pair(r, "kv_blocks", "d"), _fmt(r["system_tokens_per_s"], ".1f"),
-            _fmt(r["generator_tokens_per_s"], ".1f"), _fmt(r["verifier_tokens_per_s"], ".1f"),
-            _pair(r, "hit_rate", ".2f"), _pair(r, "thrash", "d"), _pair(r, "evictions", "d"),
-            _pair(r, "kv_blocks_peak", "d"), _fmt(model_t.get(round(r["generator_fraction"], 6)), ".3g"))
-    return table
+        share = f"{r['generator_fraction']:.2f}"
+        speed.add_row(
+            share, _pair(r, "kv_blocks", "d"),
+            _fmt(r.get("system_tokens_per_s"), ".1f"), _fmt(r.get("generator_tokens_per_s"), ".1f"),
+            _fmt(r.get("verifier_tokens_per_s"), ".1f"), _fmt(model_t.get(round(r["generator_fraction"], 6)), ".3g"))
+        cache.add_row(share, _pair(r, "hit_rate", ".2f"), _pair(r, "block_hits", "d"),
+                      _pair(r, "block_misses", "d"), _pair(r, "thrash", "d"), _pair(r, "evictions", "d"),
+                      _pair(r, "kv_blocks_peak", "d"))
+    return Group(speed, cache)
