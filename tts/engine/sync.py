@@ -110,6 +110,7 @@ class SyncEngine:
         if self.on_iteration:
             self.on_iteration([j.beam for j in jobs])
         jobs = self.ordering.order(jobs, lambda j: j.beam)
+        self.gen_log.start_phase()
         stats = self.phase.run(jobs, on_step=self.gen_log.observe)
         self._apply_generation(live, jobs, stats)
         items = [self._score_item(item, beam) for item in live for beam in item.search.frontier]

@@ -85,6 +85,19 @@ class StepLog:
     kv_trace: list[tuple[float, float]] = field(default_factory=list)  # (t, kv usage)
     util_trace: list[tuple[float, float]] = field(default_factory=list)  # (t, batch util)
     t0: float = field(default_factory=time.perf_counter)
+    # full-resolution (t since phase start, utilisation) traces of the first phases, for
+    # the "utilisation within one iteration" plot
+    phase_traces: list[list[tuple[float, float]]] = field(default_factory=list)
+    keep_phases: int = 4
+    _phase_t0: float = 0.0
+    _recording: bool = False
+
+    def start_phase(self) -> None:
+        """Mark the start of a generation phase (one iteration of the search)."""
+        self._phase_t0 = time.perf_counter()
+        self._recording = len(self.phase_traces) < self.keep_phases
+        if self._recording:
+            self.phase_traces.append([])
 
     def observe(self, s: StepStats) -> None:
         util = min(1.0, _ratio(s.num_running, s.batch_cap))
@@ -99,6 +112,8 @@ class StepLog:
         now = time.perf_counter() - self.t0
         self.kv_trace.append((now, s.kv_usage))
         self.util_trace.append((now, util))
+        if self._recording:
+            self.phase_traces[-1].append((round(time.perf_counter() - self._phase_t0, 4), round(util, 4)))
 
     def summary(self) -> dict:
         return {
@@ -111,6 +126,7 @@ class StepLog:
             "kv_usage_max": max((k for _, k in self.kv_trace), default=0.0),
             "kv_usage_mean": _mean(k for _, k in self.kv_trace),
             "util_trace": _downsample(self.util_trace),
+            "phase_util_traces": self.phase_traces,
             "kv_trace": _downsample(self.kv_trace),
         }
 

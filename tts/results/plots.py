@@ -31,6 +31,16 @@ def make_plots(store: RunStore, summary: dict, step_logs: dict[str, dict]) -> li
               if "util_trace" in log.get("generator", {})}
     if traces:
         out.append(_traces(store.plots / "generator_util_over_time.png", traces))
+    one = {n: log["generator"]["phase_util_traces"][1] for n, log in step_logs.items()
+           if len(log.get("generator", {}).get("phase_util_traces", [])) > 1}
+    if one:  # iteration 2: the first with speculative tokens to adopt
+        out.append(_traces(store.plots / "generator_util_one_iteration.png", one,
+                           title="Generator batch utilisation within one iteration (the 2nd)",
+                           xlabel="time since the iteration's generation phase started (s)"))
+    tpr = {n: s["generator"]["tokens_per_request_hist"] for n, s in variants.items()
+           if s.get("generator", {}).get("tokens_per_request_hist")}
+    if tpr:
+        out.append(_tpr(store.plots / "generator_tokens_per_request.png", tpr))
     return out
 
 
@@ -70,15 +80,37 @@ def _hist(path: Path, hists: dict[str, list[int]], model: str) -> Path:
     return path
 
 
-def _traces(path: Path, traces: dict[str, list]) -> Path:
+def _tpr(path: Path, hists: dict[str, dict[str, int]]) -> Path:
+    """Tokens scheduled per request per engine step (decode shows as 1)."""
+    plt = _plt()
+    buckets = list(dict.fromkeys(b for h in hists.values() for b in h))
+    fig, ax = plt.subplots(figsize=(5.5, 3.2))
+    width = 0.8 / len(hists)
+    for k, (name, h) in enumerate(hists.items()):
+        total = sum(h.values()) or 1
+        ax.bar([i + k * width for i in range(len(buckets))], [h.get(b, 0) / total for b in buckets],
+               width=width, label=name)
+    ax.set_xticks(range(len(buckets)), buckets, fontsize=7)
+    ax.set_xlabel("tokens scheduled per request in one step")
+    ax.set_ylabel("fraction of requests")
+    ax.set_title("Generator tokens per request")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _traces(path: Path, traces: dict[str, list], title: str = "Batch utilisation over time",
+            xlabel: str = "time (s)") -> Path:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 3.2))
     for name, trace in traces.items():
         if trace:
             ax.plot([t for t, _ in trace], [u for _, u in trace], label=name, lw=0.8)
-    ax.set_xlabel("time (s)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("generator batch utilisation")
-    ax.set_title("Batch utilisation over time")
+    ax.set_title(title)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
