@@ -31,14 +31,14 @@ if TYPE_CHECKING:  # pragma: no cover
     from tts.backends.factory import Backends
     from tts.config.schema import Config
 
-# Profile-only workload caps: (profile field, run config key, cap). The profile runs the
-# configured search with each limit capped, so that the default finishes in minutes. Once
-# `ProfileConfig` has the field, its value wins (null: the run config's value, uncapped).
-PROFILE_CAPS: tuple[tuple[str, str, int], ...] = (
-    ("search_n", "search.n", 4),
-    ("step_max_tokens", "generator.step_max_tokens", 32),
-    ("max_total_tokens", "generator.max_total_tokens", 128),
-    ("max_iterations", "search.max_iterations", 6),
+# Profile-only workload caps: (profile field, run config key). The profile runs the configured
+# search with each limit capped by `ProfileConfig`'s field of that name, so that the default
+# finishes in minutes. A cap only ever lowers a limit; null leaves the run config's value.
+PROFILE_CAPS: tuple[tuple[str, str], ...] = (
+    ("search_n", "search.n"),
+    ("step_max_tokens", "generator.step_max_tokens"),
+    ("max_total_tokens", "generator.max_total_tokens"),
+    ("max_iterations", "search.max_iterations"),
 )
 
 
@@ -46,14 +46,11 @@ def workload_overrides(cfg: DictConfig) -> dict[str, Any]:
     """The run-config values the profile changes (dotted key -> value); see `PROFILE_CAPS`."""
     prof = cfg.get("profile") or {}
     out: dict[str, Any] = {}
-    for name, key, cap in PROFILE_CAPS:
+    for name, key in PROFILE_CAPS:
         run_value = OmegaConf.select(cfg, key)
-        if name in prof:
-            value = run_value if prof[name] is None else prof[name]
-        else:
-            value = min(run_value, cap)
-        if value != run_value:
-            out[key] = value
+        cap = prof.get(name)
+        if cap is not None and cap < run_value:
+            out[key] = int(cap)
     n = out.get("search.n", cfg.search.n)
     width = int(cfg.search.beam_width)
     if n % width:
