@@ -239,3 +239,20 @@ def test_missing_model_folder_and_unknown_adapter(tmp_path, monkeypatch) -> None
         make_llm(missing, **ENGINE)
     with pytest.raises(ValueError, match="valid: judge"):
         VllmVerifier.from_model(missing, adapter="prm", **ENGINE)
+
+
+@pytest.mark.parametrize("native, asked, model_dtype, expected", [
+    (False, "auto", "bfloat16", "float32"),  # emulated bf16 on this CPU: run float32
+    (True, "auto", "bfloat16", "bfloat16"),
+    (False, "auto", "float32", "float32"),
+    (False, "bfloat16", "bfloat16", "bfloat16"),  # an explicit dtype is never changed
+    (False, "auto", None, "float32"),  # no torch_dtype: bf16, then the CPU rule
+])
+def test_auto_dtype_follows_the_cpu(monkeypatch, native, asked, model_dtype, expected) -> None:
+    from tts.backends import vllm_engine
+
+    monkeypatch.setattr(vllm_engine, "has_cuda", lambda: False)
+    monkeypatch.setattr(vllm_engine, "cpu_has_native_bf16", lambda: native)
+    config = {"torch_dtype": model_dtype} if model_dtype else {}
+    assert vllm_engine.resolve_dtype(asked, config) == expected
+    assert vllm_engine.dtype_bytes(asked, config) == (4 if expected == "float32" else 2)

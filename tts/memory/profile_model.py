@@ -67,7 +67,8 @@ def model_for_config(cfg: Any, device: DeviceProfile, fractions: tuple[float, ..
     from tts.memory.planner import model_shape, workload_for
 
     try:
-        gen, ver = model_shape(cfg.generator.model), model_shape(cfg.verifier.model)
+        gen = model_shape(cfg.generator.model, cfg.generator.dtype)
+        ver = model_shape(cfg.verifier.model, cfg.verifier.dtype)
     except (FileNotFoundError, KeyError, ValueError):
         return None
     workload = workload_for(cfg, cfg.search.n * cfg.bench.concurrency, cfg.generator.max_total_tokens // 2)
