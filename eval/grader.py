@@ -12,7 +12,7 @@ from eval.normalize import normalize_answer, quick_equal
 from eval.pool import TIMEOUT, run_batch
 
 REASONS: tuple[str, ...] = ("correct", "wrong", "no_answer", "unparsable", "timeout")
-MAX_BARE_ANSWER_CHARS = 50
+MAX_BARE_ANSWER_CHARS = 100  # a column vector of fractions is ~60
 _BOX_MARKERS = ("\\boxed", "\\fbox")
 _MATH_SPAN_RE = re.compile(r"(?<!\\)\$+([^$]+?)(?<!\\)\$+")
 
@@ -41,7 +41,7 @@ def select_answer(pred: str) -> str | None:
     """Return the final answer contained in ``pred``, or None.
 
     If ``pred`` contains ``\\boxed``/``\\fbox``, the last box's content (None when it is
-    unclosed). Otherwise a short single-line text (at most 50 characters) is taken
+    unclosed). Otherwise a short single-line text (at most 100 characters) is taken
     as the answer itself (the last ``$...$`` span in it, if any); a longer text or
     one with a newline is a solution without a final answer, so None.
     """

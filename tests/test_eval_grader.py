@@ -82,7 +82,7 @@ def test_rational_literals_and_quick_equal() -> None:
         ("\\boxed{3}", "3"),
         ("  -7  ", "-7"),
         ("The answer is $\\frac{1}{2}$", "\\frac{1}{2}"),
-        ("a" * 51, None),
+        ("a" * 101, None),
         ("line one\nline two", None),
         ("so \\boxed{4", None),
     ],
@@ -204,3 +204,33 @@ def test_unguarded_script_gets_a_clear_start_up_error(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert "RuntimeError: grading worker processes failed to start" in done.stderr
     assert 'if __name__ == "__main__":' in done.stderr
+
+
+DATA = Path(__file__).parents[1].parent / "shared" / "data"
+
+
+@pytest.mark.skipif(not (DATA / "math500.jsonl").is_file(), reason=f"{DATA} is absent")
+def test_all_570_reference_answers_grade_correct_against_their_solutions() -> None:
+    """Gold: each row's `answer`; prediction: its `solution` (the boxed answer is extracted)
+    where it has one, else the `answer` field itself."""
+    import json
+
+    from eval import load_problems
+
+    pairs = []
+    for name in ("math500", "aime24", "amc23"):
+        path = DATA / f"{name}.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        for row, problem in zip(rows, load_problems(name, path=str(path)), strict=True):
+            solution = row.get("solution") or ""
+            pairs.append((problem.answer, solution if "\\boxed" in solution else problem.answer))
+    assert len(pairs) == 570
+    verdicts = grade_many(pairs)
+    wrong = [(gold, v.pred, v.reason) for (gold, _), v in zip(pairs, verdicts) if not v.correct]
+    assert wrong == []
+
+
+def test_a_long_bare_answer_is_still_an_answer() -> None:
+    vector = "\\begin{pmatrix} 16/49 \\\\ 48/49 \\\\ 24/49 \\end{pmatrix}"
+    assert select_answer(vector) == vector
+    assert grade_answer(vector, vector).reason == "correct"

@@ -50,6 +50,22 @@ def test_killed_run_keeps_records_and_resumes(tmp_path):
     ids = [r["problem_id"] for r in RunStore(path).records()]
     assert ids == ["embedded-1-0", "embedded-2-1", "embedded-3-2"]
     assert json.loads((path / "summary.json").read_text())["variants"]["baseline"]["num_problems"] == 3
+    whole = bench(tmp_path, name="uninterrupted")  # the same run, never killed
+    assert [untimed(r) for r in RunStore(path).records()] == [untimed(r) for r in RunStore(whole).records()]
+
+
+def untimed(record):
+    """A record without its wall-clock values (seconds and what is derived from them) and
+    its prefix-cache counters: a resumed run starts with a cold cache, the search does not
+    depend on it."""
+    timed = ("latency_s", "generator_s", "verifier_s", "beam_completion_s", "precise_goodput",
+             "gen_cached_tokens", "gen_cache_hit_rate", "ver_cached_tokens", "ver_cache_hit_rate")
+    out = json.loads(json.dumps(record))
+    for key in timed:
+        out["metrics"].pop(key)
+    for cand in out["candidates"]:
+        cand.pop("completed_at")
+    return out
 
 
 def test_corrupt_record_in_the_middle_names_the_line(tmp_path):
