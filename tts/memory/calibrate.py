@@ -111,21 +111,24 @@ def calibrate_cpu(seconds: float = 2.0, matmul_n: int = 2048, copy_mib: int = 25
     """Measure this machine and return a ``cpu`` profile with ``calibrated=True``.
 
     Half of ``seconds`` goes to the copy-bandwidth test, the rest is shared by the bf16 and
-    fp32 matmul tests. ``peak_tflops`` is the faster of the two dtypes (bf16 is what the
-    models run in, but some CPUs lack fast bf16 kernels). All CPUs the process may use
+    fp32 matmul tests. ``peak_tflops`` is the rate of the dtype a bf16 model runs in here
+    (``resolve_dtype("auto")``: bf16 on a CPU with native bf16, float32 where bf16 is
+    emulated), so the roofline prices the matmuls the engines really do. All CPUs the process may use
     are used as torch threads, so run it on an otherwise idle machine: the share of CPU
     time other processes took during the run is recorded in ``source``.
     """
     import torch
 
+    from tts.backends.vllm_engine import resolve_dtype
+
     bandwidth, rates, threads, other_share = _measure(seconds, matmul_n, copy_mib)
-    best_dtype = max(rates, key=rates.__getitem__)
+    best_dtype = resolve_dtype("auto", {"torch_dtype": "bfloat16"})
     when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     rate_text = ", ".join(f"{d} {r * 1e3:.1f} GFLOP/s" for d, r in rates.items())
     source = (
         f"calibrated by tts.memory.calibrate.calibrate_cpu on host {socket.gethostname()} "
         f"({_cpu_model()}, {threads} threads, torch {torch.__version__}) at {when}: "
-        f"{matmul_n}^3 matmul 20th-percentile time of repeats {rate_text} (peak = {best_dtype}); "
+        f"{matmul_n}^3 matmul 20th-percentile time of repeats {rate_text} (peak = {best_dtype}, the dtype models run in here); "
         f"{copy_mib} MiB torch copy, read+write bytes; other processes used "
         f"{other_share:.0%} of the CPUs during the run"
     )
