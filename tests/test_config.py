@@ -58,6 +58,13 @@ def test_sweep_expansion_is_the_product():
     ]
 
 
+def test_sweep_job_folders_are_named_by_what_they_sweep():
+    from tts.cli_support import compose_jobs
+
+    jobs = compose_jobs("config", ["search.n=4,8", "logger=none", "bench.run_name=sw"], True, False)
+    assert [j.cfg.bench.run_name for j in jobs] == ["sw/0_search.n=4", "sw/1_search.n=8"]
+
+
 def test_cli_multirun_prints_one_config_per_job():
     result = runner.invoke(app, ["bench", "-m", "--cfg", "search.n=4,8"])
     assert result.exit_code == 0, result.output

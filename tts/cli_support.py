@@ -33,14 +33,28 @@ def compose_jobs(config_name: str, overrides: list[str], multirun: bool, resume:
         raise ValueError(f"{[o for o in overrides if _is_sweep(o)]}: comma-separated values sweep; add -m")
     jobs = []
     sweep_dir = time.strftime("%Y%m%d-%H%M%S-sweep")
+    swept = _swept_keys(combos)
     for i, combo in enumerate(combos):
         cfg = compose(config_name, combo)
         if multirun:
-            slug = re.sub(r"[^A-Za-z0-9_.=-]+", "_", ",".join(combo))[:80]
+            label = ",".join(o for o in combo if o.split("=", 1)[0] in swept) or "job"
+            slug = re.sub(r"[^A-Za-z0-9_.=-]+", "_", label)[:80]
             name = cfg.bench.run_name or sweep_dir
             cfg.bench.run_name = f"{name}/{i}_{slug}"
         jobs.append(Job(combo, cfg))
     return jobs
+
+
+def _swept_keys(combos: list[list[str]]) -> set[str]:
+    """The override keys whose values differ between the jobs of a sweep: they name the
+    job folders, the rest is the same for all."""
+    values: dict[str, set[str]] = {}
+    for combo in combos:
+        for override in combo:
+            key, _, value = override.partition("=")
+            values.setdefault(key, set()).add(value)
+    return {key for key, seen in values.items() if len(seen) > 1 or any(
+        key not in {o.partition("=")[0] for o in combo} for combo in combos)}
 
 
 def _is_sweep(override: str) -> bool:

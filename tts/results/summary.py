@@ -26,6 +26,10 @@ RATIO_METRICS = [
     ("ver_cache_hit_rate", "verifier prefix-cache hit rate", True),
     ("gen_batch_util_mean", "generator batch utilisation", True),
     ("gen_running_mean", "generator requests per step", True),
+    ("step_tokens_mean", "step tokens (mean)", True),
+    ("step_tokens_max_mean", "step tokens (max per iteration)", False),
+    ("straggler_gap", "straggler gap (max / mean step)", False),
+    ("iterations_mean", "iterations per problem", False),
     ("spec_hit_rate", "speculation hit rate", True),
 ]
 
