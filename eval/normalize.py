@@ -18,16 +18,15 @@ _SIMPLE_REPLACEMENTS: tuple[tuple[str, str], ...] = (
     ("\\dfrac", "\\frac"),
     ("\\tfrac", "\\frac"),
     ("{,}", ","),
-    ("\\!", ""),
-    ("\\,", ""),
-    ("\\;", ""),
-    ("\\ ", " "),
     ("\\$", ""),
     ("\\%", ""),
     ("%", ""),
     ("$", ""),
     ("°", ""),
 )
+# LaTeX spacing commands (\\! \\, \\; and a control space), but not a matrix row break
+# (\\\\) followed by one of those characters.
+_SPACING_RE = re.compile(r"(?<!\\)\\([!,; ])")
 _DEGREE_RE = re.compile(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|\\degree")
 _LEFT_RIGHT_RE = re.compile(r"\\(?:left|right)(?![A-Za-z])")
 
@@ -74,6 +73,7 @@ def normalize_answer(answer: str) -> str:
     text = _THIN_SPACE_COMMA_RE.sub(",", _unwrap_text(answer))
     for old, new in _SIMPLE_REPLACEMENTS:
         text = text.replace(old, new)
+    text = _SPACING_RE.sub(lambda m: " " if m.group(1) == " " else "", text)
     text = _DEGREE_RE.sub("", text)
     text = _LEFT_RIGHT_RE.sub("", text)
     text = " ".join(text.split())
