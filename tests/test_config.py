@@ -7,8 +7,10 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from tts.config.compose import ConfigError, compose, expand_sweep, validate
-from tts.config.schema import Algorithm, Config
+from omegaconf import OmegaConf
+
+from tts.config.compose import CONF_DIR, ConfigError, compose, expand_sweep, validate
+from tts.config.schema import GROUPS, Algorithm, Config
 
 runner = CliRunner()
 
@@ -76,8 +78,20 @@ def test_sweep_without_m_is_refused():
     assert result.exit_code == 2 and "add -m" in result.output
 
 
+OPTIONS = [(group, path.stem) for group in GROUPS for path in sorted((CONF_DIR / group).glob("*.yaml"))]
+
+
+@pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_every_group_option_composes_to_its_file(group, option):
+    cfg = compose("config", [f"{group}={option}"])
+    validate(cfg)
+    for key, value in OmegaConf.load(CONF_DIR / group / f"{option}.yaml").items():
+        composed = OmegaConf.select(cfg, f"{group}.{key}")
+        assert str(composed) == str(value) or composed == value, (group, option, key)
+
+
 def test_presets_compose():
-    for name in ("compare", "throughput", "baseline_profile", "eval"):
+    for name in ("compare", "throughput", "baseline_profile", "eval", "prefix_effect"):
         validate(compose(name))
     pms = validate(compose("config", ["optim=PMS"]))
     assert pms.optim.speculative and pms.optim.lookahead and pms.optim.prefix_aware and pms.optim.roofline_memory
