@@ -23,6 +23,11 @@ from tts.memory.roofline import ModelShape
 from tts.models.cache import is_present
 from tts.report.plots import split_sweep
 
+# The engines run in float32 on a CPU without native bf16 (`resolve_dtype`): KV bytes and
+# weights scale with the element width, and so does the tiny budget below.
+WIDTH = dtype_bytes("auto", {"torch_dtype": "bfloat16"})
+needs_model = pytest.mark.skipif(not is_present("smollm2-135m-instruct"),
+                                 reason="default model not pulled (tts models pull smollm2-135m-instruct)")
 SMOL = ModelShape(30, 576, 9, 3, 64, 1536, 49152, 2, 134_515_008)
 H100 = load_device("h100")
 GIB = 2**30
@@ -58,15 +63,25 @@ def test_modelled_sweep_is_json_ready():
 
 
 def test_workload_caps_and_beam_width():
-    cfg = compose("config", ["logger=none"])
-    assert workload_overrides(cfg) == {"search.n": 4, "generator.step_max_tokens": 32,
-                                       "generator.max_total_tokens": 128, "search.max_iterations": 6}
-    small = compose("config", ["logger=none", "search.n=2", "search.beam_width=2",
+    cfg = compose("config", ["logger=none", "generator=fake", "verifier=fake", "search.n=32"])
+    assert workload_overrides(cfg) == {"search.n": 16, "generator.step_max_tokens": 32,
+                                       "generator.max_total_tokens": 128, "search.max_iterations": 6,
+                                       "bench.concurrency": 2}
+    small = compose("config", ["logger=none", "generator=fake", "search.n=2", "search.beam_width=2",
                                "generator.step_max_tokens=8", "generator.max_total_tokens=24",
-                               "search.max_iterations=2"])
+                               "search.max_iterations=2", "bench.concurrency=2"])
     assert workload_overrides(small) == {}  # caps never raise a limit
-    odd = compose("config", ["logger=none", "search.n=12", "search.beam_width=3"])
+    odd = compose("config", ["logger=none", "generator=fake", "search.n=12", "search.beam_width=3",
+                             "profile.search_n=4"])
     assert workload_overrides(odd)["search.beam_width"] == 1  # 4 beams, width must divide them
+
+
+@needs_model
+def test_profile_kv_budget_is_in_generator_tokens():
+    cfg = compose("config", ["logger=none", "profile.kv_budget_tokens=1000"])
+    assert workload_overrides(cfg)["memory.kv_cache_gib"] == round(1000 * 2 * 30 * 3 * 64 * WIDTH / 2**30, 6)
+    cfg = compose("config", ["logger=none", "profile.kv_budget_tokens=null"])
+    assert "memory.kv_cache_gib" not in workload_overrides(cfg)
 
 
 FAKE = ["logger=none", "generator=fake", "verifier=fake", "profile.num_problems=2",
@@ -103,23 +118,19 @@ def test_fake_backend_profile_writes_the_folder(tmp_path):
 
 # --------------------------------------------------------------------- real vLLM, tiny
 
-# The engines run in float32 on a CPU without native bf16 (`resolve_dtype`): KV bytes and
-# weights scale with the element width, and so does the tiny budget below.
-WIDTH = dtype_bytes("auto", {"torch_dtype": "bfloat16"})
 # memory.generator_fraction=0.1 cannot start the generator (6 MiB at bf16 < one 1064-token
 # sequence): the breakdown falls back to 0.45, the first share that starts both engines.
 TINY = ["logger=none", "search.n=2", "search.beam_width=2", "search.max_iterations=2",
         "generator.step_max_tokens=8", "generator.max_total_tokens=24", f"memory.kv_cache_gib={0.03 * WIDTH}",
         "memory.generator_fraction=0.1", "memory.generator_max_num_seqs=8",
         "memory.verifier_max_num_seqs=8", "profile.splits=[0.1,0.45,0.55]", "profile.num_problems=1",
-        "profile.tight_split=0.45", "profile.loose_split=0.55", "bench.run_name=tiny"]
+        "profile.tight_split=0.45", "profile.loose_split=0.55", "bench.run_name=tiny",
+        "profile.kv_budget_tokens=null", "profile.concurrency=null"]
 KV_SIZE = re.compile(r"KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens "
                      r"per request: ([\d.]+)x")
 KV_SET = re.compile(r"Explicitly set \(([\d.]+)/[\d.]+\) GiB for KV cache")
 CHECKPOINT = re.compile(r"Checkpoint size: ([\d.]+) GiB")
 
-needs_model = pytest.mark.skipif(not is_present("smollm2-135m-instruct"),
-                                 reason="default model not pulled (tts models pull smollm2-135m-instruct)")
 
 
 class _Lines(logging.Handler):
@@ -201,7 +212,8 @@ def test_tiny_profile_writes_sweep_rows_and_plots(tiny):
 
 @needs_model
 def test_a_budget_no_share_can_start_is_refused_before_any_engine(tmp_path):
-    cfg = compose("config", ["logger=none", "memory.kv_cache_gib=0.02", "profile.splits=[0.5]",
+    cfg = compose("config", ["logger=none", "memory.kv_cache_gib=0.02", "profile.kv_budget_tokens=null",
+                             "profile.splits=[0.5]",
                              "profile.tight_split=0.5", "profile.loose_split=0.5",
                              f"bench.results_dir={tmp_path}"])
     with pytest.raises(ValueError, match="no generator share can start both engines"):

@@ -276,8 +276,15 @@ class ProfileConfig:
     loose_split: float = 0.5
     num_problems: int = 2  # problems run at each split of the sweep
     calibrate: bool = False  # measure this CPU and write conf/device/cpu.yaml
+    # problems in flight during each split's run (null: bench.concurrency); with all of
+    # them in flight the live paths outgrow a small share, which is what the sweep shows
+    concurrency: int | None = 2
+    # the sweep's total KV budget in tokens of generator KV (bytes = tokens x the
+    # generator's KV bytes per token at the dtype it runs in), so the curve does not move
+    # with the dtype; null: memory.kv_cache_gib. 6144 tokens = 192 blocks of 32.
+    kv_budget_tokens: int | None = 6144
     # caps that keep the sweep short (null: the run config's own value; never raised)
-    search_n: int | None = 4
+    search_n: int | None = 16
     step_max_tokens: int | None = 32
     max_total_tokens: int | None = 128
     max_iterations: int | None = 6

@@ -34,6 +34,8 @@ if TYPE_CHECKING:  # pragma: no cover
 # Profile-only workload caps: (profile field, run config key). The profile runs the configured
 # search with each limit capped by `ProfileConfig`'s field of that name, so that the default
 # finishes in minutes. A cap only ever lowers a limit; null leaves the run config's value.
+# `profile.concurrency` and `profile.kv_budget_tokens` set their keys outright (see
+# `workload_overrides`).
 PROFILE_CAPS: tuple[tuple[str, str], ...] = (
     ("search_n", "search.n"),
     ("step_max_tokens", "generator.step_max_tokens"),
@@ -55,7 +57,29 @@ def workload_overrides(cfg: DictConfig) -> dict[str, Any]:
     width = int(cfg.search.beam_width)
     if n % width:
         out["search.beam_width"] = math.gcd(n, width)
+    concurrency = prof.get("concurrency")
+    if concurrency is not None and concurrency != cfg.bench.concurrency:
+        out["bench.concurrency"] = int(concurrency)
+    tokens = prof.get("kv_budget_tokens")
+    per_token = _generator_kv_bytes_per_token(cfg) if tokens is not None else None
+    if per_token is not None:
+        out["memory.kv_cache_gib"] = round(int(tokens) * per_token / 2**30, 6)
     return out
+
+
+def _generator_kv_bytes_per_token(cfg: DictConfig) -> int | None:
+    """KV bytes per token of the generator at the dtype it runs in; None for the fake
+    backend or a model that is not present (then memory.kv_cache_gib stays)."""
+    from tts.backends.vllm_engine import kv_bytes_per_token, read_hf_config
+    from tts.models.cache import resolve_model
+
+    if getattr(cfg.generator.backend, "value", cfg.generator.backend) == "fake":
+        return None
+    try:
+        config = read_hf_config(resolve_model(cfg.generator.model))
+    except FileNotFoundError:
+        return None
+    return kv_bytes_per_token(config, cfg.generator.dtype, int(cfg.generator.tensor_parallel_size))
 
 
 def split_config(cfg: DictConfig, fraction: float, overrides: dict[str, Any]) -> Config:
