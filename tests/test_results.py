@@ -50,6 +50,8 @@ def test_killed_run_keeps_records_and_resumes(tmp_path):
     ids = [r["problem_id"] for r in RunStore(path).records()]
     assert ids == ["embedded-1-0", "embedded-2-1", "embedded-3-2"]
     assert json.loads((path / "summary.json").read_text())["variants"]["baseline"]["num_problems"] == 3
+    walls = [r["variant_wall_s"] for r in RunStore(path).records()]
+    assert walls == sorted(walls)  # the resumed part continues the first part's clock
     whole = bench(tmp_path, name="uninterrupted")  # the same run, never killed
     assert [untimed(r) for r in RunStore(path).records()] == [untimed(r) for r in RunStore(whole).records()]
 
@@ -61,6 +63,7 @@ def untimed(record):
     timed = ("latency_s", "generator_s", "verifier_s", "beam_completion_s", "precise_goodput",
              "gen_cached_tokens", "gen_cache_hit_rate", "ver_cached_tokens", "ver_cache_hit_rate")
     out = json.loads(json.dumps(record))
+    out.pop("variant_wall_s")
     for key in timed:
         out["metrics"].pop(key)
     for cand in out["candidates"]:
@@ -118,3 +121,17 @@ def test_wandb_mode_comes_from_config_then_env(monkeypatch, tmp_path):
     monkeypatch.delenv("WANDB_MODE")
     assert RunLogger(False, None, "p", None, [], tmp_path, {}, "n").mode == "offline"
     assert RunLogger(False, "online", "p", None, [], tmp_path, {}, "n").mode == "online"
+
+
+def test_throughput_is_over_the_variant_wall_time(tmp_path):
+    """With problems in flight together, per-problem latencies overlap: problems/min and
+    tokens/s come from the variant's wall clock, which the records carry."""
+    path = bench(tmp_path, "bench.concurrency=3")
+    records = RunStore(path).records()
+    walls = [r["variant_wall_s"] for r in records]
+    assert walls == sorted(walls) and walls[0] > 0
+    s = json.loads((path / "summary.json").read_text())["variants"]["baseline"]
+    assert s["wall_s"] == walls[-1]
+    assert s["problems_per_min"] == pytest.approx(60 * 3 / walls[-1])
+    assert s["tokens_per_s"] == pytest.approx(sum(r["metrics"]["gen_tokens"] for r in records) / walls[-1])
+    assert walls[-1] < sum(r["metrics"]["latency_s"] for r in records)  # overlapping latencies

@@ -112,7 +112,7 @@ def print_summary(path: Path) -> None:
 
     summary = RunStore(path).summary()
     out = Console()
-    table = Table(title=f"tts bench: {path}")
+    table = Table(title="tts bench summary")
     names = list(summary["variants"])
     table.add_column("metric")
     for n in names:
@@ -129,6 +129,7 @@ def print_summary(path: Path) -> None:
     out.print(table)
     if "ratio_table_md" in summary:
         out.print(summary["ratio_table_md"])
+    out.print(f"results: {path}", soft_wrap=True)
 
 
 def regrade(path: Path) -> int:

@@ -7,6 +7,7 @@ process, over the same problems with the same seeds, sharing the loaded models.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -135,9 +136,12 @@ def run_bench(cfg_node: DictConfig, progress: Callable | None = None) -> Path:
                 continue
             engine = build_engine(cfg, optim, backends)
             inputs = [ProblemInput(p.id, p.problem) for p in todo]
+            # the variant's wall clock, carried across a resume by the records themselves
+            start = time.perf_counter() - variant_wall(store.records(), name)
             for outcome in engine.run(inputs):
                 p = gold[outcome.problem.id]
                 record = build_record(outcome, p.answer, name, {"level": p.level, "subject": p.subject})
+                record["variant_wall_s"] = time.perf_counter() - start
                 store.append(record)
                 logger.log_problem(record)
                 if progress:
@@ -149,6 +153,11 @@ def run_bench(cfg_node: DictConfig, progress: Callable | None = None) -> Path:
     logger.log_summary(summary, {"records": _table_rows(store.records())}, plots)
     logger.finish()
     return store.path
+
+
+def variant_wall(records: list[dict], variant: str) -> float:
+    """Wall seconds the variant had run when its last record was written (0: none yet)."""
+    return max((r.get("variant_wall_s") or 0.0 for r in records if r.get("variant") == variant), default=0.0)
 
 
 def _table_rows(records: list[dict]) -> list[dict]:

@@ -35,12 +35,18 @@ RATIO_METRICS = [
 
 
 def variant_summary(records: list[dict], step_log: dict | None, wall_s: float | None) -> dict:
+    """Per-variant metrics. With the variant's wall time (`wall_s`, all its problems, in flight
+    together or not) throughput is generated tokens and problems over that wall time; without
+    it (an old run folder) over the sum of the problems' latencies, which is the same thing
+    only when problems ran one at a time."""
     s = summarize_problems([r["metrics"] for r in records])
     s.update(accuracy_summary(records))
+    total = sum(r["metrics"]["latency_s"] for r in records)
+    span = wall_s or total
     if wall_s:
         s["wall_s"] = wall_s
-    total = sum(r["metrics"]["latency_s"] for r in records)
-    s["problems_per_min"] = 60.0 * len(records) / (wall_s or total) if records and (wall_s or total) else 0.0
+        s["tokens_per_s"] = s["total_gen_tokens"] / wall_s
+    s["problems_per_min"] = 60.0 * len(records) / span if records and span else 0.0
     if step_log:
         for model, log in step_log.items():
             s[f"{model[:3]}_batch_util_mean"] = log["batch_util_mean"]
@@ -84,9 +90,9 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def write_summary(store: RunStore, names: list[str], step_logs: dict[str, dict],
-                  walls: dict[str, float] | None = None) -> tuple[dict, list[Path]]:
-    """Summarise the run's records per variant, write summary.json and the plots."""
+def write_summary(store: RunStore, names: list[str], step_logs: dict[str, dict]) -> tuple[dict, list[Path]]:
+    """Summarise the run's records per variant, write summary.json and the plots. A variant's
+    wall time is the largest `variant_wall_s` of its records (see `variant_summary`)."""
     records = store.records()
     old = {}
     try:
@@ -97,7 +103,8 @@ def write_summary(store: RunStore, names: list[str], step_logs: dict[str, dict],
     for name in names:
         mine = [r for r in records if r.get("variant", "") == name]
         log = step_logs.get(name) or {k: v for k, v in old.get(name, {}).items() if k in ("generator", "verifier")}
-        summaries[name] = variant_summary(mine, log or None, (walls or {}).get(name))
+        walls_seen = [r["variant_wall_s"] for r in mine if r.get("variant_wall_s")]
+        summaries[name] = variant_summary(mine, log or None, max(walls_seen) if walls_seen else None)
     summary = {"variants": summaries, "baseline": names[0]}
     if len(names) > 1:
         rows = ratio_table(summaries, names[0])
