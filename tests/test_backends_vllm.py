@@ -256,3 +256,17 @@ def test_auto_dtype_follows_the_cpu(monkeypatch, native, asked, model_dtype, exp
     config = {"torch_dtype": model_dtype} if model_dtype else {}
     assert vllm_engine.resolve_dtype(asked, config) == expected
     assert vllm_engine.dtype_bytes(asked, config) == (4 if expected == "float32" else 2)
+
+
+def test_budget_check_leaves_out_vllms_null_block() -> None:
+    from tts.backends.vllm_engine import check_kv_budget
+
+    smol = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+            "hidden_size": 576, "torch_dtype": "bfloat16"}
+    block = 32 * 23040  # bytes of one 32-token block in bf16
+    with pytest.raises(ValueError, match="hold 38 blocks .*1184 usable tokens"):
+        check_kv_budget(smol, kv_cache_bytes=38 * block, block_size=32, dtype="bfloat16",
+                        min_tokens_per_seq=1216)
+    info = check_kv_budget(smol, kv_cache_bytes=39 * block, block_size=32, dtype="bfloat16",
+                           min_tokens_per_seq=1216)
+    assert info.num_blocks == 39

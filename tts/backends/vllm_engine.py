@@ -95,17 +95,21 @@ def check_kv_budget(
     config: dict[str, Any], *, kv_cache_bytes: int, block_size: int, dtype: str,
     min_tokens_per_seq: int, tensor_parallel_size: int = 1,
 ) -> KvCacheInfo:
-    """The KV cache `kv_cache_bytes` buys; ValueError if it cannot hold one whole sequence."""
+    """The KV cache `kv_cache_bytes` buys; ValueError if it cannot hold one whole sequence.
+
+    vLLM's block pool keeps one block back (the null block), so a sequence must fit in
+    the blocks less one, as vLLM's own start-up check requires."""
     per_token = kv_bytes_per_token(config, dtype, tensor_parallel_size)
     blocks = kv_cache_bytes // (block_size * per_token)
-    if blocks * block_size < min_tokens_per_seq:
-        need_blocks = -(-min_tokens_per_seq // block_size)
+    usable = max(0, blocks - 1)
+    if usable * block_size < min_tokens_per_seq:
+        need_blocks = -(-min_tokens_per_seq // block_size) + 1
         need = need_blocks * block_size * per_token
         raise ValueError(
             f"kv_cache_bytes: {kv_cache_bytes} bytes hold {blocks} blocks of {block_size} tokens "
-            f"({blocks * block_size} tokens at {per_token} bytes/token), fewer than one "
-            f"sequence of {min_tokens_per_seq} tokens; give at least {need} bytes "
-            f"({need / 2**20:.1f} MiB) or lower the sequence length"
+            f"({usable * block_size} usable tokens at {per_token} bytes/token, one block is "
+            f"vLLM's null block), fewer than one sequence of {min_tokens_per_seq} tokens; give "
+            f"at least {need} bytes ({need / 2**20:.1f} MiB) or lower the sequence length"
         )
     return KvCacheInfo(num_blocks=blocks, block_size=block_size, bytes_per_token=per_token)
 
