@@ -272,7 +272,7 @@ class ProfileConfig:
     """Options of `tts profile-memory`."""
 
     splits: list[float] = field(default_factory=lambda: [0.1, 0.2, 0.3, 0.5, 0.7, 0.9])
-    tight_split: float = 0.1  # generator fraction for the tight blocks-per-step trace
+    tight_split: float = 0.1  # generator fraction for the tight blocks-per-step trace (skipped: the tightest that runs)
     loose_split: float = 0.5
     num_problems: int = 2  # problems run at each split of the sweep
     calibrate: bool = False  # measure this CPU and write conf/device/cpu.yaml
