@@ -179,13 +179,20 @@ def run_report(runs: list[Path], baseline: str | None, out: Path | None) -> int:
 def print_models() -> None:
     from tts.models.listing import list_models
 
+    models = list_models()
     table = Table(title="tts models")
-    for col in ("key", "role", "adapter", "source", "present", "needs"):
-        table.add_column(col, no_wrap=True)
-    table.add_column("path", overflow="fold")
-    for m in list_models():
-        table.add_row(*(str(m.get(c, "")) for c in ("key", "role", "adapter", "source", "present", "needs", "path")))
-    Console().print(table)
+    # the key is what users type: never cut; paths go below the table, one per line
+    table.add_column("key", no_wrap=True, min_width=max((len(str(m.get("key", ""))) for m in models), default=3))
+    for col in ("role", "adapter", "source", "present", "needs"):
+        table.add_column(col, overflow="fold")
+    for m in models:
+        table.add_row(*(str(m.get(c, "")) for c in ("key", "role", "adapter", "source", "present", "needs")))
+    out = Console()
+    if not out.is_terminal:  # piped or captured: rich's 80-column default folds every cell
+        out = Console(width=120)
+    out.print(table)
+    for m in models:
+        out.print(f"{m.get('key')}: {m.get('path')}", soft_wrap=True, highlight=False)
 
 
 def pull_model(key: str, force: bool) -> int:
