@@ -185,3 +185,55 @@ def test_speculative_slots_go_to_the_highest_bins_first():
     # 14 is pending: one free slot, and 12 (priority 3) takes it over 13 (2) and 11 (1).
     assert spec[12] > 0 and spec[11] == 0 and spec[13] == 0
     assert all(j.end is not None for j in jobs)
+
+
+def test_speculative_branches_keep_the_tree_and_serve_duplicates():
+    """Branches mode: branch k is child k's own next step (child k's seed), so duplicates
+    adopt whole steps of their own and the tree equals the baseline's, with fewer
+    generator steps than the baseline and more adopted tokens than run-on with R=0."""
+    for algo in (Algorithm.beam, Algorithm.dvts):
+        kw = dict(algo=algo, n=8, m=2, iters=5, problems=("a", "b"))
+        base, beng, *_ = run(answering, **kw)
+        runon, reng, *_ = run(answering, speculative=True, spec_truncate_ratio=0.0, spec_truncate_std=0.0, **kw)
+        br, eng, _, _ = run(answering, speculative=True, lookahead=True, ordering="prefix_aware",
+                            spec_branches=True, **kw)
+        assert candidates(br) == candidates(base), algo
+        used = sum(o.metrics.spec_used for o in br)
+        assert used > sum(o.metrics.spec_used for o in runon), algo
+        assert 0 < used <= sum(o.metrics.spec_generated for o in br)
+        assert eng.gen_log.steps < beng.gen_log.steps, algo
+        assert eng.cache.lookahead_hits > 0
+
+
+def test_branches_follow_the_bins_and_child_seeds():
+    """A finished job with priority p starts p branches, branch k with child k's seed on
+    the job's path; each stops at its own step boundary; the real request is aborted."""
+    from tts.engine.generation import GenerationPhase, GenJob
+    from tts.search.tree import child_seed
+
+    def script(problem, steps, seed):
+        return ("a" if not steps else "b") * (1 + seed % 5) + "\n\n"
+
+    gen = FakeGenerator(script, batch_cap=8)
+    prompt = tuple(gen.encode_prompt("q", "s"))
+    slow = GenJob(Beam("p", prompt, 4), limit=30)  # 5 tokens + boundary: keeps the phase open
+    fast = GenJob(Beam("p", prompt, 10), limit=30, spec_priority=3)  # 1 token + boundary
+    phase = GenerationPhase(gen, 0.0, 1.0, speculative=True, spec_max_tokens=50, spec_branches=True)
+    phase.run([slow, fast])
+    assert not fast.spec and [b.beam.seed for b in fast.branches] == [child_seed(10, k) for k in range(3)]
+    steps = phase.branch_steps(fast)
+    for k in range(3):
+        seed = child_seed(10, k)
+        want = gen.decode(steps[seed])
+        assert want == ("b" * (1 + seed % 5) + "\n\n")[:len(want)] and want  # a prefix of child k's step
+    assert gen.decode(steps[10]) == "b\n\n"  # child 0 (seed 10): a whole step, stopped at its end
+    assert not slow.branches  # priority 0: no branches
+    assert gen.num_unfinished() == 0  # nothing left behind
+
+
+def test_spec_branches_needs_speculation():
+    import pytest
+
+    from tts.config.schema import OptimConfig
+    with pytest.raises(ValueError, match="optim.spec_branches"):
+        OptimConfig(spec_branches=True)

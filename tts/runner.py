@@ -63,7 +63,7 @@ def _preset_name(optim: OptimConfig) -> str:
     if optim.engine is EngineKind.decoupled:
         return f"decoupled-{optim.decoupled_policy.value}"
     flags = "P" * optim.prefix_aware + "M" * optim.roofline_memory + "S" * optim.speculative
-    return flags or "flash"
+    return (flags or "flash") + "_branches" * optim.spec_branches
 
 
 def engine_options(cfg: Config, optim: OptimConfig) -> EngineOptions:
@@ -73,7 +73,8 @@ def engine_options(cfg: Config, optim: OptimConfig) -> EngineOptions:
         lookahead=optim.lookahead, ordering="prefix_aware" if optim.prefix_aware else optim.request_order,
         spec_max_tokens=optim.spec_max_tokens, spec_batch_cap=spec_batch_cap(cfg, optim),
         spec_truncate_ratio=optim.spec_truncate_ratio,
-        spec_truncate_std=optim.spec_truncate_std, temperature=cfg.generator.temperature,
+        spec_truncate_std=optim.spec_truncate_std, spec_branches=optim.spec_branches,
+        temperature=cfg.generator.temperature,
         top_p=cfg.generator.top_p)
 
 

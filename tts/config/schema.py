@@ -178,6 +178,10 @@ class OptimConfig:
     roofline_memory: bool = False  # M: roofline-guided KV split
     spec_truncate_ratio: float = 0.85  # R: mean kept fraction of speculative tokens on duplicates
     spec_truncate_std: float = 0.1
+    # speculate by branches: a finished beam starts one request per child it may have
+    # (up to its bin's B - j + 1), child k's seed, so children adopt exactly their own
+    # next step; false = the paper's run-on with truncated copies for duplicates
+    spec_branches: bool = False
     spec_max_tokens: int = 0  # cap on speculative tokens per beam; 0 = generator.step_max_tokens
     # requests kept running while speculating: -1 = the decode roofline's ridge batch for
     # this device and generator (beyond it each extra sequence slows the stragglers),
@@ -192,6 +196,8 @@ class OptimConfig:
         _require(0.0 <= self.spec_truncate_ratio <= 1.0, "optim.spec_truncate_ratio", "must be in [0, 1]")
         _require(self.spec_batch_cap >= -1, "optim.spec_batch_cap", "must be -1 (auto), 0 (batch cap) or >= 1")
         _require(self.spec_truncate_std >= 0.0, "optim.spec_truncate_std", "must be >= 0")
+        _require(not (self.spec_branches and not self.speculative), "optim.spec_branches",
+                 "needs optim.speculative=true")
         _require(not (self.lookahead and not self.speculative), "optim.lookahead",
                  "needs optim.speculative=true (it verifies speculative steps)")
         _require(self.engine != EngineKind.baseline or not (self.speculative or self.prefix_aware),

@@ -2,10 +2,22 @@
 
 The backend never stops at a step boundary; this module watches the streamed tokens,
 ends each job's step at "\\n\\n", EOS or its token limit, and then either aborts the
-request or, with speculation on, lets it run on: the extra tokens become the beam's
-speculative tokens. Real work always has priority (two-phase scheduling): a request may
-only speculate while no real request waits, and speculation is dropped at once when
-the KV cache runs short. The phase ends when every real job has its step.
+request or, with speculation on, speculates in one of two ways:
+
+- run-on (the paper's Algorithm 1): the request runs on past the boundary; the extra
+  tokens become the beam's speculative tokens, which selection hands down to the
+  original child in full and to duplicates truncated (`speculation.hand_down`);
+- branches (`spec_branches`): the request stops and up to `spec_priority` new requests
+  start from the finished path, branch k with child k's seed (`child_seed`) and the next
+  step's boundary rule. Branch k is exactly the step child k would generate, so children
+  adopt whole steps of their own and the tree equals the one without speculation; on
+  real vLLM, where a request that runs on samples differently from a fresh request with
+  the same seed, run-on makes the trees diverge.
+
+Real work always has priority (two-phase scheduling): a request may only speculate while
+no real request waits, and speculation is dropped at once when the KV cache runs short
+(a dropped branch keeps its tokens and resumes from them when slots free again). The
+phase ends when every real job has its step.
 """
 
 from __future__ import annotations
@@ -16,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tts.backends.base import FinishReason, Generator, GenRequest, StepStats
-from tts.search.tree import Beam, Step, StepEnd
+from tts.search.tree import Beam, Step, StepEnd, child_seed
 
 BOUNDARY = "\n\n"
 _request_ids = itertools.count()
@@ -38,6 +50,9 @@ class GenJob:
     request_id: str | None = None
     adopted: int = 0  # speculative tokens reused from the previous iteration
     last_char: str = ""
+    # branches mode: the speculative branches of this job, and for a branch its parent job
+    branches: list[GenJob] = field(default_factory=list)
+    branch_of: GenJob | None = None
 
     @property
     def finished(self) -> bool:
@@ -63,8 +78,9 @@ class GenerationPhase:
 
     def __init__(self, generator: Generator, temperature: float, top_p: float,
                  speculative: bool = False, spec_max_tokens: int = 0,
-                 kv_spec_limit: float = 0.95, spec_batch_cap: int = 0) -> None:
+                 kv_spec_limit: float = 0.95, spec_batch_cap: int = 0, spec_branches: bool = False) -> None:
         self.gen = generator
+        self.spec_branches = speculative and spec_branches
         self.temperature = temperature
         self.top_p = top_p
         self.speculative = speculative
@@ -82,11 +98,17 @@ class GenerationPhase:
             self._adopt_spec(job)
             if not job.finished:
                 budget = job.limit - len(job.tokens)
-                extra = self.spec_max_tokens if (self.speculative and job.spec_priority > 0 and not job.to_eos) else 0
-                self._submit(job, tuple(job.tokens), budget + extra, stats)
+                run_on = self.speculative and not self.spec_branches and job.spec_priority > 0 and not job.to_eos
+                self._submit(job, tuple(job.tokens), budget + (self.spec_max_tokens if run_on else 0), stats)
         pending = set(self._by_id)  # real work not finished
         speculating: dict[str, int] = {}  # request id -> speculative priority
-        parked: dict[int, GenJob] = {}  # finished jobs waiting for a speculative slot
+        parked: dict[int, GenJob] = {}  # run-on: finished jobs waiting for a speculative slot
+        # branches mode: branches waiting for a slot; a job that adopted a whole step
+        # branches at once (the slots real work leaves free are idle from the start)
+        branches = [b for job in jobs if job.finished and self.spec_branches and self._may_speculate(job)
+                    for b in self._branches(job)]
+        if pending:
+            self._start_branches(branches, pending, speculating, stats)
         while pending:
             deltas, step = self.gen.step()
             stats.steps.append(step)
@@ -95,14 +117,26 @@ class GenerationPhase:
             finished_now: list[str] = []
             aborts = []
             for d in deltas:
-                if self._take_delta(d, stats, pending, speculating):
-                    if self._may_speculate(self._by_id[d.request_id]):
+                job = self._by_id[d.request_id]
+                if job.branch_of is not None:
+                    if self._take_branch_delta(job, d, stats, speculating):
+                        aborts.append(d.request_id)
+                elif self._take_delta(d, stats, pending, speculating):
+                    speculate = self._may_speculate(job)
+                    if speculate and self.spec_branches:
+                        branches += self._branches(job)
+                    if d.finished:
+                        continue
+                    if speculate and not self.spec_branches:
                         finished_now.append(d.request_id)
                     else:
                         aborts.append(d.request_id)
-            aborts += self._preempt_speculation(speculating, step)
+            aborts += self._preempt_speculation(speculating, step, branches)
             if pending and not self._preempted(step):
-                aborts += self._assign_slots(finished_now, parked, pending, speculating, stats)
+                if self.spec_branches:
+                    self._start_branches(branches, pending, speculating, stats)
+                else:
+                    aborts += self._assign_slots(finished_now, parked, pending, speculating, stats)
             else:  # phase 1 only: real work waits, or the KV cache is short
                 parked.update((self._by_id[r].beam.uid, self._by_id[r]) for r in finished_now)
                 aborts += finished_now
@@ -124,13 +158,17 @@ class GenerationPhase:
         stats.requests += 1
         return rid
 
-    def _take_delta(self, d, stats: PhaseStats, pending: set[str], speculating: dict[str, int]) -> bool:
-        """Apply one delta; True when it finished a real step and the request runs on."""
-        job = self._by_id[d.request_id]
+    @staticmethod
+    def _count(d, stats: PhaseStats) -> None:
         if d.num_prompt_tokens is not None:
             stats.prompt_tokens += d.num_prompt_tokens
             stats.cached_tokens += d.num_cached_tokens or 0
         stats.tokens += len(d.new_token_ids)
+
+    def _take_delta(self, d, stats: PhaseStats, pending: set[str], speculating: dict[str, int]) -> bool:
+        """Apply one delta of a real request; True when it finished the job's step."""
+        job = self._by_id[d.request_id]
+        self._count(d, stats)
         if d.request_id in speculating:
             job.spec.extend(d.new_token_ids)  # a final EOS is kept: the next step ends there
             stats.spec_tokens += len(d.new_token_ids)
@@ -141,8 +179,47 @@ class GenerationPhase:
         if not job.finished or d.request_id not in pending:
             return False
         pending.discard(d.request_id)
-        job.spec.extend(overflow)
-        return not d.finished
+        if not self.spec_branches:  # tokens of a run-on past the step are speculative
+            job.spec.extend(overflow)
+        return True
+
+    def _take_branch_delta(self, branch: GenJob, d, stats: PhaseStats, speculating: dict[str, int]) -> bool:
+        """Apply one delta of a speculative branch; True when its step ended before its request."""
+        self._count(d, stats)
+        stats.spec_tokens += len(d.new_token_ids)
+        self._consume(branch, d.new_token_ids, None)  # a request cut at its cap is partial, not ended
+        if branch.finished or d.finished:
+            speculating.pop(d.request_id, None)
+        return branch.finished and not d.finished
+
+    def _branches(self, job: GenJob) -> list[GenJob]:
+        """Branch k of a finished job: child k's next step (child k's seed, the same path)."""
+        for k in range(job.spec_priority):
+            shadow = job.beam.fork(child_seed(job.beam.seed, k))
+            job.branches.append(GenJob(shadow, self.spec_max_tokens, spec_priority=job.spec_priority,
+                                       branch_of=job))
+        return list(job.branches)
+
+    def _start_branches(self, waiting: list[GenJob], pending: set[str], speculating: dict[str, int],
+                        stats: PhaseStats) -> None:
+        """Free slots go to the highest priority bins first, child 0 before duplicates.
+        A branch dropped earlier resumes from its tokens, served from the prefix cache."""
+        cap = self.spec_batch_cap or self.gen.batch_cap
+        free = cap - len(pending) - len(speculating)
+        if free <= 0 or not waiting:
+            return
+        waiting.sort(key=lambda b: (-b.spec_priority, b.branch_of.branches.index(b)))
+        while free > 0 and waiting:
+            branch = waiting.pop(0)
+            prompt = tuple(branch.branch_of.tokens) + tuple(branch.tokens)
+            speculating[self._submit(branch, prompt, branch.limit - len(branch.tokens), stats)] = branch.spec_priority
+            free -= 1
+
+    def branch_steps(self, job: GenJob) -> dict[int, tuple[int, ...]]:
+        """The branches' tokens by child seed, as children adopt them (a final EOS kept)."""
+        eos = (self.gen.eos_token_id,)
+        return {b.beam.seed: tuple(b.tokens) + (eos if b.end is StepEnd.EOS else ())
+                for b in job.branches if b.tokens or b.end is StepEnd.EOS}
 
     def _assign_slots(self, finished_now: list[str], parked: dict[int, GenJob], pending: set[str],
                       speculating: dict[str, int], stats: PhaseStats) -> list[str]:
@@ -208,10 +285,12 @@ class GenerationPhase:
     def _may_speculate(self, job: GenJob) -> bool:
         return self.speculative and job.spec_priority > 0 and not job.to_eos and job.end is not StepEnd.EOS
 
-    def _preempt_speculation(self, speculating: dict[str, int], step: StepStats) -> list[str]:
+    def _preempt_speculation(self, speculating: dict[str, int], step: StepStats,
+                             branches: list[GenJob]) -> list[str]:
         if speculating and self._preempted(step):
             dropped = list(speculating)
             speculating.clear()
+            branches += [b for r in dropped if (b := self._by_id[r]).branch_of is not None and not b.finished]
             return dropped
         return []
 

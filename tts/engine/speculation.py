@@ -4,7 +4,9 @@ Priority comes from the previous step's verifier score: the frontier's scores ar
 into B bins (B = the branching factor), bin 1 the highest, and a beam in bin j may claim
 up to B - j + 1 speculative branches. After selection the original child (child 0, same
 seed) keeps all of its parent's speculative tokens; each duplicate keeps a prefix whose
-length is a fraction drawn around R, so duplicates start ahead yet diverge.
+length is a fraction drawn around R, so duplicates start ahead yet diverge. With
+speculative branches (`GenerationPhase(spec_branches=True)`) each child inherits its own
+branch instead: exactly the step it would have generated.
 """
 
 from __future__ import annotations
@@ -41,10 +43,16 @@ def truncate_len(n: int, ratio: float, std: float, rng: random.Random) -> int:
 def hand_down(children: Sequence[Beam], parents: dict[int, Beam], ratio: float, std: float,
               rng: random.Random) -> tuple[int, int]:
     """Give each child its parent's speculative tokens (all for child 0, a prefix for
-    duplicates). Returns (tokens handed down in full, tokens handed down truncated)."""
+    duplicates). A parent with speculative branches gives each child its own branch
+    whole, and nothing to a child without one. Returns (tokens handed down in full,
+    tokens handed down truncated)."""
     full = trunc = 0
     for child in children:
         parent = parents.get(child.parent) if child.parent is not None else None
+        if parent is not None and parent.spec_branches:
+            child.spec_tokens = parent.spec_branches.get(child.seed, ())
+            full += len(child.spec_tokens)
+            continue
         if parent is None or not parent.spec_tokens:
             continue
         spec = parent.spec_tokens

@@ -54,6 +54,7 @@ class EngineOptions:
     spec_batch_cap: int = 0  # 0 = the generator's batch cap
     spec_truncate_ratio: float = 0.85
     spec_truncate_std: float = 0.1
+    spec_branches: bool = False  # speculate child k's step with child k's seed (exact)
     temperature: float = 0.8
     top_p: float = 1.0
 
@@ -82,7 +83,8 @@ class SyncEngine:
         spec_max = options.spec_max_tokens or self.policy.step_max_tokens
         self.phase = GenerationPhase(generator, options.temperature, options.top_p,
                                      options.speculative, spec_max,
-                                     spec_batch_cap=options.spec_batch_cap)
+                                     spec_batch_cap=options.spec_batch_cap,
+                                     spec_branches=options.spec_branches)
         self.gen_log, self.ver_log = StepLog(), StepLog()
         self.rng = random.Random(options.seed)
         self.on_iteration: Callable[[list[Beam]], None] | None = None  # memory policy hook
@@ -140,7 +142,11 @@ class SyncEngine:
             total_left = self.policy.max_total_tokens - job.beam.num_tokens
             for step in make_steps(job, self.gen.decode, self.gen.token_text, total_left):
                 job.beam.append(step)
-            job.beam.spec_tokens = tuple(job.spec)
+            if self.phase.spec_branches:  # child 0's branch doubles as the lookahead step
+                job.beam.spec_branches = self.phase.branch_steps(job)
+                job.beam.spec_tokens = job.beam.spec_branches.get(job.beam.seed, ())
+            else:
+                job.beam.spec_tokens = tuple(job.spec)
         share = len(live)
         for item in live:
             mine = [j for j in jobs if j.beam.problem_id == item.input.id]
@@ -151,9 +157,10 @@ class SyncEngine:
             if lengths:
                 m.step_tokens_mean.append(sum(lengths) / len(lengths))
                 m.step_tokens_max.append(max(lengths))
-            used: dict[int | None, int] = {}
-            for j in mine:  # siblings share one parent's speculative tokens: count them once
-                used[j.beam.parent] = max(used.get(j.beam.parent, 0), j.adopted)
+            used: dict[tuple[int | None, int], int] = {}
+            for j in mine:  # run-on: siblings share one parent's speculative tokens: count them once
+                key = (j.beam.parent, j.beam.seed if self.phase.spec_branches else 0)
+                used[key] = max(used.get(key, 0), j.adopted)
             m.spec_used += sum(used.values())
             # Backend counters are per phase; problems in flight share them evenly.
             m.gen_tokens += stats.tokens // share
@@ -197,6 +204,7 @@ class SyncEngine:
             hand_down(search.frontier, parents, self.opts.spec_truncate_ratio,
                       self.opts.spec_truncate_std, self.rng)
         for beam in parents.values():
+            beam.spec_branches = {}  # handed down; the tokens live on in the children
             if beam.state is not BeamState.ACTIVE:
                 beam.spec_tokens = ()
         if not search.frontier:
