@@ -3,7 +3,7 @@
 import pytest
 
 from tts.backends.base import StepStats
-from tts.backends.fake import EOS_CHAR, FakeGenerator, FakeVerifier
+from tts.backends.fake import EOS_CHAR, FakeGenerator, FakeVerifier, answering_script, endless_script
 from tts.config.schema import Algorithm, EngineKind, OptimConfig, SearchConfig
 from tts.engine.decoupled import DecoupledEngine
 from tts.engine.decoupled_policy import (EAGER_FIRST, FILL_POLICIES, SPECULATIVE_FIRST, Adaptive, FillState,
@@ -15,15 +15,7 @@ from tts.search import make_policy
 POLICIES = ("eager_first", "speculative_first", "adaptive")
 
 
-def endless(problem, steps, seed):
-    """Unique steps of seed-dependent length that never finish the path."""
-    return f"d{len(steps)}s{seed % 1000}" + "x" * (seed % 7) + "\n\n"
-
-
-def answering(problem, steps, seed):
-    if len(steps) >= 2 and seed % 2 == 0:
-        return f"\\boxed{{{seed % 3}}}{EOS_CHAR}"
-    return f"d{len(steps)}s{seed % 1000}" + "y" * (seed % 11) + "\n\n"
+endless, answering = endless_script, answering_script
 
 
 def short(problem, steps, seed):

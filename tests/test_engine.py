@@ -2,7 +2,7 @@
 
 import random
 
-from tts.backends.fake import EOS_CHAR, FakeGenerator, FakeVerifier
+from tts.backends.fake import FakeGenerator, FakeVerifier, answering_script, endless_script
 from tts.config.schema import Algorithm, SearchConfig
 from tts.engine.ordering import PrefixAware, greedy_order
 from tts.engine.speculation import hand_down, spec_priorities, truncate_len
@@ -11,15 +11,7 @@ from tts.search import make_policy
 from tts.search.tree import Beam
 
 
-def endless(problem, steps, seed):
-    """Unique steps of seed-dependent length that never finish the path."""
-    return f"d{len(steps)}s{seed % 1000}" + "x" * (seed % 7) + "\n\n"
-
-
-def answering(problem, steps, seed):
-    if len(steps) >= 2 and seed % 2 == 0:
-        return f"\\boxed{{{seed % 3}}}{EOS_CHAR}"
-    return f"d{len(steps)}s{seed % 1000}" + "y" * (seed % 11) + "\n\n"
+endless, answering = endless_script, answering_script
 
 
 def run(script, algo=Algorithm.beam, n=4, m=2, iters=3, problems=("p1",), cap=64, verifier=None,

@@ -41,6 +41,18 @@ def default_script(problem: str, steps: tuple[str, ...], seed: int) -> str:
     return f"d{depth} {words}.\n\n"
 
 
+def endless_script(problem: str, steps: tuple[str, ...], seed: int) -> str:
+    """Unique steps of seed-dependent length that never finish the path."""
+    return f"d{len(steps)}s{seed % 1000}" + "x" * (seed % 7) + "\n\n"
+
+
+def answering_script(problem: str, steps: tuple[str, ...], seed: int) -> str:
+    """From depth 2 on, even seeds answer and end; other steps have seed-dependent length."""
+    if len(steps) >= 2 and seed % 2 == 0:
+        return f"\\boxed{{{seed % 3}}}{EOS_CHAR}"
+    return f"d{len(steps)}s{seed % 1000}" + "y" * (seed % 11) + "\n\n"
+
+
 def default_scorer(problem: str, steps: tuple[str, ...]) -> float:
     return (_h("score", problem, steps) % 1000) / 1000.0
 

@@ -147,3 +147,14 @@ def token_positions_of_char_ends(tokenizer: Any, text: str, char_ends: Sequence[
         positions.append(hits[-1])
     return ids, positions
 
+
+class PlusMinusLabels:
+    """For PRMs that classify a step with the tokens "+" (good) and "-" (bad)."""
+
+    @property
+    def plus_id(self) -> int:
+        return self.encode("+")[-1]  # type: ignore[attr-defined]
+
+    @property
+    def minus_id(self) -> int:
+        return self.encode("-")[-1]  # type: ignore[attr-defined]

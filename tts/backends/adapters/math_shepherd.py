@@ -17,25 +17,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tts.backends.adapters.base import (
-    PrmAdapter, PromptSpec, ReadKind, ScoreOutput, check_indices, label_probability,
+    PlusMinusLabels, PrmAdapter, PromptSpec, ReadKind, ScoreOutput, check_indices, label_probability,
     token_positions_of_char_ends,
 )
 
 STEP_TAG = "ки"
 
 
-class MathShepherdAdapter(PrmAdapter):
+class MathShepherdAdapter(PlusMinusLabels, PrmAdapter):
     """Step-tag PRM read from prompt log-probs: one PROMPT_TOKENS request per path."""
 
     name = "math_shepherd"
-
-    @property
-    def plus_id(self) -> int:
-        return self.encode("+")[-1]
-
-    @property
-    def minus_id(self) -> int:
-        return self.encode("-")[-1]
 
     def text(self, problem: str, steps: Sequence[str]) -> tuple[str, list[int]]:
         """The scored text, and the character offset just past each step's tag."""

@@ -14,22 +14,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tts.backends.adapters.base import (
-    PrmAdapter, PromptSpec, ReadKind, ScoreOutput, check_indices, label_probability,
+    PlusMinusLabels, PrmAdapter, PromptSpec, ReadKind, ScoreOutput, check_indices, label_probability,
 )
 
 
-class RlhflowAdapter(PrmAdapter):
+class RlhflowAdapter(PlusMinusLabels, PrmAdapter):
     """Chat PRM: one NEXT_TOKEN request per index, label tokens "+" and "-"."""
 
     name = "rlhflow"
-
-    @property
-    def plus_id(self) -> int:
-        return self.encode("+")[-1]
-
-    @property
-    def minus_id(self) -> int:
-        return self.encode("-")[-1]
 
     def conversation(self, problem: str, steps: Sequence[str], index: int) -> list[dict[str, str]]:
         """The turns that score step `index` (0-based), before the generation prompt."""
