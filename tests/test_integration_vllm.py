@@ -91,13 +91,15 @@ def test_beam_selection_respects_policy(backends):
         assert all(policy.path_score(b) >= cutoff for b in kept)
 
 
-def test_speculative_engine_on_real_vllm(backends):
-    _, engine = engine_for(backends, "optim=PMS", "optim.roofline_memory=false", "search.max_iterations=3",
+@pytest.mark.parametrize("preset", ["PMS", "PMS_branches"])
+def test_speculative_engine_on_real_vllm(backends, preset):
+    _, engine = engine_for(backends, f"optim={preset}", "optim.roofline_memory=false", "search.max_iterations=3",
                            "optim.eos_at_depth_limit=false")
     out = next(iter(engine.run([ProblemInput("q3", "What is 10 - 4?")])))
     m = out.metrics
     assert m.spec_generated > 0 and 0 <= m.spec_used <= m.spec_generated
     assert all(b.text == "".join(s.text for s in b.steps) for b in out.candidates)
+    assert engine.gen.num_unfinished() == 0  # no speculative request left behind
 
 
 def test_run_bench_embedded_writes_complete_records(tmp_path):

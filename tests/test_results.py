@@ -56,6 +56,25 @@ def test_killed_run_keeps_records_and_resumes(tmp_path):
     assert [untimed(r) for r in RunStore(path).records()] == [untimed(r) for r in RunStore(whole).records()]
 
 
+def test_step_statistics_survive_a_kill_and_add_up(tmp_path):
+    """A run killed after one problem (no summary written) and resumed reports the
+    generator's and verifier's step statistics of both parts: the same counts as the
+    run never killed."""
+    first = [o for o in FAKE if not o.startswith("dataset.first_k")]
+    cfg = compose("config", first + ["dataset.first_k=1", f"bench.results_dir={tmp_path}", "bench.run_name=run"])
+    path = run_bench(cfg)
+    (path / "summary.json").unlink()
+    part = json.loads((path / "step_logs.json").read_text())["baseline"]["generator"]["steps"]
+    bench(tmp_path, "bench.resume=true")
+    whole = bench(tmp_path, name="uninterrupted")
+    got, want = (json.loads((p / "summary.json").read_text())["variants"]["baseline"] for p in (path, whole))
+    for model in ("generator", "verifier"):
+        assert got[model]["steps"] == want[model]["steps"], model
+        assert got[model]["batch_util_hist"] == want[model]["batch_util_hist"], model
+        assert got[model]["running_mean"] == pytest.approx(want[model]["running_mean"]), model
+    assert 0 < part < got["generator"]["steps"]
+
+
 def untimed(record):
     """A record without its wall-clock values (seconds and what is derived from them) and
     its prefix-cache counters: a resumed run starts with a cold cache, the search does not

@@ -17,6 +17,7 @@ from tts.backends.factory import Backends, read_prompt, static_split
 from tts.config.compose import CONF_DIR, ConfigError, to_yaml, validate
 from tts.config.schema import BackendKind, Config, EngineKind, OptimConfig
 from tts.engine.sync import EngineOptions, ProblemInput, SyncEngine
+from tts.metrics.collector import merge_step_logs
 from tts.results.records import build_record
 from tts.results.store import RunStore
 from tts.results.summary import write_summary
@@ -128,7 +129,8 @@ def run_bench(cfg_node: DictConfig, progress: Callable | None = None) -> Path:
                        list(cfg.logger.tags), store.path,
                        OmegaConf.to_container(cfg_node, resolve=True), store.path.name)
     gold = {p.id: p for p in problems}
-    step_logs: dict[str, dict] = {}
+    # step statistics of every variant, carried across a resume like the records
+    step_logs: dict[str, dict] = store.step_logs() if cfg.bench.resume else {}
     backends = Backends(cfg)
     try:
         for name, optim in variants:
@@ -139,15 +141,17 @@ def run_bench(cfg_node: DictConfig, progress: Callable | None = None) -> Path:
             inputs = [ProblemInput(p.id, p.problem) for p in todo]
             # the variant's wall clock, carried across a resume by the records themselves
             start = time.perf_counter() - variant_wall(store.records(), name)
+            earlier = step_logs.get(name)  # the part of this variant a killed process ran
             for outcome in engine.run(inputs):
                 p = gold[outcome.problem.id]
                 record = build_record(outcome, p.answer, name, {"level": p.level, "subject": p.subject})
                 record["variant_wall_s"] = time.perf_counter() - start
                 store.append(record)
+                step_logs[name] = merge_step_logs(earlier, engine.step_logs())
+                store.write_step_logs(step_logs)
                 logger.log_problem(record)
                 if progress:
                     progress(name, record)
-            step_logs[name] = engine.step_logs()
     finally:
         backends.close()
     summary, plots = write_summary(store, [n for n, _ in variants], step_logs)

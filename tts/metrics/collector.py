@@ -183,3 +183,48 @@ def summarize_problems(problems: list[dict]) -> dict:
         "straggler_gap": _mean(p["straggler_gap"] for p in problems),
         **{f"total_{k}": v for k, v in sums.items()},
     }
+
+
+def merge_step_summaries(a: dict | None, b: dict) -> dict:
+    """One variant's `StepLog.summary()`s from two processes (a killed run and its resume),
+    as one: counts and histograms add, means are weighted by steps, traces are joined in
+    time (the second starts where the first ended), the first phase traces are kept."""
+    if not a or not a.get("steps"):
+        return b
+    if not b.get("steps"):
+        return a
+    na, nb = a["steps"], b["steps"]
+
+    def weighted(key: str) -> float:
+        return (a[key] * na + b[key] * nb) / (na + nb)
+
+    def joined(key: str) -> list:
+        end = a[key][-1][0] if a[key] else 0.0
+        return _downsample([tuple(p) for p in a[key]] + [(t + end, v) for t, v in b[key]])
+
+    tpr = Counter(a["tokens_per_request_hist"])
+    tpr.update(b["tokens_per_request_hist"])
+    return {
+        "steps": na + nb,
+        "batch_util_mean": weighted("batch_util_mean"),
+        "running_mean": weighted("running_mean"),
+        "batch_util_hist": [x + y for x, y in zip(a["batch_util_hist"], b["batch_util_hist"])],
+        "token_util_hist": [x + y for x, y in zip(a["token_util_hist"], b["token_util_hist"])],
+        "tokens_per_request_hist": dict(sorted(tpr.items(), key=lambda kv: _bucket_order(kv[0]))),
+        "kv_usage_max": max(a["kv_usage_max"], b["kv_usage_max"]),
+        "kv_usage_mean": weighted("kv_usage_mean"),
+        "util_trace": joined("util_trace"),
+        "phase_util_traces": (a["phase_util_traces"] + b["phase_util_traces"])[:max(4, len(a["phase_util_traces"]))],
+        "kv_trace": joined("kv_trace"),
+    }
+
+
+def merge_step_logs(a: dict | None, b: dict) -> dict:
+    """`engine.step_logs()` of one variant from two processes: the generator's and the
+    verifier's step statistics merged; other entries (the decoupled engine's counters)
+    are the second process's."""
+    out = dict(b)
+    for model in ("generator", "verifier"):
+        if a and model in a and model in b:
+            out[model] = merge_step_summaries(a[model], b[model])
+    return out

@@ -2,7 +2,9 @@
 
 Records are appended and flushed to disk as each problem finishes, so a killed run
 keeps everything it finished; `resume` reads them back and the run skips those problems.
-A last line cut off by a kill is dropped (and reported), never misread.
+A last line cut off by a kill is dropped (and reported), never misread. The engines' step
+statistics (batch utilisation, KV traces) are rewritten with each record to
+`step_logs.json` (atomically), so they survive a kill too and a resume adds to them.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 RECORDS = "records.jsonl"
 SUMMARY = "summary.json"
 CONFIG = "config.yaml"
+STEP_LOGS = "step_logs.json"
 
 
 class RunStore:
@@ -79,6 +82,23 @@ class RunStore:
 
     def write_summary(self, summary: dict) -> None:
         (self.path / SUMMARY).write_text(json.dumps(summary, indent=2, default=_jsonable))
+
+    def write_step_logs(self, logs: dict[str, dict]) -> None:
+        """Step statistics per variant; replaced atomically (a kill leaves the old file)."""
+        tmp = self.path / (STEP_LOGS + ".tmp")
+        tmp.write_text(json.dumps(logs, default=_jsonable))
+        os.replace(tmp, self.path / STEP_LOGS)
+
+    def step_logs(self) -> dict[str, dict]:
+        """What `write_step_logs` wrote last; {} when there is none (a run from before it)."""
+        path = self.path / STEP_LOGS
+        if not path.exists():
+            return {}
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}: corrupt step statistics ({err.msg}); delete it to resume "
+                             "without the earlier part's batch utilisation") from err
 
     def summary(self) -> dict:
         path = self.path / SUMMARY
