@@ -214,13 +214,25 @@ def test_branches_follow_the_bins_and_child_seeds():
     phase.run([slow, fast])
     assert not fast.spec and [b.beam.seed for b in fast.branches] == [child_seed(10, k) for k in range(3)]
     steps = phase.branch_steps(fast)
-    for k in range(3):
-        seed = child_seed(10, k)
-        want = gen.decode(steps[seed])
-        assert want == ("b" * (1 + seed % 5) + "\n\n")[:len(want)] and want  # a prefix of child k's step
-    assert gen.decode(steps[10]) == "b\n\n"  # child 0 (seed 10): a whole step, stopped at its end
+    assert {gen.decode(t) for t in steps.values()} == {"b\n\n"}  # child 0 (seed 10): whole, stopped at its end
+    running = {seed: branch for (parent, seed), (_, branch) in phase.carried.items() if parent == fast.beam.uid}
+    assert set(running) == {child_seed(10, 1), child_seed(10, 2)}  # still running: they wait for selection
+    for seed, branch in running.items():
+        text = gen.decode(branch.tokens)
+        assert text and ("b" * (1 + seed % 5) + "\n\n").startswith(text)  # a prefix of child k's step
     assert not slow.branches  # priority 0: no branches
-    assert gen.num_unfinished() == 0  # nothing left behind
+    assert gen.num_unfinished() == 2
+    # selection keeps child 1 only: it runs on its branch's request, the other is aborted
+    from tts.search.tree import Step, StepEnd
+    fast.beam.append(Step(tuple(fast.tokens), gen.decode(fast.tokens), StepEnd.BOUNDARY))
+    seed = child_seed(10, 1)
+    child, calls = GenJob(fast.beam.fork(seed), limit=30), len(gen.calls)
+    phase.run([child])
+    assert gen.decode(child.tokens) == "b" * (1 + seed % 5) + "\n\n"
+    assert child.adopted == len(running[seed].tokens) > 0
+    assert len(gen.calls) == calls  # no new request
+    assert gen.num_unfinished() == 0 and not phase.carried  # nothing left behind
+    phase.release()
 
 
 def test_spec_branches_needs_speculation():

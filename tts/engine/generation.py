@@ -9,15 +9,19 @@ request or, with speculation on, speculates in one of two ways:
   original child in full and to duplicates truncated (`speculation.hand_down`);
 - branches (`spec_branches`): the request stops and up to `spec_priority` new requests
   start from the finished path, branch k with child k's seed (`child_seed`) and the next
-  step's boundary rule. Branch k is exactly the step child k would generate, so children
-  adopt whole steps of their own and the tree equals the one without speculation; on
-  real vLLM, where a request that runs on samples differently from a fresh request with
-  the same seed, run-on makes the trees diverge.
+  step's boundary rule. Branch k is the very request child k would send: a finished
+  branch becomes child k's step, and a branch still running when the phase ends waits
+  (it holds its KV, no tokens are generated while the verifier runs) and becomes child
+  k's request in the next phase; branches of beams selection did not keep are aborted.
+  The tree is the one without speculation. Run-on cannot give that on real vLLM: a
+  request that runs past a boundary, or a request resumed from some of its tokens,
+  samples differently from a fresh request with the same seed (a seeded request's RNG
+  advances with each token), so trees drift apart.
 
 Real work always has priority (two-phase scheduling): a request may only speculate while
 no real request waits, and speculation is dropped at once when the KV cache runs short
-(a dropped branch keeps its tokens and resumes from them when slots free again). The
-phase ends when every real job has its step.
+(a dropped run-on request resumes from its tokens when slots free again; a dropped branch
+restarts from its path). The phase ends when every real job has its step.
 """
 
 from __future__ import annotations
@@ -86,6 +90,9 @@ class GenerationPhase:
         self.speculative = speculative
         self.spec_max_tokens = spec_max_tokens
         self.kv_spec_limit = kv_spec_limit
+        # branches mode: branch requests still running when a phase ended, by (parent uid,
+        # child seed); the next phase hands each to its child, and aborts the others
+        self.carried: dict[tuple[int, int], tuple[str, GenJob]] = {}
         # Speculation may keep at most this many requests running (real + speculative);
         # 0 = the generator's batch cap. Beyond the decode roofline's ridge batch every
         # extra sequence slows the stragglers, so the engine passes that batch here.
@@ -94,12 +101,17 @@ class GenerationPhase:
     def run(self, jobs: Sequence[GenJob], on_step: Callable[[StepStats], None] | None = None) -> PhaseStats:
         stats, start = PhaseStats(), time.perf_counter()
         self._by_id: dict[str, GenJob] = {}
+        carried, self.carried = self.carried, {}
         for job in jobs:
+            if self._take_over(job, carried.pop((job.beam.parent, job.beam.seed), None)):
+                continue
             self._adopt_spec(job)
             if not job.finished:
                 budget = job.limit - len(job.tokens)
                 run_on = self.speculative and not self.spec_branches and job.spec_priority > 0 and not job.to_eos
                 self._submit(job, tuple(job.tokens), budget + (self.spec_max_tokens if run_on else 0), stats)
+        if carried:  # branches of beams that selection did not keep
+            self.gen.abort([rid for rid, _ in carried.values()])
         pending = set(self._by_id)  # real work not finished
         speculating: dict[str, int] = {}  # request id -> speculative priority
         parked: dict[int, GenJob] = {}  # run-on: finished jobs waiting for a speculative slot
@@ -142,7 +154,10 @@ class GenerationPhase:
                 aborts += finished_now
             if aborts:
                 self.gen.abort(aborts)
-        if speculating:
+        if self.spec_branches:  # running branches wait for selection: a kept child takes one over
+            self.carried = {(b.branch_of.beam.uid, b.beam.seed): (rid, b)
+                            for rid in speculating if (b := self._by_id[rid]).branch_of is not None}
+        elif speculating:
             self.gen.abort(list(speculating))
         for job in jobs:
             stats.step_lengths.append(len(job.tokens) - job.adopted)
@@ -192,6 +207,31 @@ class GenerationPhase:
             speculating.pop(d.request_id, None)
         return branch.finished and not d.finished
 
+    def _take_over(self, job: GenJob, carried: tuple[str, GenJob] | None) -> bool:
+        """Child job takes over its branch's running request: the same request the job
+        would send (path, seed), already some tokens in. True when the job is settled
+        (its step ended within the branch's tokens, or it runs on the branch's request)."""
+        if carried is None:
+            return False
+        rid, branch = carried
+        if job.to_eos or job.split or branch.limit < job.limit or job.beam.spec_tokens:
+            self.gen.abort([rid])  # the request would stop short of the job's end
+            return False
+        self._consume(job, branch.tokens, None)
+        job.adopted = len(job.tokens)
+        if job.finished:
+            self.gen.abort([rid])
+        else:
+            job.request_id = rid
+            self._by_id[rid] = job
+        return True
+
+    def release(self) -> None:
+        """Abort the branch requests no child took over (the search ended)."""
+        if self.carried:
+            self.gen.abort([rid for rid, _ in self.carried.values()])
+            self.carried = {}
+
     def _branches(self, job: GenJob) -> list[GenJob]:
         """Branch k of a finished job: child k's next step (child k's seed, the same path)."""
         for k in range(job.spec_priority):
@@ -216,10 +256,12 @@ class GenerationPhase:
             free -= 1
 
     def branch_steps(self, job: GenJob) -> dict[int, tuple[int, ...]]:
-        """The branches' tokens by child seed, as children adopt them (a final EOS kept)."""
+        """The finished branches' steps by child seed, as children adopt them (a final EOS
+        kept). Running ones are taken over by their child (`carried`); a branch cut short
+        is not handed down: its child's own request would sample other tokens after it."""
         eos = (self.gen.eos_token_id,)
         return {b.beam.seed: tuple(b.tokens) + (eos if b.end is StepEnd.EOS else ())
-                for b in job.branches if b.tokens or b.end is StepEnd.EOS}
+                for b in job.branches if b.finished}
 
     def _assign_slots(self, finished_now: list[str], parked: dict[int, GenJob], pending: set[str],
                       speculating: dict[str, int], stats: PhaseStats) -> list[str]:
@@ -255,8 +297,8 @@ class GenerationPhase:
         """Start from the beam's speculative tokens; they may already hold the whole step."""
         spec = list(job.beam.spec_tokens)
         job.beam.spec_tokens = ()
-        if not spec:
-            return
+        if not spec or (self.spec_branches and job.to_eos):
+            return  # a branch stops at its step end; a request to EOS would sample on differently
         overflow = self._consume(job, spec, None)
         job.adopted = len(job.tokens)
         job.spec = overflow  # what lies past this step stays speculative
@@ -290,7 +332,12 @@ class GenerationPhase:
         if speculating and self._preempted(step):
             dropped = list(speculating)
             speculating.clear()
-            branches += [b for r in dropped if (b := self._by_id[r]).branch_of is not None and not b.finished]
+            for r in dropped:
+                b = self._by_id[r]
+                if b.branch_of is not None and not b.finished:
+                    # from scratch: a request resumed from its tokens would sample differently
+                    b.tokens, b.last_char = [], ""
+                    branches.append(b)
             return dropped
         return []
 

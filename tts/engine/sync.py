@@ -99,6 +99,7 @@ class SyncEngine:
             for item in [x for x in live if x.search.done]:
                 live.remove(item)
                 yield self._finish(item)
+        self.phase.release()
 
     def _start(self, p: ProblemInput) -> _Live:
         prompt = tuple(self.gen.encode_prompt(p.problem, self.system_prompt))
