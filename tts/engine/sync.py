@@ -96,10 +96,13 @@ class SyncEngine:
             while queue and len(live) < self.opts.concurrency:
                 live.append(self._start(queue.popleft()))
             self._iterate(live)
-            for item in [x for x in live if x.search.done]:
+            finished = [x for x in live if x.search.done]
+            for item in finished:
                 live.remove(item)
+            if not queue and not live:
+                self.phase.release()  # before the last yield: a caller may stop there
+            for item in finished:
                 yield self._finish(item)
-        self.phase.release()
 
     def _start(self, p: ProblemInput) -> _Live:
         prompt = tuple(self.gen.encode_prompt(p.problem, self.system_prompt))
