@@ -13,7 +13,8 @@ request or, with speculation on, speculates in one of two ways:
   branch becomes child k's step, and a branch still running when the phase ends waits
   (it holds its KV, no tokens are generated while the verifier runs) and becomes child
   k's request in the next phase; branches of beams selection did not keep are aborted.
-  The tree is the one without speculation. Run-on cannot give that on real vLLM: a
+  The tree is the one without speculation (on vLLM, up to its batch-dependent
+  numerics, which move P's trees too). Run-on cannot give that on real vLLM: a
   request that runs past a boundary, or a request resumed from some of its tokens,
   samples differently from a fresh request with the same seed (a seeded request's RNG
   advances with each token), so trees drift apart.
