@@ -244,7 +244,7 @@ class GenerationPhase:
     def _start_branches(self, waiting: list[GenJob], pending: set[str], speculating: dict[str, int],
                         stats: PhaseStats) -> None:
         """Free slots go to the highest priority bins first, child 0 before duplicates.
-        A branch dropped earlier resumes from its tokens, served from the prefix cache."""
+        A branch always starts from its parent's finished path (a preempted one was reset)."""
         cap = self.spec_batch_cap or self.gen.batch_cap
         free = cap - len(pending) - len(speculating)
         if free <= 0 or not waiting:
@@ -252,8 +252,8 @@ class GenerationPhase:
         waiting.sort(key=lambda b: (-b.spec_priority, b.branch_of.branches.index(b)))
         while free > 0 and waiting:
             branch = waiting.pop(0)
-            prompt = tuple(branch.branch_of.tokens) + tuple(branch.tokens)
-            speculating[self._submit(branch, prompt, branch.limit - len(branch.tokens), stats)] = branch.spec_priority
+            prompt = tuple(branch.branch_of.tokens)
+            speculating[self._submit(branch, prompt, branch.limit, stats)] = branch.spec_priority
             free -= 1
 
     def branch_steps(self, job: GenJob) -> dict[int, tuple[int, ...]]:
