@@ -20,7 +20,7 @@ from tts.engine.sync import EngineOptions, ProblemInput, SyncEngine
 from tts.metrics.collector import merge_step_logs
 from tts.results.records import build_record
 from tts.results.store import RunStore
-from tts.results.summary import write_summary
+from tts.results.summary import variant_wall, write_summary
 from tts.results.wandb_logger import RunLogger
 from tts.search import make_policy
 
@@ -158,11 +158,6 @@ def run_bench(cfg_node: DictConfig, progress: Callable | None = None) -> Path:
     logger.log_summary(summary, {"records": _table_rows(store.records())}, plots)
     logger.finish()
     return store.path
-
-
-def variant_wall(records: list[dict], variant: str) -> float:
-    """Wall seconds the variant had run when its last record was written (0: none yet)."""
-    return max((r.get("variant_wall_s") or 0.0 for r in records if r.get("variant") == variant), default=0.0)
 
 
 def _table_rows(records: list[dict]) -> list[dict]:

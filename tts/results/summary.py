@@ -90,6 +90,11 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def variant_wall(records: list[dict], variant: str) -> float:
+    """Wall seconds the variant had run when its last record was written (0: none yet)."""
+    return max((r.get("variant_wall_s") or 0.0 for r in records if r.get("variant") == variant), default=0.0)
+
+
 def write_summary(store: RunStore, names: list[str], step_logs: dict[str, dict]) -> tuple[dict, list[Path]]:
     """Summarise the run's records per variant, write summary.json and the plots. A variant's
     wall time is the largest `variant_wall_s` of its records (see `variant_summary`)."""
@@ -103,8 +108,7 @@ def write_summary(store: RunStore, names: list[str], step_logs: dict[str, dict])
     for name in names:
         mine = [r for r in records if r.get("variant", "") == name]
         log = step_logs.get(name) or {k: v for k, v in old.get(name, {}).items() if k in ("generator", "verifier")}
-        walls_seen = [r["variant_wall_s"] for r in mine if r.get("variant_wall_s")]
-        summaries[name] = variant_summary(mine, log or None, max(walls_seen) if walls_seen else None)
+        summaries[name] = variant_summary(mine, log or None, variant_wall(mine, name) or None)
     summary = {"variants": summaries, "baseline": names[0]}
     if len(names) > 1:
         rows = ratio_table(summaries, names[0])
