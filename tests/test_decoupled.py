@@ -49,9 +49,9 @@ def cfg_for(algo, n, m, iters, **kw):
 
 
 def baseline(script, algo=Algorithm.beam, n=4, m=2, iters=5, problems=("a", "b", "c"), cap=8, search_kw=None,
-             verifier=True, **opts):
+             verifier=True, sampling="context", **opts):
     cfg = cfg_for(algo, n, m, iters, **(search_kw or {}))
-    gen = FakeGenerator(script, batch_cap=cap)
+    gen = FakeGenerator(script, batch_cap=cap, sampling=sampling)
     eng = SyncEngine(gen, FakeVerifier() if verifier else None, lambda: make_policy(cfg, 30, 300), "sys",
                      EngineOptions(**opts))
     return list(eng.run(inputs(problems))), eng, gen
@@ -59,11 +59,12 @@ def baseline(script, algo=Algorithm.beam, n=4, m=2, iters=5, problems=("a", "b",
 
 def decoupled(script, algo=Algorithm.beam, n=4, m=2, iters=5, problems=("a", "b", "c"), cap=8, policy="eager_first",
               prm_cap=0, verifier=None, search_kw=None, cache_blocks=1 << 20, trace=False, no_verifier=False,
-              **opts):
+              scope="survivors", sampling="context", **opts):
     cfg = cfg_for(algo, n, m, iters, **(search_kw or {}))
-    gen = FakeGenerator(script, batch_cap=cap, cache_blocks=cache_blocks)
+    gen = FakeGenerator(script, batch_cap=cap, cache_blocks=cache_blocks, sampling=sampling)
     ver = None if no_verifier else (verifier or Recorder())
-    optim = OptimConfig(engine=EngineKind.decoupled, decoupled_policy=policy, verifier_batch_size=prm_cap)
+    optim = OptimConfig(engine=EngineKind.decoupled, decoupled_policy=policy, verifier_batch_size=prm_cap,
+                        decoupled_spec_scope=scope)
     eng = DecoupledEngine(gen, ver, lambda: make_policy(cfg, 30, 300), "sys", EngineOptions(**opts), optim)
     if trace:
         eng.trace = []
@@ -84,10 +85,11 @@ def events(eng, name):
 @pytest.mark.parametrize("algo", [Algorithm.beam, Algorithm.dvts])
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("prm_cap", [0, 3])
-def test_final_answers_equal_the_baseline(algo, policy, prm_cap):
+@pytest.mark.parametrize("scope", ["survivors", "all"])
+def test_final_answers_equal_the_baseline(algo, policy, prm_cap, scope):
     base, *_ = baseline(answering, algo, problems=("a", "b", "c", "d"), concurrency=3)
     fast, eng, *_ = decoupled(answering, algo, problems=("a", "b", "c", "d"), policy=policy, prm_cap=prm_cap,
-                              concurrency=3)
+                              concurrency=3, scope=scope)
     assert candidates(fast) == candidates(base)
     assert eng.dstats.max_live == 3
     assert not eng._running and eng.gen.num_unfinished() == 0
@@ -210,6 +212,23 @@ def test_kept_beams_speculative_step_is_reused_without_a_request():
     assert sum(o.metrics.spec_used for o in fast) == d.spec_used > 0
 
 
+def test_survivor_scope_speculates_the_kept_beams_children():
+    kw = dict(n=8, m=4, iters=6, cap=16, trace=True, prm_cap=2, policy="speculative_first", concurrency=2)
+    base, *_ = baseline(short, n=8, m=4, iters=6, cap=16, concurrency=2)
+    runs = {scope: decoupled(short, scope=scope, **kw)[1] for scope in ("survivors", "all")}
+    adopted = {}
+    for scope, eng in runs.items():
+        per_parent: dict[int, int] = {}
+        for _, parent, *_ in events(eng, "adopt"):
+            per_parent[parent] = per_parent.get(parent, 0) + 1
+        adopted[scope] = per_parent
+    assert max(adopted["all"].values()) == 1  # child 0 only
+    assert max(adopted["survivors"].values()) > 1  # several children of one kept beam
+    surv, every = runs["survivors"].dstats, runs["all"].dstats
+    assert surv.spec_used > every.spec_used
+    assert surv.spec_used / surv.spec_generated > every.spec_used / every.spec_generated
+
+
 def test_partial_speculation_under_a_token_cap_keeps_the_result():
     base, *_ = baseline(answering, iters=5, concurrency=2)
     fast, eng, *_ = decoupled(answering, iters=5, concurrency=2, prm_cap=1, policy="speculative_first",
@@ -226,6 +245,30 @@ def test_real_work_preempts_speculation_and_resumes_it():
     assert eng.dstats.spec_preempted > 0 and events(eng, "preempt")
     # a preempted speculative step keeps its tokens: a kept beam's child resumes from them
     assert eng.dstats.spec_partial > 0
+
+
+@pytest.mark.parametrize("scope", ["survivors", "all"])
+def test_under_vllm_sampling_nothing_is_resumed_and_the_tree_holds(scope):
+    """Sampling like vLLM: a preempted speculative request restarts from its path, and a
+    partial step (preempted or capped) is never handed to a kept child."""
+    kw = dict(n=4, m=2, iters=5, cap=4, problems=("a", "b", "c", "d"), concurrency=3, eos_at_depth_limit=False,
+              sampling="stream")
+    base, *_ = baseline(endless, **kw)
+    fast, eng, *_ = decoupled(endless, trace=True, policy="speculative_first", scope=scope, **kw)
+    assert candidates(fast) == candidates(base)
+    d = eng.dstats
+    assert d.spec_preempted > 0 and d.spec_reset == d.spec_preempted and d.spec_partial == 0
+    assert d.spec_generated == d.spec_used + d.spec_wasted
+    # whole steps and running requests are still adopted, and the tree holds
+    kw = dict(n=8, m=4, iters=6, cap=16, concurrency=2, sampling="stream")
+    short_base, *_ = baseline(short, **kw)
+    short_fast, seng, *_ = decoupled(short, prm_cap=1, policy="speculative_first", scope=scope, **kw)
+    assert candidates(short_fast) == candidates(short_base)
+    assert seng.dstats.spec_whole > 0 and seng.dstats.spec_used > 0
+    capped, ceng, *_ = decoupled(answering, iters=5, concurrency=2, prm_cap=1, policy="speculative_first",
+                                 spec_max_tokens=3, scope=scope, sampling="stream")
+    assert candidates(capped) == candidates(baseline(answering, iters=5, concurrency=2, sampling="stream")[0])
+    assert ceng.dstats.spec_discarded > 0 and ceng.dstats.spec_partial == 0
 
 
 def test_kv_pressure_stops_speculation():

@@ -15,9 +15,9 @@ endless, answering = endless_script, answering_script
 
 
 def run(script, algo=Algorithm.beam, n=4, m=2, iters=3, problems=("p1",), cap=64, verifier=None,
-        cache_blocks=1 << 20, **opts):
+        cache_blocks=1 << 20, sampling="context", **opts):
     cfg = SearchConfig(algorithm=algo, n=n, beam_width=m, max_iterations=iters)
-    gen = FakeGenerator(script, batch_cap=cap, cache_blocks=cache_blocks)
+    gen = FakeGenerator(script, batch_cap=cap, cache_blocks=cache_blocks, sampling=sampling)
     ver = verifier or FakeVerifier()
     eng = SyncEngine(gen, ver, lambda: make_policy(cfg, 30, 300), "sys", EngineOptions(**opts))
     outs = list(eng.run([ProblemInput(p, f"problem {p}") for p in problems]))
@@ -197,6 +197,22 @@ def test_speculative_branches_keep_the_tree_and_serve_duplicates():
         assert eng.cache.lookahead_hits > 0
 
 
+def test_under_vllm_sampling_branches_keep_the_tree_and_run_on_does_not():
+    """With the fake backend sampling like vLLM (a request's random stream starts at its
+    first token), the paper's run-on speculation changes the tree: the step a request
+    runs on into is not the one a fresh request with the child's seed samples. Branches
+    start every speculative step as that fresh request and keep the baseline's tree."""
+    for algo in (Algorithm.beam, Algorithm.dvts):
+        kw = dict(algo=algo, n=8, m=2, iters=5, problems=("a", "b"), sampling="stream")
+        base, *_ = run(answering, **kw)
+        runon, *_ = run(answering, speculative=True, spec_truncate_ratio=0.0, spec_truncate_std=0.0, **kw)
+        br, eng, *_ = run(answering, speculative=True, lookahead=True, ordering="prefix_aware",
+                          spec_branches=True, **kw)
+        assert candidates(br) == candidates(base), algo
+        assert sum(o.metrics.spec_used for o in br) > 0
+        assert candidates(runon) != candidates(base), algo
+
+
 def test_branches_follow_the_bins_and_child_seeds():
     """A finished job with priority p starts p branches, branch k with child k's seed on
     the job's path; each stops at its own step boundary; the real request is aborted."""
@@ -241,3 +257,34 @@ def test_spec_branches_needs_speculation():
     from tts.config.schema import OptimConfig
     with pytest.raises(ValueError, match="optim.spec_branches"):
         OptimConfig(spec_branches=True)
+
+
+def test_fake_stream_sampling_draws_like_vllm():
+    """`stream`: a request that starts at a step boundary samples the script's step for its
+    seed; the step it runs on into, or one it resumes mid-way, comes from another stream
+    position. `context`: all three are the script's steps."""
+    from tts.backends.base import GenRequest
+    from tts.backends.fake import encode
+
+    def script(problem, steps, seed):
+        return f"<{len(steps)}:{seed}>\n\n"
+
+    def sample(sampling, prefix, max_tokens):
+        gen = FakeGenerator(script, sampling=sampling)
+        gen.add(GenRequest("r", tuple(gen.encode_prompt("q", "s") + encode(prefix)), max_tokens, 5, 1.0, 1.0))
+        out = []
+        while gen.num_unfinished():
+            deltas, _ = gen.step()
+            out += [t for d in deltas for t in d.new_token_ids]
+        return gen.decode(out)
+
+    fresh = "<0:5>\n\n"
+    assert sample("stream", "", len(fresh)) == sample("context", "", len(fresh)) == fresh
+    run_on = sample("stream", "", 2 * len(fresh))
+    assert run_on.startswith(fresh) and run_on[len(fresh):] != "<1:5>\n\n"  # the next step differs
+    assert sample("context", "", 2 * len(fresh)) == fresh + "<1:5>\n\n"
+    assert sample("context", "<0:", 4) == "5>\n\n"  # resumed: the rest of the same step
+    assert sample("stream", "<0:", 4) != "5>\n\n"
+    assert sample("stream", fresh, 7) == "<1:5>\n\n"  # a fresh request for the next step
+    assert not FakeGenerator(script, sampling="stream").resumable_sampling
+    assert FakeGenerator(script).resumable_sampling

@@ -151,3 +151,54 @@ def test_unknown_algorithm():
     cfg.algorithm = "nope"
     with pytest.raises(ValueError, match="valid choices: beam, dvts"):
         make_policy(cfg, 10, 10)
+
+
+# ------------------------------------------------------------- likely_kept
+
+
+def _random_frontier(rng, n, m, finished_share=0.0):
+    out = []
+    for i in range(n):
+        end = StepEnd.EOS if rng.random() < finished_share else StepEnd.BOUNDARY
+        # few distinct scores, so ties (kept: the earlier beam) occur
+        out.append(beam(f"t{i}\n\n", rng.choice([0.1, 0.3, 0.5, 0.7, 0.9]), 100 + i, end, group=i // m))
+    return out
+
+
+@pytest.mark.parametrize("algo", [Algorithm.beam, Algorithm.dvts, Algorithm.dynamic_branching,
+                                  Algorithm.varying_granularity])
+@pytest.mark.parametrize("iteration", [0, 1, 9])
+def test_likely_kept_equals_select_when_every_score_is_known(algo, iteration):
+    import random
+
+    rng = random.Random(f"{algo}-{iteration}")
+    for _ in range(40):
+        n, m = rng.choice([(4, 2), (8, 4), (8, 2), (6, 3)])
+        p = make_policy(SearchConfig(algorithm=algo, n=n, beam_width=m, max_iterations=10, verify_every=2), 10, 100)
+        s = search_with(_random_frontier(rng, n, m, finished_share=0.2))
+        s.iteration = iteration
+        guess = p.likely_kept(s)
+        p.select(s, now=0.0)
+        children: dict[int, int] = {}
+        for child in s.frontier:
+            children[child.parent] = children.get(child.parent, 0) + 1
+        assert {b.uid: c for b, c in guess} == children
+        scores = [p.path_score(b) for b, _ in guess]
+        assert scores == sorted(scores, reverse=True)  # best first
+
+
+def test_likely_kept_ranks_an_unscored_step_by_its_path_so_far():
+    p = policy(Algorithm.beam, n=4, m=2)
+    a, b, c, d = beam("a\n\n", 0.2, 1), beam("b\n\n", 0.8, 2), beam("c\n\n", 0.6, 3), beam("d\n\n", 0.4, 4)
+    for x in (a, b, c, d):
+        x.append(Step((9,), "next\n\n", StepEnd.BOUNDARY))  # a second step, not scored yet
+    a.set_score(1, 0.95)  # a's new step is scored, and now leads
+    s = search_with([a, b, c, d])
+    assert [(x, k) for x, k in p.likely_kept(s)] == [(a, 2), (b, 2)]
+    assert p.likely_kept(search_with([])) == []
+    s.iteration = 9  # last iteration: nothing is kept, everything completes
+    assert p.likely_kept(s) == []
+
+
+def test_policies_that_cannot_guess_say_so():
+    assert policy(Algorithm.best_of_n, n=3, m=1).likely_kept(search_with([beam("x", 0.1, 1)])) is None

@@ -74,7 +74,15 @@ class Generator(ABC):
     most one decode token (or a prefill chunk) and returns the new tokens of each
     request that made progress; `abort` removes requests at once, and no delta for an
     aborted request is returned afterwards.
+
+    `resumable_sampling`: whether a request whose prompt ends with the first k tokens of
+    a step samples the rest of it as the uninterrupted request (same seed) would. Not so
+    for vLLM: a seeded request draws from its own random generator, started at the
+    request's first sampled token, so a resumed request, or one run on past a step
+    boundary, samples other tokens than a fresh request with the same seed.
     """
+
+    resumable_sampling: bool = False
 
     @property
     @abstractmethod

@@ -1,10 +1,19 @@
 """A deterministic fake generator and verifier for unit tests of the engine logic.
 
-The fake "model" is a pure function: the next token depends only on the context and the
-request's seed, through a step script `script(problem, steps, seed) -> step text`. A
-request that runs past a step boundary therefore produces exactly what a fresh request
-for the next step with the same seed would produce, which is what makes speculation
-checkable. Tokens are characters (id = code point + 16); EOS is written "\x03".
+The fake "model" is a step script `script(problem, steps, seed) -> step text`: a request
+for the next step of a path samples that step. Two sampling modes:
+
+- `context` (default): the next token depends only on the context and the request's
+  seed, so a request that runs past a step boundary, or resumes from part of a step,
+  produces exactly what a fresh request for that step with the same seed would.
+- `stream`: like vLLM's seeded sampling, a request draws from its own random stream
+  started at its first sampled token. A request that starts at a step boundary samples
+  the script's step for its seed; a step it reaches by running on past a boundary, or
+  resumes in the middle of, is sampled from a stream position the fresh request never
+  has (the script is called with a seed mixed from the seed and that position). Tests
+  that claim "the same tree as the baseline on vLLM" run in this mode.
+
+Tokens are characters (id = code point + 16); EOS is written "\x03".
 
 It is never used by `tts bench` unless `generator.backend=fake` is chosen explicitly.
 """
@@ -76,8 +85,12 @@ class FakeGenerator(Generator):
     """Scripted generator with a batch cap and an LRU prefix cache of `block` tokens."""
 
     def __init__(self, script: StepScript = default_script, batch_cap: int = 64,
-                 cache_blocks: int = 1 << 20, block: int = 4) -> None:
+                 cache_blocks: int = 1 << 20, block: int = 4, sampling: str = "context") -> None:
+        if sampling not in ("context", "stream"):
+            raise ValueError(f"fake generator: sampling {sampling!r}; valid choices: context, stream")
         self.script = script
+        self.sampling = sampling
+        self.resumable_sampling = sampling == "context"
         self._cap = batch_cap
         self._prompts: dict[str, str] = {}  # prompt text -> problem
         self._queue: list[_Running] = []
@@ -119,12 +132,17 @@ class FakeGenerator(Generator):
     def num_unfinished(self) -> int:
         return len(self._queue)
 
-    def _next_token(self, context: str, seed: int) -> int:
+    def _next_token(self, request_text: str, produced: str, seed: int) -> int:
+        context = request_text + produced
         prompt = next((p for p in self._prompts if context.startswith(p)), None)
         assert prompt is not None, "fake generator: unknown prompt"
-        body = context[len(prompt):]
-        parts = body.split("\n\n")
+        parts = context[len(prompt):].split("\n\n")
         steps, partial = tuple(p + "\n\n" for p in parts[:-1]), parts[-1]
+        if self.sampling == "stream":
+            start = request_text[len(prompt):].split("\n\n")
+            ahead, resumed = len(steps) - (len(start) - 1), len(start[-1])
+            if ahead or resumed:  # not the stream position a fresh request for this step has
+                seed = _h("stream", seed, ahead, resumed) % (2**31 - 1)
         step = self.script(self._prompts[prompt], steps, seed)
         if len(partial) < len(step):
             return encode(step[len(partial)])[0]
@@ -154,7 +172,7 @@ class FakeGenerator(Generator):
             if first:
                 self.calls.append(req.request_id)
                 run.reported_prompt = True
-            tok = self._next_token(decode(req.prompt_token_ids) + run.produced, req.seed)
+            tok = self._next_token(decode(req.prompt_token_ids), run.produced, req.seed)
             run.produced += decode([tok])
             finish = (FinishReason.EOS if tok == EOS_ID else
                       FinishReason.LENGTH if len(run.produced) >= req.max_tokens else None)

@@ -54,6 +54,11 @@ class DecoupledPolicy(str, enum.Enum):
     adaptive = "adaptive"
 
 
+class DecoupledSpecScope(str, enum.Enum):
+    survivors = "survivors"  # the children selection would keep, judged on the scores known so far
+    all = "all"  # child 0 of every generated beam (the thesis's speculation)
+
+
 class AllocationKind(str, enum.Enum):
     static = "static"
     roofline = "roofline"
@@ -189,6 +194,8 @@ class OptimConfig:
     spec_batch_cap: int = -1
     decoupled_policy: DecoupledPolicy = DecoupledPolicy.eager_first
     verifier_batch_size: int = 0  # decoupled: PRM items per call; 0 = no cap
+    # decoupled: what speculation generates ahead of selection (see tts/engine/decoupled_spec.py)
+    decoupled_spec_scope: DecoupledSpecScope = DecoupledSpecScope.survivors
 
     def __post_init__(self) -> None:
         _require(self.request_order in ("fifo", "random"), "optim.request_order",

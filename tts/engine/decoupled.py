@@ -19,8 +19,10 @@ The LLM fills its batch (the generator's `batch_cap`) in this order:
 2. and 3., in the order the fill policy chooses (`decoupled_policy.py`):
    eager work (start the next problem from the request queue, up to
    `options.concurrency` problems in flight) and speculative work (for a beam that is
-   generated but not yet through selection, the step its child 0 would generate: a
-   request on the same path with the same seed and the next iteration's limits).
+   generated but not yet through selection, the step one of its children would
+   generate: a request on the same path with that child's seed and the next iteration's
+   limits; by default only for the beams selection would keep on the scores known so
+   far, `optim.decoupled_spec_scope`).
 
 Speculative steps, their adoption by the children that selection keeps, their dropping
 (counted as wasted) and preemption are in `decoupled_spec.py`; the run's counters and
@@ -299,6 +301,7 @@ class DecoupledEngine(SpeculationMixin, SyncEngine):
             else:
                 live.to_score -= 1
         self._prm.extendleft(reversed(requeue))
+        self._spec_exhausted = False  # new scores change which beams look like survivors
         self._settle()
         return True
 

@@ -7,7 +7,7 @@ comes next is the policy's choice between two kinds of filler:
 - eager work: start a new problem from the request queue (guaranteed useful, but a new
   prompt to prefill, and KV blocks that share nothing with the paths in flight);
 - speculative work: the next step of a beam that is generated but still waits for its
-  verifier score (its child-0 continuation), reused if the beam survives selection and
+  verifier score (a child's continuation), reused if the beam survives selection and
   wasted if it is pruned; it extends a cached prefix.
 
 A policy only orders these two; it never changes what the search decides.

@@ -1,18 +1,34 @@
 """Speculation in the decoupled engine: speculative steps, their adoption, and what is wasted.
 
 For a beam that is generated but not yet through selection, speculation generates the step
-its child 0 would generate: a request on the same path with the same seed and the next
-iteration's limits. Speculative steps live outside the beams (the PRM never sees one)
-until a selection adopts them.
+one of its children would generate: a request on the same path with that child's seed
+(`child_seed(parent seed, k)`) and the next iteration's limits. Which steps, by
+`optim.decoupled_spec_scope`:
 
-When a selection keeps a beam, its child 0 adopts the speculative step: a finished one
-becomes the child's step with no generation request, a running one becomes the child's
-request, a partial one (preempted, or stopped at `spec_max_tokens`, 0 = one step's limit)
-seeds the child's request through `Beam.spec_tokens`. When the beam is pruned (or
-completes), its speculative step is dropped and counted as wasted. Real work (and eager
-work, when the fill policy ranks it first) preempts running speculation (its tokens are
-kept, to resume or adopt later); so does memory pressure (KV usage at `kv_spec_limit`, or
-requests queued inside the backend two steps running), after which speculation pauses for
+- `survivors` (default): the children of the beams the policy's selection would keep on
+  the scores known so far (`SearchPolicy.likely_kept`), best beam first, child 0 of every
+  likely survivor before child 1. A beam whose new step is scored ranks by that score,
+  one still unscored by its path so far; the guess sharpens as the PRM's scores come in.
+  Beam search N=8 M=4 keeps 2 of 8 beams with 4 children each: this speculates up to the
+  8 steps of the next iteration instead of 8 child-0 steps of which at most 2 survive.
+- `all`: child 0 of every generated beam, best path score first (the thesis's rule);
+  also the fallback for a policy that cannot guess (`likely_kept` returns None).
+
+Speculative steps live outside the beams (the PRM never sees one) until a selection
+adopts them. When a selection keeps the beam and gives it that child, the child adopts
+the step: a finished one becomes the child's step with no generation request, a running
+one becomes the child's request. A partial one (preempted, or stopped at
+`spec_max_tokens`, 0 = one step's limit) seeds the child's request through
+`Beam.spec_tokens` only where the generator's sampling is resumable (the fake backend's
+`context` mode); on vLLM a request resumed from part of a step samples another step than
+the child's own request would, which would change the search, so there it is discarded,
+and a preempted speculative request restarts from its path. When no kept child matches
+(the beam is pruned, completes, or gets fewer children), the speculative step is dropped
+and counted as wasted.
+
+Real work (and eager work, when the fill policy ranks it first) preempts running
+speculation; so does memory pressure (KV usage at `kv_spec_limit`, or requests queued
+inside the backend two steps running), after which speculation pauses for
 `SPEC_PAUSE_STEPS` generator steps.
 """
 
@@ -20,9 +36,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from tts.config.schema import DecoupledSpecScope
 from tts.engine.decoupled_work import Kind, _DLive, _SpecNode, _Work
 from tts.engine.generation import GenJob
-from tts.search.tree import Beam, StepEnd
+from tts.search.tree import Beam, StepEnd, child_seed
 
 SPEC_PAUSE_STEPS = 16  # after a memory preemption, no new speculation for this many steps
 
@@ -54,10 +71,10 @@ class SpeculationMixin:
         if self._free() <= 0 or self._spec_exhausted or not self._spec_allowed():
             return False
         moved = False
-        for live, beam in self._spec_candidates():
+        for live, beam, k in self._spec_candidates():
             if self._free() <= 0:
                 return moved
-            node = live.spec.get(beam.uid) or self._new_spec(live, beam)
+            node = live.spec.get((beam.uid, child_seed(beam.seed, k))) or self._new_spec(live, beam, k)
             if node.stalled:
                 continue
             work = _Work(node.job, Kind.SPEC, live, node)
@@ -67,33 +84,38 @@ class SpeculationMixin:
         self._spec_exhausted = True  # until a step commits, a selection runs or a request stops
         return moved
 
-    def _spec_candidates(self) -> list[tuple[_DLive, Beam]]:
-        """Generated beams whose child-0 step may be speculated, oldest problem first and,
-        within a problem, by the path score known so far (best first)."""
+    def _spec_candidates(self) -> list[tuple[_DLive, Beam, int]]:
+        """(problem, generated beam, child index) to speculate, oldest problem first; within
+        a problem in the scope's order (see the module docstring)."""
         out = []
         for live in self._lives:
             search = live.search
             if not self.policy.stops_at_boundary or self.policy.is_last_iteration(search):
                 continue
-            beams = []
-            for beam in search.frontier:
-                if beam.uid in live.waiting:
-                    continue
-                node = live.spec.get(beam.uid)
-                if node is None:
-                    if not beam.is_finished_path:
-                        beams.append(beam)
-                elif node.work is None and not node.job.finished and not node.stalled:
-                    beams.append(beam)  # preempted earlier: resume from its tokens
-            beams.sort(key=lambda b: -self.policy.path_score(b))
-            out += [(live, b) for b in beams]
+            plan = (self.policy.likely_kept(search)
+                    if self.optim.decoupled_spec_scope == DecoupledSpecScope.survivors else None)
+            if plan is None:
+                beams = sorted(search.frontier, key=lambda b: -self.policy.path_score(b))
+                plan = [(b, 1) for b in beams]
+            for k in range(max((c for _, c in plan), default=0)):
+                out += [(live, beam, k) for beam, c in plan if k < c and self._speculable(live, beam, k)]
         return out
 
-    def _new_spec(self, live: _DLive, beam: Beam) -> _SpecNode:
-        shadow = beam.fork(beam.seed)  # child 0: same path, same seed
+    def _speculable(self, live: _DLive, beam: Beam, k: int) -> bool:
+        """The beam has its step, and its child k's speculative step is not started, or
+        was preempted and can resume from its tokens."""
+        if beam.uid in live.waiting:
+            return False
+        node = live.spec.get((beam.uid, child_seed(beam.seed, k)))
+        if node is None:
+            return not beam.is_finished_path
+        return node.work is None and not node.job.finished and not node.stalled
+
+    def _new_spec(self, live: _DLive, beam: Beam, k: int) -> _SpecNode:
+        shadow = beam.fork(child_seed(beam.seed, k))  # child k: same path, its seed
         job = self._jobs_for(live, [shadow], live.search.iteration + 1)[0]
         node = _SpecNode(beam, job, stalled=job.limit <= 0)
-        live.spec[beam.uid] = node
+        live.spec[(beam.uid, shadow.seed)] = node
         self._event("spec", live.input.id, beam.uid, shadow.uid)
         return node
 
@@ -124,15 +146,23 @@ class SpeculationMixin:
                 self._spec_pause = SPEC_PAUSE_STEPS  # do not restart it at once
 
     def _preempt_spec(self, k: int | None = None) -> int:
-        """Stop up to k running speculative requests, newest first; their tokens are kept."""
+        """Stop up to k running speculative requests, newest first. Their tokens are kept
+        to resume from when the generator's sampling is resumable; otherwise (vLLM) the
+        step is wasted and restarts from its path, since a resumed request would sample
+        another step than the child's own request."""
         spec = [rid for rid, w in self._running.items() if w.kind is Kind.SPEC]
         stop = spec[::-1][:k] if k is not None else spec
         for rid in stop:
             work = self._running.pop(rid)
-            work.node.work = None
+            node = work.node
+            node.work = None
             self._spec_exhausted = False
             self.dstats.spec_preempted += 1
-            self._event("preempt", work.node.parent.uid, len(work.job.tokens))
+            self._event("preempt", node.parent.uid, len(node.job.tokens))
+            if not self.gen.resumable_sampling:
+                del work.live.spec[(node.parent.uid, node.job.beam.seed)]
+                self.dstats.spec_wasted += node.generated
+                self.dstats.spec_reset += 1
         if stop:
             self.gen.abort(stop)
         return len(stop)
@@ -140,17 +170,18 @@ class SpeculationMixin:
     # ------------------------------------------------------------ at selection
 
     def _work_for(self, live: _DLive, nodes: dict[int, _SpecNode], job: GenJob) -> _Work | None:
-        """The work for a job after selection: its parent's speculative step adopted, if the
-        job is that step's child 0 (taken out of `nodes`), else a fresh request. None: the
+        """The work for a job after selection: its parent's speculative step for its seed
+        adopted, if there is one (taken out of `nodes`), else a fresh request. None: the
         running speculative request became the job's."""
-        node = nodes.get(job.beam.parent) if job.beam.parent is not None else None
-        if node is not None and job.beam.seed == node.parent.seed and job.beam.depth == node.parent.depth:
-            del nodes[job.beam.parent]
+        key = (job.beam.parent, job.beam.seed)
+        node = nodes.get(key) if job.beam.parent is not None else None
+        if node is not None and job.beam.depth == node.parent.depth:
+            del nodes[key]
             return self._adopt(live, node, job)
         return _Work(job, Kind.FRESH, live)
 
     def _adopt(self, live: _DLive, node: _SpecNode, job: GenJob) -> _Work | None:
-        """Child 0 of a kept beam takes over its speculative step."""
+        """A kept beam's child takes over its speculative step."""
         spec, running = node.job, node.work
         same = (spec.limit, spec.to_eos, spec.split) == (job.limit, job.to_eos, job.split)
         m = live.metrics
@@ -169,6 +200,11 @@ class SpeculationMixin:
             if running is not None:
                 self._running.pop(running.request_id, None)
                 self.gen.abort([running.request_id])
+            if not self.gen.resumable_sampling:  # the child's own request would sample otherwise
+                self.dstats.spec_discarded += 1
+                self.dstats.spec_wasted += node.generated
+                self._event("adopt", node.parent.uid, job.beam.uid, "discarded", 0)
+                return _Work(job, Kind.FRESH, live)
             eos = (self.gen.eos_token_id,) if spec.end is StepEnd.EOS else ()
             job.beam.spec_tokens = tuple(spec.tokens) + eos
             self.phase._adopt_spec(job)

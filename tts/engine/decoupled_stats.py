@@ -31,7 +31,9 @@ class DecoupledStats:
     spec_promoted: int = 0  # adopted while running: the request became the real one
     spec_partial: int = 0  # adopted as a prefix of the real step
     spec_dropped: int = 0  # speculative steps of beams that selection did not keep
-    spec_preempted: int = 0  # speculative requests stopped to make room (tokens kept)
+    spec_preempted: int = 0  # speculative requests stopped to make room
+    spec_reset: int = 0  # preempted ones whose tokens were dropped (sampling not resumable)
+    spec_discarded: int = 0  # partial ones a kept child could not adopt (sampling not resumable)
     problems_started: int = 0
     max_live: int = 0
 
@@ -76,6 +78,8 @@ class DecoupledStats:
             "spec_steps_partial": self.spec_partial,
             "spec_steps_dropped": self.spec_dropped,
             "spec_preempted": self.spec_preempted,
+            "spec_reset": self.spec_reset,
+            "spec_steps_discarded": self.spec_discarded,
             "requests_saved": self.spec_whole,
             "kv_usage_mean": g["kv_usage_mean"],
             "kv_usage_max": g["kv_usage_max"],

@@ -20,10 +20,10 @@ class Kind(str, enum.Enum):
 
 @dataclass
 class _SpecNode:
-    """A speculative step: `job` generates `parent`'s child-0 step ahead of selection."""
+    """A speculative step: `job` generates one of `parent`'s children's step ahead of selection."""
 
     parent: Beam
-    job: GenJob  # on a same-seed fork of `parent`, with the next iteration's limits
+    job: GenJob  # on a fork of `parent` with the child's seed, with the next iteration's limits
     work: _Work | None = None  # the request in flight, if any
     generated: int = 0  # backend tokens produced for it (a final EOS included)
     stalled: bool = False  # reached `spec_max_tokens` (or has no budget) before its step end
@@ -48,5 +48,5 @@ class _DLive(_Live):
     order: int = 0
     waiting: set[int] = field(default_factory=set)  # frontier beams without their step
     to_score: int = 0  # frontier beams with a score still missing
-    spec: dict[int, _SpecNode] = field(default_factory=dict)  # by parent uid
+    spec: dict[tuple[int, int], _SpecNode] = field(default_factory=dict)  # by (parent uid, child seed)
     lengths: list[int] = field(default_factory=list)  # new tokens per step, this iteration

@@ -97,6 +97,19 @@ class SearchPolicy(ABC):
     def select(self, search: ProblemSearch, now: float) -> None:
         """Given a generated and scored frontier, set the next one (empty when done)."""
 
+    def likely_kept(self, search: ProblemSearch) -> list[tuple[Beam, int]] | None:
+        """A guess at what `select` would keep if it ran on the scores known now: the
+        frontier beams it would keep, best first, each with its number of children. A
+        beam whose new step is not scored yet ranks by the scores of its path so far;
+        duplicate filtering is not guessed. Changes nothing; speculation uses it to choose what to generate ahead. None: the
+        policy cannot tell (the default)."""
+        return None
+
+    def ranked(self, beams: list[Beam], k: int) -> list[Beam]:
+        """The k best by path score, best first (ties: earlier beam); marks nothing."""
+        order = sorted(range(len(beams)), key=lambda i: (-self.path_score(beams[i]), i))
+        return [beams[i] for i in order[:k]]
+
     def finalize(self, search: ProblemSearch) -> list[Beam]:
         """The final candidates: top-N completed by score (or first N), padded to N."""
         beams = list(search.completed)
@@ -127,6 +140,13 @@ class SearchPolicy(ABC):
             seen.add(beam.text)
             out.append(beam)
         return out
+
+
+def expand_counts(kept: int, n: int) -> list[int]:
+    """How many children each of `kept` beams gets from `expand` (in their order)."""
+    if not kept:
+        return []
+    return [n // kept + (1 if i < n % kept else 0) for i in range(kept)]
 
 
 def expand(kept: list[Beam], n: int) -> list[Beam]:

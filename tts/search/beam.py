@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from tts.search.base import ProblemSearch, SearchPolicy, expand
+from tts.search.base import ProblemSearch, SearchPolicy, expand, expand_counts
+from tts.search.tree import Beam
 
 
 class BeamSearch(SearchPolicy):
@@ -12,3 +13,13 @@ class BeamSearch(SearchPolicy):
         active = self.dedup(self.finish_completed(search, now))
         kept = self.top_k(active, self.cfg.n // self.cfg.beam_width)
         search.frontier = expand(kept, self.cfg.n)
+
+    def likely_kept(self, search: ProblemSearch) -> list[tuple[Beam, int]]:
+        if self.is_last_iteration(search):
+            return []
+        active = [b for b in search.frontier if not b.is_finished_path]
+        best = self.ranked(active, self.cfg.n // self.cfg.beam_width)
+        chosen = {id(b) for b in best}
+        in_order = [b for b in active if id(b) in chosen]  # `expand` hands out children in this order
+        counts = {id(b): c for b, c in zip(in_order, expand_counts(len(in_order), self.cfg.n))}
+        return [(b, counts[id(b)]) for b in best]

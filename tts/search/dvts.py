@@ -35,3 +35,13 @@ class DVTS(SearchPolicy):
             else:
                 frontier += [best.fork(child_seed(best.seed, k)) for k in range(self.cfg.beam_width)]
         search.frontier = frontier
+
+    def likely_kept(self, search: ProblemSearch) -> list[tuple[Beam, int]]:
+        if self.is_last_iteration(search):
+            return []
+        groups: dict[int, list[Beam]] = {}
+        for beam in search.frontier:
+            groups.setdefault(beam.group, []).append(beam)
+        best = [self.ranked(group, 1)[0] for group in groups.values()]
+        best = self.ranked([b for b in best if not b.is_finished_path], len(best))
+        return [(b, self.cfg.beam_width) for b in best]

@@ -28,3 +28,9 @@ class VaryingGranularity(BeamSearch):
             return
         active = self.finish_completed(search, now)
         search.frontier = expand(active, len(active))
+
+    def likely_kept(self, search: ProblemSearch) -> list[tuple[Beam, int]]:
+        if self._verifies(search):
+            return super().likely_kept(search)
+        active = [b for b in search.frontier if not b.is_finished_path]
+        return [(b, 1) for b in self.ranked(active, len(active))]  # certain: nothing is pruned
