@@ -213,6 +213,18 @@ def test_under_vllm_sampling_branches_keep_the_tree_and_run_on_does_not():
         assert candidates(runon) != candidates(base), algo
 
 
+def test_branches_never_outgrow_the_generator_batch_cap():
+    """A speculative cap above the generator's batch cap (the ridge batch on a device whose
+    batch M has set lower) must not push branches into the backend's waiting queue: a
+    waiting request preempts all speculation, and the branches would restart every step."""
+    kw = dict(n=8, m=2, iters=5, problems=("a", "b"), cap=8, speculative=True, spec_branches=True)
+    outs = {c: run(answering, spec_batch_cap=c, **kw) for c in (8, 16)}
+    calls = {c: len(gen.calls) for c, (_, _, gen, _) in outs.items()}
+    assert calls[16] == calls[8]
+    assert candidates(outs[16][0]) == candidates(outs[8][0])
+    assert sum(o.metrics.spec_used for o in outs[16][0]) > 0
+
+
 def test_branches_follow_the_bins_and_child_seeds():
     """A finished job with priority p starts p branches, branch k with child k's seed on
     the job's path; each stops at its own step boundary; the real request is aborted."""

@@ -245,7 +245,7 @@ class GenerationPhase:
                         stats: PhaseStats) -> None:
         """Free slots go to the highest priority bins first, child 0 before duplicates.
         A branch always starts from its parent's finished path (a preempted one was reset)."""
-        cap = self.spec_batch_cap or self.gen.batch_cap
+        cap = self._spec_cap()
         free = cap - len(pending) - len(speculating)
         if free <= 0 or not waiting:
             return
@@ -269,7 +269,7 @@ class GenerationPhase:
         """Speculative slots go to the highest priority bins first. A request that just
         finished its step runs on in place; a parked one (finished while no slot was
         free) restarts from its path, served from the prefix cache. Returns aborts."""
-        cap = self.spec_batch_cap or self.gen.batch_cap
+        cap = self._spec_cap()
         free = cap - len(pending) - len(speculating)
         cands = [(self._by_id[r].spec_priority, 1, r) for r in finished_now]
         cands += [(job.spec_priority, 0, uid) for uid, job in parked.items()]
@@ -289,6 +289,12 @@ class GenerationPhase:
                 aborts.append(key)
                 parked[self._by_id[key].beam.uid] = self._by_id[key]
         return aborts
+
+    def _spec_cap(self) -> int:
+        """Requests kept running while speculating: `spec_batch_cap` (0 = the batch cap),
+        never above the generator's batch cap (M may lower it below the ridge batch): a
+        request beyond it would wait in the backend, which preempts all speculation."""
+        return min(self.spec_batch_cap or self.gen.batch_cap, self.gen.batch_cap)
 
     def _preempted(self, step: StepStats) -> bool:
         """Speculation stops at once when real requests wait or the KV cache runs short."""
