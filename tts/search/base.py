@@ -110,6 +110,14 @@ class SearchPolicy(ABC):
         order = sorted(range(len(beams)), key=lambda i: (-self.path_score(beams[i]), i))
         return [beams[i] for i in order[:k]]
 
+    def top_active(self, search: ProblemSearch, k: int) -> tuple[list[Beam], list[Beam]]:
+        """The k beams `top_k` would keep of the frontier's unfinished ones on the scores
+        known now: best first, and in frontier order (the order children are handed out)."""
+        active = [b for b in search.frontier if not b.is_finished_path]
+        best = self.ranked(active, k)
+        chosen = {id(b) for b in best}
+        return best, [b for b in active if id(b) in chosen]
+
     def finalize(self, search: ProblemSearch) -> list[Beam]:
         """The final candidates: top-N completed by score (or first N), padded to N."""
         beams = list(search.completed)

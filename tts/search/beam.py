@@ -17,9 +17,6 @@ class BeamSearch(SearchPolicy):
     def likely_kept(self, search: ProblemSearch) -> list[tuple[Beam, int]]:
         if self.is_last_iteration(search):
             return []
-        active = [b for b in search.frontier if not b.is_finished_path]
-        best = self.ranked(active, self.cfg.n // self.cfg.beam_width)
-        chosen = {id(b) for b in best}
-        in_order = [b for b in active if id(b) in chosen]  # `expand` hands out children in this order
+        best, in_order = self.top_active(search, self.cfg.n // self.cfg.beam_width)
         counts = {id(b): c for b, c in zip(in_order, expand_counts(len(in_order), self.cfg.n))}
         return [(b, counts[id(b)]) for b in best]

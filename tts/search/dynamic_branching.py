@@ -38,10 +38,7 @@ class DynamicBranching(SearchPolicy):
     def likely_kept(self, search: ProblemSearch) -> list[tuple[Beam, int]]:
         if self.is_last_iteration(search):
             return []
-        active = [b for b in search.frontier if not b.is_finished_path]
-        best = self.ranked(active, self.cfg.n // self.cfg.beam_width)
-        chosen = {id(b) for b in best}
-        in_order = [b for b in active if id(b) in chosen]
+        best, in_order = self.top_active(search, self.cfg.n // self.cfg.beam_width)
         counts = {id(b): c for b, c in zip(in_order, branch_counts([self.path_score(b) for b in in_order],
                                                                      self.cfg.n))}
         return [(b, counts[id(b)]) for b in best if counts[id(b)] > 0]
