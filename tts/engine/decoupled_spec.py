@@ -81,7 +81,7 @@ class SpeculationMixin:
             if self._submit(work):
                 node.work = work
                 moved = True
-        self._spec_exhausted = True  # until a step commits, a selection runs or a request stops
+        self._spec_exhausted = True  # until a step commits, scores arrive, a selection runs or a request stops
         return moved
 
     def _spec_candidates(self) -> list[tuple[_DLive, Beam, int]]:
