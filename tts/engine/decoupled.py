@@ -42,7 +42,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 
 from tts.backends.base import FinishReason, Generator, GenRequest, Verifier
-from tts.config.schema import EngineKind, OptimConfig
+from tts.config.schema import DecoupledSpecScope, EngineKind, OptimConfig
 from tts.engine.decoupled_policy import EAGER_FIRST, Filler, FillPolicy, FillState, make_fill_policy
 from tts.engine.decoupled_spec import SpeculationMixin
 from tts.engine.decoupled_stats import DecoupledStats, account_prm
@@ -71,6 +71,7 @@ class DecoupledEngine(SpeculationMixin, SyncEngine):
         super().__init__(generator, verifier, make_policy, system_prompt, options)
         self.optim = optim if optim is not None else OptimConfig(engine=EngineKind.decoupled)
         self.fill_policy: FillPolicy = make_fill_policy(self.optim.decoupled_policy)
+        self.spec_survivors = DecoupledSpecScope(self.optim.decoupled_spec_scope) is DecoupledSpecScope.survivors
         self.prm_cap = max(0, self.optim.verifier_batch_size)
         # speculative tokens per beam: `spec_max_tokens`, 0 meaning one step's limit
         self._init_speculation(max(0, options.spec_max_tokens) or self.policy.step_max_tokens, kv_spec_limit)

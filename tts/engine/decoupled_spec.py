@@ -36,7 +36,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from tts.config.schema import DecoupledSpecScope
 from tts.engine.decoupled_work import Kind, _DLive, _SpecNode, _Work
 from tts.engine.generation import GenJob
 from tts.search.tree import Beam, StepEnd, child_seed
@@ -47,9 +46,9 @@ SPEC_PAUSE_STEPS = 16  # after a memory preemption, no new speculation for this 
 class SpeculationMixin:
     """The speculation half of `DecoupledEngine`.
 
-    It reads the engine's state (`gen`, `phase`, `policy`, `dstats`, `_lives`, `_running`,
-    `_kv`, `_backend_waiting`) and calls its `_jobs`, `_submit`, `_free` and `_event`; the
-    state below is its own.
+    It reads the engine's state (`gen`, `phase`, `policy`, `spec_survivors`, `dstats`,
+    `_lives`, `_running`, `_kv`, `_backend_waiting`) and calls its `_jobs`, `_submit`,
+    `_free` and `_event`; the state below is its own.
     """
 
     def _init_speculation(self, spec_cap: int, kv_spec_limit: float) -> None:
@@ -92,8 +91,7 @@ class SpeculationMixin:
             search = live.search
             if not self.policy.stops_at_boundary or self.policy.is_last_iteration(search):
                 continue
-            plan = (self.policy.likely_kept(search)
-                    if self.optim.decoupled_spec_scope == DecoupledSpecScope.survivors else None)
+            plan = self.policy.likely_kept(search) if self.spec_survivors else None
             if plan is None:
                 beams = sorted(search.frontier, key=lambda b: -self.policy.path_score(b))
                 plan = [(b, 1) for b in beams]

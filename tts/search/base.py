@@ -101,8 +101,8 @@ class SearchPolicy(ABC):
         """A guess at what `select` would keep if it ran on the scores known now: the
         frontier beams it would keep, best first, each with its number of children. A
         beam whose new step is not scored yet ranks by the scores of its path so far;
-        duplicate filtering is not guessed. Changes nothing; speculation uses it to choose what to generate ahead. None: the
-        policy cannot tell (the default)."""
+        duplicate filtering is not guessed. Changes nothing; speculation uses it to
+        choose what to generate ahead. None: the policy cannot tell (the default)."""
         return None
 
     def ranked(self, beams: list[Beam], k: int) -> list[Beam]:
@@ -129,13 +129,13 @@ class SearchPolicy(ABC):
         return beams
 
     def top_k(self, beams: list[Beam], k: int) -> list[Beam]:
-        """The k best by path score; ties keep the earlier beam (stable)."""
-        order = sorted(range(len(beams)), key=lambda i: (-self.path_score(beams[i]), i))
-        keep = set(order[:k])
-        for i, beam in enumerate(beams):
-            if i not in keep:
+        """The k best by path score, in their order; ties keep the earlier beam. The rest
+        are marked pruned."""
+        keep = {id(b) for b in self.ranked(beams, k)}
+        for beam in beams:
+            if id(beam) not in keep:
                 beam.state = BeamState.PRUNED
-        return [b for i, b in enumerate(beams) if i in keep]
+        return [b for b in beams if id(b) in keep]
 
     def dedup(self, beams: list[Beam]) -> list[Beam]:
         if not self.cfg.filter_duplicates:
