@@ -104,6 +104,41 @@ def test_generate_streams_what_vllm_generates(gen) -> None:
     assert stats[-1].num_running == 1  # only the 8-token request is left
 
 
+def resumed_runs(gen, seed: int = 5, total: int = 40, cuts=(1, 7, 18, 30)) -> tuple[list[int], dict[int, list[int]]]:
+    """One request of `total` tokens, then fresh requests with the same seed resuming it
+    from each cut: (the uninterrupted tokens, each resumed request's tokens)."""
+    prompt = tuple(gen.encode_prompt("What is 12 * 13? Think step by step.", "Be brief."))
+    full, _ = run_all(gen, [GenRequest("whole", prompt, max_tokens=total, seed=seed)])
+    whole = tokens(full["whole"])
+    resumed, _ = run_all(gen, [GenRequest(f"cut{k}", prompt + tuple(whole[:k]), max_tokens=total - k, seed=seed)
+                               for k in cuts if k < len(whole)])
+    return whole, {int(rid[3:]): tokens(d) for rid, d in resumed.items()}
+
+
+def test_position_sampling_resumes_a_request_exactly(gen) -> None:
+    assert gen.resumable_sampling
+    whole, resumed = resumed_runs(gen)
+    assert len(whole) > 30 and len(resumed) == 4
+    for k, got in resumed.items():
+        assert got == whole[k:], f"resumed at {k}"
+
+
+@pytest.fixture(scope="module")
+def own_sampler_gen(model_path: str, gen):  # closed with the module: closing an engine
+    from tts.backends.vllm_generator import VllmGenerator  # tears down vLLM's global groups
+
+    generator = VllmGenerator.from_model(model_path, position_sampling=False, **ENGINE)
+    yield generator
+    generator.close()
+
+
+def test_vllms_own_sampler_does_not_resume(own_sampler_gen) -> None:
+    """The control: vLLM's per-request random stream starts again with each request."""
+    assert not own_sampler_gen.resumable_sampling
+    whole, resumed = resumed_runs(own_sampler_gen)
+    assert sum(got != whole[k:] for k, got in resumed.items()) >= 3
+
+
 def test_prefix_cache_hits_after_finish_and_within_a_batch(gen) -> None:
     prompt = tuple(gen.encode_prompt("What is 3*4?", LONG_SYSTEM))
     assert len(prompt) > 64

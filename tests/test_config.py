@@ -31,6 +31,7 @@ def test_default_config_composes_to_the_schema():
     ("optim.lookahead=true", "optim.lookahead: needs optim.speculative=true"),
     ("memory.block_size=16", "memory.block_size: 16 is not a multiple of 32"),
     ("logger.mode=loud", "logger.mode: valid choices: online, offline, disabled"),
+    ("generator.sampler=gumbel", "expected one of [position, vllm]"),
 ])
 def test_bad_config_names_field_and_choices(override, needle):
     with pytest.raises(ConfigError) as err:
@@ -103,3 +104,15 @@ def test_help_imports_nothing_heavy():
             "print(sorted(m for m in ('torch', 'vllm', 'wandb') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("sampler,mode", [("position", "context"), ("vllm", "stream")])
+def test_fake_generator_follows_the_sampler(sampler, mode):
+    """The fake backend's sampling modes are the two samplers' semantics."""
+    from tts.backends.factory import Backends, static_split
+    from tts.config.compose import validate
+
+    cfg = validate(compose("config", ["generator.backend=fake", "verifier.backend=fake",
+                                      f"generator.sampler={sampler}"]))
+    gen, _ = Backends(cfg).get(*static_split(cfg))
+    assert gen.sampling == mode and gen.resumable_sampling == (sampler == "position")

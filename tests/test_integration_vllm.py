@@ -102,6 +102,31 @@ def test_speculative_engine_on_real_vllm(backends, preset):
     assert engine.gen.num_unfinished() == 0  # no speculative request left behind
 
 
+def final_candidates(engine, problem: str):
+    out = next(iter(engine.run([ProblemInput("q4", problem)])))
+    return sorted(b.text for b in out.candidates), out.metrics
+
+
+def test_run_on_speculation_keeps_the_baseline_tree_with_position_sampling(backends):
+    """Run-on speculation with every duplicate starting afresh (truncate ratio 0) adopts, for
+    child 0, exactly the step its own request would sample: same final candidates as the
+    baseline. (The same run with `generator.sampler=vllm` ends with other candidates: the
+    run-on tokens come from another random stream.)"""
+    common = ["search.max_iterations=4", "optim.eos_at_depth_limit=false", "generator.step_max_tokens=40",
+              "generator.max_total_tokens=160"]
+    _, base = engine_for(backends, "optim=baseline", *common)
+    expected, _ = final_candidates(base, "What is 10 - 4?")
+    _, spec = engine_for(backends, "optim=PMS", "optim.roofline_memory=false", "optim.spec_truncate_ratio=0",
+                         "optim.spec_truncate_std=0", *common)
+    got, m = final_candidates(spec, "What is 10 - 4?")
+    assert spec.gen.resumable_sampling and m.spec_used > 0
+    assert got == expected
+
+
+# run_bench builds and closes its own engines, which tears down vLLM's global groups under
+# the module's engines: the tests that use `backends` come before it.
+
+
 def test_run_bench_embedded_writes_complete_records(tmp_path):
     cfg = compose("config", TINY + ["dataset.first_k=2", f"bench.results_dir={tmp_path}", "bench.run_name=r"])
     path = run_bench(cfg)
@@ -131,3 +156,4 @@ def test_missing_model_folder_is_a_clear_error(tmp_path):
     cfg = validate(compose("config", TINY + [f"generator.model={tmp_path}/nope"]))
     with pytest.raises(FileNotFoundError, match="nope"):
         Backends(cfg).get(*static_split(cfg))
+

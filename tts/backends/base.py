@@ -76,9 +76,10 @@ class Generator(ABC):
     aborted request is returned afterwards.
 
     `resumable_sampling`: whether a request whose prompt ends with the first k tokens of
-    a step samples the rest of it as the uninterrupted request (same seed) would. Not so
-    for vLLM: a seeded request draws from its own random generator, started at the
-    request's first sampled token, so a resumed request, or one run on past a step
+    a step samples the rest of it as the uninterrupted request (same seed) would. True for
+    vLLM with the position-keyed sampler (`generator.sampler=position`); not with vLLM's
+    own sampler, where a seeded request draws from its own random generator, started at
+    the request's first sampled token, so a resumed request, or one run on past a step
     boundary, samples other tokens than a fresh request with the same seed.
     """
 

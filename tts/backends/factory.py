@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tts.backends.base import Generator, Verifier
-from tts.config.schema import BackendKind, Config
+from tts.config.schema import BackendKind, Config, Sampler
 
 GIB = 1 << 30
 PROMPT_ROOM = 1024  # tokens reserved for the chat-templated problem prompt
@@ -68,11 +68,19 @@ class Backends:
         g = self.cfg.generator
         if g.backend is BackendKind.fake:
             from tts.backends.fake import FakeGenerator
-            return FakeGenerator(batch_cap=spec.max_num_seqs)
+            # the fake's two modes are the two samplers' semantics
+            return FakeGenerator(batch_cap=spec.max_num_seqs,
+                                 sampling="context" if g.sampler is Sampler.position else "stream")
         from tts.backends.vllm_generator import VllmGenerator
         # the longest sequence: a long problem prompt, the path, and a step of speculation
         longest = PROMPT_ROOM + g.max_total_tokens + 2 * g.step_max_tokens
-        return VllmGenerator(self._llm(g.model, g.dtype, spec, self.cfg.memory.generator_fraction, longest))
+        position = g.sampler is Sampler.position
+        kwargs = {}
+        if position:
+            from tts.backends.vllm_sampling import PositionSampler
+            kwargs["logits_processors"] = [PositionSampler]
+        llm = self._llm(g.model, g.dtype, spec, self.cfg.memory.generator_fraction, longest, kwargs)
+        return VllmGenerator(llm, resumable_sampling=position)
 
     def _make_verifier(self, spec: EngineSpec) -> Verifier:
         v = self.cfg.verifier

@@ -44,10 +44,14 @@ class VllmGenerator(Generator):
 
     Sampling is seeded per request (`GenRequest.seed`), so a request repeated with the same
     prompt, seed and parameters yields the same tokens. Temperature 0 is greedy.
+    `resumable_sampling` must say whether `llm` was built with the position-keyed sampler
+    (`tts.backends.vllm_sampling.PositionSampler`); without it, vLLM's per-request random
+    stream makes resumed and run-on requests sample other tokens.
     """
 
-    def __init__(self, llm: vllm.LLM) -> None:
+    def __init__(self, llm: vllm.LLM, resumable_sampling: bool = False) -> None:
         self._llm = llm
+        self.resumable_sampling = resumable_sampling
         self._engine = llm.llm_engine
         self._tokenizer = llm.get_tokenizer()
         self._probe = SchedulerProbe(llm)
@@ -59,9 +63,16 @@ class VllmGenerator(Generator):
         self._eos = int(eos)
 
     @classmethod
-    def from_model(cls, model_path: str, **engine_kwargs: Any) -> VllmGenerator:
-        """Start an engine with `make_llm(model_path, **engine_kwargs)` and wrap it."""
-        return cls(make_llm(model_path, **engine_kwargs))
+    def from_model(cls, model_path: str, position_sampling: bool = True,
+                   **engine_kwargs: Any) -> VllmGenerator:
+        """Start an engine with `make_llm(model_path, **engine_kwargs)` and wrap it, with
+        the position-keyed sampler unless `position_sampling` is False."""
+        if position_sampling:
+            from tts.backends.vllm_sampling import PositionSampler
+            extra = dict(engine_kwargs.pop("engine_kwargs", None) or {})
+            extra["logits_processors"] = [PositionSampler]
+            engine_kwargs["engine_kwargs"] = extra
+        return cls(make_llm(model_path, **engine_kwargs), resumable_sampling=position_sampling)
 
     @property
     def llm(self) -> vllm.LLM:

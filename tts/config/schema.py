@@ -42,6 +42,19 @@ class BackendKind(str, enum.Enum):
     fake = "fake"
 
 
+class Sampler(str, enum.Enum):
+    """How a seeded generator request draws its random numbers.
+
+    position: from (seed, absolute position), so a request resumed from part of its output,
+    or run on past a step boundary, samples what a fresh request with that seed would
+    (speculative steps are reused exactly; `tts.backends.vllm_sampling`).
+    vllm: vLLM's own per-request generator, started at the request's first sampled token.
+    """
+
+    position = "position"
+    vllm = "vllm"
+
+
 class EngineKind(str, enum.Enum):
     baseline = "baseline"
     flash = "flash"
@@ -86,6 +99,7 @@ class GeneratorConfig:
     dtype: str = "auto"
     temperature: float = 0.8
     top_p: float = 1.0
+    sampler: Sampler = Sampler.position  # see Sampler: position keeps speculation exact
     step_max_tokens: int = 96  # a step ends at "\n\n", EOS, or this many tokens
     max_total_tokens: int = 768  # per path, prompt excluded; the path completes at this length
     system_prompt_file: str = "step_by_step.txt"  # under conf/prompts/, or an absolute path

@@ -1,0 +1,65 @@
+"""Position-keyed sampling arithmetic (`tts.backends.position_sampling`), without vLLM:
+the uniform depends on (seed, position) only, and inverse-CDF sampling draws from
+softmax(logits / T) restricted to the top-p nucleus."""
+
+import math
+
+import pytest
+import torch
+
+from tts.backends.position_sampling import position_uniform, sample_rows
+
+
+def test_uniform_is_a_function_of_seed_and_position() -> None:
+    draws = [position_uniform(seed, pos) for seed in range(50) for pos in range(200)]
+    assert all(0.0 <= u < 1.0 for u in draws)
+    assert draws == [position_uniform(seed, pos) for seed in range(50) for pos in range(200)]
+    assert len(set(draws)) == len(draws)  # no two (seed, position) pairs collide here
+    assert abs(sum(draws) / len(draws) - 0.5) < 0.01
+    tenths = [sum(1 for u in draws if k / 10 <= u < (k + 1) / 10) for k in range(10)]
+    chi2 = sum((c - len(draws) / 10) ** 2 / (len(draws) / 10) for c in tenths)
+    assert chi2 < 27.9  # uniform: chi-square with 9 degrees of freedom, p = 0.001
+    # neighbouring positions of one seed are not correlated
+    xs = [position_uniform(7, p) for p in range(5000)]
+    mean = sum(xs) / len(xs)
+    cov = sum((a - mean) * (b - mean) for a, b in zip(xs, xs[1:])) / (len(xs) - 1)
+    assert abs(cov / (1 / 12)) < 0.05
+
+
+def stratified(n: int) -> torch.Tensor:
+    return (torch.arange(n, dtype=torch.float64) + 0.5) / n
+
+
+@pytest.mark.parametrize("temperature", [0.5, 0.8, 1.0, 2.0])
+def test_inverse_cdf_draws_the_softmax_distribution(temperature: float) -> None:
+    logits = torch.tensor([2.0, -1.0, 0.5, 3.0, float("-inf"), 0.0])
+    n = 20000
+    tokens = sample_rows(logits.expand(n, -1), torch.full((n,), temperature), torch.ones(n), stratified(n))
+    freq = torch.bincount(tokens, minlength=len(logits)).double() / n
+    expected = torch.softmax(logits.double() / temperature, dim=-1)
+    assert torch.allclose(freq, expected, atol=2 / n)
+    assert freq[4] == 0  # a masked token is never drawn
+
+
+def test_top_p_keeps_the_nucleus_and_renormalises() -> None:
+    logits = torch.log(torch.tensor([0.1, 0.5, 0.05, 0.3, 0.05]))
+    n = 10000
+    tokens = sample_rows(logits.expand(n, -1), torch.ones(n), torch.full((n,), 0.7), stratified(n))
+    freq = torch.bincount(tokens, minlength=5).double() / n
+    # 0.5 then 0.3 reach 0.7: the nucleus is {1, 3}, renormalised to 5/8 and 3/8
+    assert torch.allclose(freq, torch.tensor([0, 5 / 8, 0, 3 / 8, 0], dtype=torch.float64), atol=2 / n)
+
+
+def test_rows_sample_independently_with_their_own_parameters() -> None:
+    logits = torch.tensor([[0.0, 1.0, 2.0], [5.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    u = torch.tensor([0.999, 0.5, 0.34], dtype=torch.float64)
+    got = sample_rows(logits, torch.tensor([1.0, 0.01, 1.0]), torch.tensor([1.0, 1.0, 1.0]), u)
+    assert got.tolist() == [2, 0, 1]  # top of the CDF; near-greedy; a third of the way along
+    one = sample_rows(logits[:1], torch.tensor([1.0]), torch.tensor([1.0]), u[:1])
+    assert one.tolist() == got[:1].tolist()  # a row's draw does not depend on the batch
+
+
+def test_a_uniform_at_the_top_never_runs_off_the_vocabulary() -> None:
+    logits = torch.tensor([[0.0, 0.0, -math.inf]])
+    got = sample_rows(logits, torch.ones(1), torch.ones(1), torch.tensor([1.0 - 2 ** -53], dtype=torch.float64))
+    assert got.tolist() == [1]
