@@ -5,13 +5,14 @@ for the next step of a path samples that step. Two sampling modes:
 
 - `context` (default): the next token depends only on the context and the request's
   seed, so a request that runs past a step boundary, or resumes from part of a step,
-  produces exactly what a fresh request for that step with the same seed would.
-- `stream`: like vLLM's seeded sampling, a request draws from its own random stream
+  produces exactly what a fresh request for that step with the same seed would: vLLM
+  with the position-keyed sampler (`generator.sampler=position`).
+- `stream`: like vLLM's own seeded sampling (`generator.sampler=vllm`), a request draws from its own random stream
   started at its first sampled token. A request that starts at a step boundary samples
   the script's step for its seed; a step it reaches by running on past a boundary, or
   resumes in the middle of, is sampled from a stream position the fresh request never
   has (the script is called with a seed mixed from the seed and that position). Tests
-  that claim "the same tree as the baseline on vLLM" run in this mode.
+  that claim "the same tree as the baseline" whatever the sampler run in this mode.
 
 Tokens are characters (id = code point + 16); EOS is written "\x03".
 

@@ -19,10 +19,11 @@ adopts them. When a selection keeps the beam and gives it that child, the child 
 the step: a finished one becomes the child's step with no generation request, a running
 one becomes the child's request. A partial one (preempted, or stopped at
 `spec_max_tokens`, 0 = one step's limit) seeds the child's request through
-`Beam.spec_tokens` only where the generator's sampling is resumable (the fake backend's
-`context` mode); on vLLM a request resumed from part of a step samples another step than
-the child's own request would, which would change the search, so there it is discarded,
-and a preempted speculative request restarts from its path. When no kept child matches
+`Beam.spec_tokens` only where the generator's sampling is resumable (vLLM with the
+position-keyed sampler, the fake backend's `context` mode); with vLLM's own sampler a
+request resumed from part of a step samples another step than the child's own request
+would, which would change the search, so there it is discarded, and a preempted
+speculative request restarts from its path. When no kept child matches
 (the beam is pruned, completes, or gets fewer children), the speculative step is dropped
 and counted as wasted.
 

@@ -14,10 +14,11 @@ request or, with speculation on, speculates in one of two ways:
   (it holds its KV, no tokens are generated while the verifier runs) and becomes child
   k's request in the next phase; branches of beams selection did not keep are aborted.
   The tree is the one without speculation (on vLLM, up to its batch-dependent
-  numerics, which move P's trees too). Run-on cannot give that on real vLLM: a
-  request that runs past a boundary, or a request resumed from some of its tokens,
-  samples differently from a fresh request with the same seed (a seeded request's RNG
-  advances with each token), so trees drift apart.
+  numerics, which move P's trees too), whatever the sampler. Run-on gives that too
+  for child 0 (with R = 0, preset `PMS_exact`) only where sampling is resumable: with
+  the position-keyed sampler on vLLM (`generator.sampler=position`, the default), not
+  with vLLM's own, where a request that runs past a boundary, or one resumed from some
+  of its tokens, samples differently from a fresh request with the same seed.
 
 Real work always has priority (two-phase scheduling): a request may only speculate while
 no real request waits, and speculation is dropped at once when the KV cache runs short
