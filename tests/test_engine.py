@@ -300,3 +300,49 @@ def test_fake_stream_sampling_draws_like_vllm():
     assert sample("stream", fresh, 7) == "<1:5>\n\n"  # a fresh request for the next step
     assert not FakeGenerator(script, sampling="stream").resumable_sampling
     assert FakeGenerator(script).resumable_sampling
+
+
+def test_preempted_branch_resumes_where_sampling_is_resumable():
+    """A branch preempted part-way resumes from its tokens under `context` sampling (vLLM
+    with the position-keyed sampler) and restarts from its path under `stream` (vLLM's
+    own sampler); either way it ends as child k's own step, and resuming generates fewer
+    tokens. Cut short at the phase's end, it is handed down as the start of child k's
+    step only where sampling is resumable."""
+    from tts.backends.base import StepStats
+    from tts.engine.generation import GenerationPhase, GenJob, PhaseStats
+    from tts.search.tree import child_seed
+
+    def script(problem, steps, seed):
+        return ("a" if not steps else "b") * (6 + seed % 5) + "\n\n"
+
+    waiting = StepStats(num_running=1, num_waiting=1, num_scheduled_tokens=1, batch_cap=8,
+                        token_cap=64, kv_usage=0.0, wall_s=0.0)
+    for mode in ("context", "stream"):
+        gen = FakeGenerator(script, batch_cap=8, sampling=mode)
+        prompt = tuple(gen.encode_prompt("q", "s"))
+        parent = GenJob(Beam("p", prompt, 10), limit=30, spec_priority=1)
+        phase = GenerationPhase(gen, 0.0, 1.0, speculative=True, spec_max_tokens=50, spec_branches=True)
+        phase.run([parent])  # alone: it finishes and branches with nothing pending, so none start
+        stats = PhaseStats()
+        (branch,) = parent.branches  # priority 1: child 0's branch, waiting for a slot
+        speculating: dict[str, int] = {}
+        phase._start_branches([branch], {"real"}, speculating, stats)
+        for _ in range(3):
+            for d in gen.step()[0]:
+                phase._take_branch_delta(phase._by_id[d.request_id], d, stats, speculating)
+        done_before = list(branch.tokens)
+        assert 0 < len(done_before) < 6
+        queue: list[GenJob] = []
+        gen.abort(phase._preempt_speculation(speculating, waiting, queue))
+        assert queue == [branch] and branch.tokens == (done_before if mode == "context" else [])
+        assert phase.branch_steps(parent) == ({branch.beam.seed: tuple(done_before)} if mode == "context" else {})
+        before = stats.spec_tokens
+        phase._start_branches(queue, {"real"}, speculating, stats)
+        while gen.num_unfinished():
+            for d in gen.step()[0]:
+                if phase._take_branch_delta(phase._by_id[d.request_id], d, stats, speculating):
+                    gen.abort([d.request_id])  # its step ended: the phase stops the request
+        assert branch.finished and branch.beam.seed == child_seed(10, 0)
+        assert gen.decode(branch.tokens) == "b" * (6 + branch.beam.seed % 5) + "\n\n"  # child 0's own step
+        again = stats.spec_tokens - before
+        assert again == len(branch.tokens) - (len(done_before) if mode == "context" else 0)

@@ -245,7 +245,8 @@ class GenerationPhase:
     def _start_branches(self, waiting: list[GenJob], pending: set[str], speculating: dict[str, int],
                         stats: PhaseStats) -> None:
         """Free slots go to the highest priority bins first, child 0 before duplicates.
-        A branch always starts from its parent's finished path (a preempted one was reset)."""
+        A branch starts from its parent's finished path; a preempted one resumes from its
+        tokens where sampling is resumable, and was reset to none otherwise."""
         cap = self._spec_cap()
         free = cap - len(pending) - len(speculating)
         if free <= 0 or not waiting:
@@ -253,17 +254,24 @@ class GenerationPhase:
         waiting.sort(key=lambda b: (-b.spec_priority, b.branch_of.branches.index(b)))
         while free > 0 and waiting:
             branch = waiting.pop(0)
-            prompt = tuple(branch.branch_of.tokens)
-            speculating[self._submit(branch, prompt, branch.limit, stats)] = branch.spec_priority
+            prompt = tuple(branch.branch_of.tokens) + tuple(branch.tokens)
+            budget = branch.limit - len(branch.tokens)
+            speculating[self._submit(branch, prompt, budget, stats)] = branch.spec_priority
             free -= 1
 
     def branch_steps(self, job: GenJob) -> dict[int, tuple[int, ...]]:
         """The finished branches' steps by child seed, as children adopt them (a final EOS
-        kept). Running ones are taken over by their child (`carried`); a branch cut short
-        is not handed down: its child's own request would sample other tokens after it."""
+        kept). Running ones are taken over by their child (`carried`). A branch cut short
+        (preempted, waiting for a slot) is handed down as the start of its child's step
+        where sampling is resumable: the child's request samples the rest exactly; not
+        otherwise, where that request would sample other tokens after it."""
         eos = (self.gen.eos_token_id,)
-        return {b.beam.seed: tuple(b.tokens) + (eos if b.end is StepEnd.EOS else ())
-                for b in job.branches if b.finished}
+        steps = {b.beam.seed: tuple(b.tokens) + (eos if b.end is StepEnd.EOS else ())
+                 for b in job.branches if b.finished}
+        if self.gen.resumable_sampling:
+            steps.update((b.beam.seed, tuple(b.tokens)) for b in job.branches
+                         if not b.finished and b.tokens and (job.beam.uid, b.beam.seed) not in self.carried)
+        return steps
 
     def _assign_slots(self, finished_now: list[str], parked: dict[int, GenJob], pending: set[str],
                       speculating: dict[str, int], stats: PhaseStats) -> list[str]:
@@ -343,8 +351,9 @@ class GenerationPhase:
             for r in dropped:
                 b = self._by_id[r]
                 if b.branch_of is not None and not b.finished:
-                    # from scratch: a request resumed from its tokens would sample differently
-                    b.tokens, b.last_char = [], ""
+                    if not self.gen.resumable_sampling:
+                        # from scratch: a request resumed from its tokens would sample differently
+                        b.tokens, b.last_char = [], ""
                     branches.append(b)
             return dropped
         return []
