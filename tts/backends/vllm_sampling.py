@@ -17,6 +17,9 @@ a request resumed from any prefix of its own output, or run on past a step bound
 the same seed, samples what the uninterrupted request would, up to the batch-dependent
 rounding of the logits themselves.
 
+The position is read from vLLM's live list of the request's output tokens, which is
+current before each forward pass with synchronous scheduling (`make_llm` sets
+`async_scheduling=False`; with asynchronous scheduling it could lag one token).
 Greedy rows (temperature 0) and rows without a seed are left to vLLM. Logprobs that vLLM
 returns come from the raw logits (its default `raw_logprobs` mode), so they are unchanged.
 Enabled by `generator.sampler=position` (the default); `vllm` keeps vLLM's own sampler.
