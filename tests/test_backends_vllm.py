@@ -123,6 +123,18 @@ def test_position_sampling_resumes_a_request_exactly(gen) -> None:
         assert got == whole[k:], f"resumed at {k}"
 
 
+def test_position_sampling_refuses_what_it_would_drop(gen) -> None:
+    from vllm import SamplingParams
+    from vllm.exceptions import VLLMValidationError
+
+    prompt = {"prompt_token_ids": list(gen.encode_prompt("What is 2+3?", "Be brief."))}
+    with pytest.raises(VLLMValidationError, match="top_k"):
+        gen.llm.generate([prompt], SamplingParams(max_tokens=2, seed=1, temperature=0.8, top_k=5),
+                         use_tqdm=False)
+    greedy = gen.llm.generate([prompt], SamplingParams(max_tokens=2, temperature=0.0, top_k=5), use_tqdm=False)
+    assert len(greedy[0].outputs[0].token_ids) == 2  # greedy rows are vLLM's: allowed
+
+
 @pytest.fixture(scope="module")
 def own_sampler_gen(model_path: str, gen):  # closed with the module: closing an engine
     from tts.backends.vllm_generator import VllmGenerator  # tears down vLLM's global groups

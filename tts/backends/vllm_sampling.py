@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 from vllm import SamplingParams
+from vllm.exceptions import VLLMValidationError
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
@@ -57,6 +58,24 @@ class PositionSampler(LogitsProcessor):
 
     def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool) -> None:
         self.rows: dict[int, _Row] = {}
+
+    @classmethod
+    def validate_params(cls, sampling_params: SamplingParams) -> None:
+        """Seeded sampling here is temperature and top-p only: a request that asks for more
+        would silently lose it (the row leaves vLLM one finite logit), so it is refused."""
+        if sampling_params.seed is None or sampling_params.temperature < _EPS:
+            return
+        p = sampling_params
+        unsupported = {"top_k": p.top_k not in (-1, 0), "min_p": p.min_p > 0,
+                       "repetition_penalty": p.repetition_penalty != 1.0,
+                       "presence_penalty": p.presence_penalty != 0.0,
+                       "frequency_penalty": p.frequency_penalty != 0.0}
+        bad = [name for name, on in unsupported.items() if on]
+        if bad:
+            raise VLLMValidationError(
+                f"position sampling (generator.sampler=position) supports temperature and top_p "
+                f"only; this request sets {', '.join(bad)} (use generator.sampler=vllm)",
+                parameter=bad[0])
 
     @classmethod
     def new_row(cls, params: SamplingParams, prompt_ids: list[int] | None,
