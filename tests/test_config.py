@@ -116,3 +116,23 @@ def test_fake_generator_follows_the_sampler(sampler, mode):
                                       f"generator.sampler={sampler}"]))
     gen, _ = Backends(cfg).get(*static_split(cfg))
     assert gen.sampling == mode and gen.resumable_sampling == (sampler == "position")
+
+
+def test_optim_overrides_apply_to_every_compare_variant():
+    """With `bench.compare`, the variants are presets; the command line's `optim.*`
+    overrides go on top of each, and one that breaks a variant names it."""
+    from tts.config.compose import validate
+    from tts.runner import variant_optims
+
+    cfg = validate(compose("compare", ["optim.spec_truncate_ratio=0", "bench.compare=[baseline,PMS,PMS_branches]"]))
+    assert cfg.bench.optim_overrides == ["spec_truncate_ratio=0"]
+    variants = dict(variant_optims(cfg))
+    assert {v.spec_truncate_ratio for v in variants.values()} == {0.0}
+    assert variants["PMS_branches"].spec_branches and not variants["baseline"].speculative
+    assert dict(variant_optims(validate(compose("compare", []))))["PMS"].spec_truncate_ratio == 0.85
+    bad = validate(compose("compare", ["optim=PMS", "optim.lookahead=true", "bench.compare=[baseline,PMS]"]))
+    assert bad.bench.optim_overrides == ["lookahead=true"]  # the group choice is not one
+    with pytest.raises(ConfigError, match="variant 'baseline'.*lookahead"):
+        variant_optims(bad)  # valid for PMS, not for the baseline preset
+    with pytest.raises(ConfigError, match="spec_truncate_ratio"):
+        compose("compare", ["optim.spec_truncate_ratio=2"])

@@ -14,7 +14,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from tts.backends.factory import Backends, read_prompt, static_split
-from tts.config.compose import CONF_DIR, ConfigError, to_yaml, validate
+from tts.config.compose import CONF_DIR, ConfigError, explain, to_yaml, validate
 from tts.config.schema import BackendKind, Config, EngineKind, OptimConfig
 from tts.engine.sync import EngineOptions, ProblemInput, SyncEngine
 from tts.metrics.collector import merge_step_logs
@@ -44,7 +44,8 @@ def load_problems_for(cfg: Config) -> list:
 
 
 def variant_optims(cfg: Config) -> list[tuple[str, OptimConfig]]:
-    """(name, optim config) for each variant: the `bench.compare` presets, else one."""
+    """(name, optim config) for each variant: the `bench.compare` presets, each with
+    `bench.optim_overrides` on top, else the one configured."""
     if not cfg.bench.compare:
         return [(_preset_name(cfg.optim), cfg.optim)]
     out = []
@@ -53,8 +54,13 @@ def variant_optims(cfg: Config) -> list[tuple[str, OptimConfig]]:
         if not path.exists():
             valid = sorted(p.stem for p in (CONF_DIR / "optim").glob("*.yaml"))
             raise ConfigError(f"bench.compare: unknown optim preset {name!r}; valid choices: {', '.join(valid)}")
-        merged = OmegaConf.merge(OmegaConf.structured(OptimConfig), OmegaConf.load(path))
-        out.append((name, OmegaConf.to_object(merged)))
+        try:
+            merged = OmegaConf.merge(OmegaConf.structured(OptimConfig), OmegaConf.load(path),
+                                     OmegaConf.from_dotlist(list(cfg.bench.optim_overrides)))
+            out.append((name, OmegaConf.to_object(merged)))
+        except Exception as err:  # an unknown key, a bad value, or a rule __post_init__ checks
+            raise ConfigError(f"bench.compare: variant {name!r} with {list(cfg.bench.optim_overrides)}: "
+                              f"{explain(err)}") from err
     return out
 
 

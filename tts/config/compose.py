@@ -34,9 +34,24 @@ def compose(config_name: str = "config", overrides: list[str] | None = None) -> 
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = hydra_compose(config_name=config_name, overrides=list(overrides or []))
     except Exception as err:  # Hydra raises several unrelated types; all mean bad config
-        raise ConfigError(_explain(err)) from err
+        raise ConfigError(explain(err)) from err
+    if cfg.bench.compare:
+        extra = optim_overrides(overrides or [])
+        if extra:  # a compare run's variants are presets: the user's optim.* go on top of each
+            cfg.bench.optim_overrides = list(cfg.bench.optim_overrides) + extra
     validate(cfg)
     return cfg
+
+
+def optim_overrides(overrides: list[str]) -> list[str]:
+    """The `optim.KEY=VALUE` overrides (also with `+`/`++`), as `KEY=VALUE`; a group
+    choice (`optim=NAME`) is not one."""
+    out = []
+    for o in overrides:
+        key, eq, value = o.lstrip("+").partition("=")
+        if eq and key.startswith("optim."):
+            out.append(f"{key[len('optim.'):]}={value}")
+    return out
 
 
 def validate(cfg: DictConfig):
@@ -46,10 +61,10 @@ def validate(cfg: DictConfig):
     except ValueError as err:
         raise ConfigError(str(err)) from err
     except Exception as err:
-        raise ConfigError(_explain(err)) from err
+        raise ConfigError(explain(err)) from err
 
 
-def _explain(err: Exception) -> str:
+def explain(err: Exception) -> str:
     from omegaconf.errors import ConfigKeyError, ValidationError
 
     cause = err
@@ -93,7 +108,7 @@ def expand_sweep(overrides: list[str]) -> list[list[str]]:
     try:
         parsed = OverridesParser.create().parse_overrides(overrides=list(overrides))
     except Exception as err:
-        raise ConfigError(_explain(err)) from err
+        raise ConfigError(explain(err)) from err
     batches = BasicSweeper.split_arguments(parsed, max_batch_size=None)
     return [list(combo) for batch in batches for combo in batch]
 

@@ -289,6 +289,9 @@ class BenchConfig:
     results_dir: str = "results"
     resume: bool = False
     compare: list[str] = field(default_factory=list)  # optim presets to run side by side
+    # `optim.KEY=VALUE` applied on top of every `compare` preset; filled from the command
+    # line's `optim.*` overrides when `compare` is set (see tts.config.compose)
+    optim_overrides: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         _require(self.concurrency >= 1, "bench.concurrency", "must be >= 1")
