@@ -71,15 +71,12 @@ class Backends:
             # the fake's two modes are the two samplers' semantics
             return FakeGenerator(batch_cap=spec.max_num_seqs,
                                  sampling="context" if g.sampler is Sampler.position else "stream")
-        from tts.backends.vllm_generator import VllmGenerator
+        from tts.backends.vllm_generator import VllmGenerator, sampler_engine_kwargs
         # the longest sequence: a long problem prompt, the path, and a step of speculation
         longest = PROMPT_ROOM + g.max_total_tokens + 2 * g.step_max_tokens
         position = g.sampler is Sampler.position
-        kwargs = {}
-        if position:
-            from tts.backends.vllm_sampling import PositionSampler
-            kwargs["logits_processors"] = [PositionSampler]
-        llm = self._llm(g.model, g.dtype, spec, self.cfg.memory.generator_fraction, longest, kwargs)
+        llm = self._llm(g.model, g.dtype, spec, self.cfg.memory.generator_fraction, longest,
+                        sampler_engine_kwargs(position))
         return VllmGenerator(llm, resumable_sampling=position)
 
     def _make_verifier(self, spec: EngineSpec) -> Verifier:

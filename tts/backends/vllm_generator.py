@@ -33,6 +33,14 @@ _FINISH_REASONS: dict[str, FinishReason] = {
 }
 
 
+def sampler_engine_kwargs(position_sampling: bool) -> dict[str, Any]:
+    """The `vllm.LLM` arguments that install the position-keyed sampler (none without it)."""
+    if not position_sampling:
+        return {}
+    from tts.backends.vllm_sampling import PositionSampler
+    return {"logits_processors": [PositionSampler]}
+
+
 @dataclass
 class _Live:
     num_prompt_tokens: int
@@ -67,11 +75,8 @@ class VllmGenerator(Generator):
                    **engine_kwargs: Any) -> VllmGenerator:
         """Start an engine with `make_llm(model_path, **engine_kwargs)` and wrap it, with
         the position-keyed sampler unless `position_sampling` is False."""
-        if position_sampling:
-            from tts.backends.vllm_sampling import PositionSampler
-            extra = dict(engine_kwargs.pop("engine_kwargs", None) or {})
-            extra["logits_processors"] = [PositionSampler]
-            engine_kwargs["engine_kwargs"] = extra
+        extra = dict(engine_kwargs.pop("engine_kwargs", None) or {})
+        engine_kwargs["engine_kwargs"] = extra | sampler_engine_kwargs(position_sampling)
         return cls(make_llm(model_path, **engine_kwargs), resumable_sampling=position_sampling)
 
     @property

@@ -40,6 +40,11 @@ from tts.backends.position_sampling import position_uniform, sample_rows
 _EPS = 1e-5  # vLLM's own threshold for greedy sampling
 
 
+def _position_sampled(params: SamplingParams) -> bool:
+    """Seeded and not greedy: the rows this sampler decides."""
+    return params.seed is not None and params.temperature >= _EPS
+
+
 @dataclass
 class _Row:
     seed: int
@@ -63,7 +68,7 @@ class PositionSampler(LogitsProcessor):
     def validate_params(cls, sampling_params: SamplingParams) -> None:
         """Seeded sampling here is temperature and top-p only: a request that asks for more
         would silently lose it (the row leaves vLLM one finite logit), so it is refused."""
-        if sampling_params.seed is None or sampling_params.temperature < _EPS:
+        if not _position_sampled(sampling_params):
             return
         p = sampling_params
         unsupported = {"top_k": p.top_k not in (-1, 0), "min_p": p.min_p > 0,
@@ -80,7 +85,7 @@ class PositionSampler(LogitsProcessor):
     @classmethod
     def new_row(cls, params: SamplingParams, prompt_ids: list[int] | None,
                 output_ids: list[int]) -> _Row | None:
-        if params.seed is None or params.temperature < _EPS:
+        if not _position_sampled(params):
             return None
         if prompt_ids is None:
             raise ValueError("position sampling needs token-id prompts (prompt_token_ids)")
