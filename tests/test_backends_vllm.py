@@ -317,3 +317,33 @@ def test_budget_check_leaves_out_vllms_null_block() -> None:
     info = check_kv_budget(smol, kv_cache_bytes=39 * block, block_size=32, dtype="bfloat16",
                            min_tokens_per_seq=1216)
     assert info.num_blocks == 39
+
+
+def test_each_engine_gets_its_planned_kv_bytes_on_gpu_too(monkeypatch) -> None:
+    """The static or roofline split is what each engine gets, on a GPU as on the CPU:
+    vLLM's `kv_cache_memory_bytes` is the lever, and its start-up check gets the fraction
+    of the device free then (no GPU here: `has_cuda` and the free fraction are simulated)."""
+    from tts.backends import vllm_engine
+    from tts.backends.factory import Backends, static_split
+    from tts.config.compose import compose, validate
+
+    smol = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+            "hidden_size": 576, "torch_dtype": "bfloat16"}
+    monkeypatch.setattr(vllm_engine, "has_cuda", lambda: True)
+    monkeypatch.setattr(vllm_engine, "free_gpu_fraction", lambda margin=0.02: 0.6)
+    kv = 64 * 32 * 23040
+    assert vllm_engine._memory_kwargs(smol, kv, None, 32, "bfloat16", 1024, 1) == {
+        "kv_cache_memory_bytes": kv, "gpu_memory_utilization": 0.6}
+    calls = []
+    monkeypatch.setattr(vllm_engine, "make_llm", lambda path, **kw: calls.append(kw) or _NoLLM())
+    cfg = validate(compose("config", ["memory.kv_cache_gib=0.5", "memory.generator_fraction=0.25"]))
+    backends = Backends(cfg)
+    gen_spec, ver_spec = static_split(cfg)
+    backends._llm(cfg.generator.model, "auto", gen_spec, 1024)
+    backends._llm(cfg.verifier.model, "auto", ver_spec, 1024)
+    assert [c["kv_cache_bytes"] for c in calls] == [int(0.5 * 2**30 * 0.25), int(0.5 * 2**30 * 0.75)]
+    assert all(c["gpu_memory_utilization"] is None for c in calls)
+
+
+class _NoLLM:
+    """Stands in for `vllm.LLM` where only the arguments it was built with matter."""

@@ -130,9 +130,28 @@ def test_optim_overrides_apply_to_every_compare_variant():
     assert {v.spec_truncate_ratio for v in variants.values()} == {0.0}
     assert variants["PMS_branches"].spec_branches and not variants["baseline"].speculative
     assert dict(variant_optims(validate(compose("compare", []))))["PMS"].spec_truncate_ratio == 0.85
-    bad = validate(compose("compare", ["optim=PMS", "optim.lookahead=true", "bench.compare=[baseline,PMS]"]))
-    assert bad.bench.optim_overrides == ["lookahead=true"]  # the group choice is not one
+    # valid for PMS, not for the baseline preset; the top-level optim (baseline here) is not run
     with pytest.raises(ConfigError, match="variant 'baseline'.*lookahead"):
-        variant_optims(bad)  # valid for PMS, not for the baseline preset
+        compose("compare", ["optim.lookahead=true", "bench.compare=[PMS,baseline]"])
+    only_pms = validate(compose("compare", ["optim=PMS", "optim.lookahead=false", "bench.compare=[PMS]"]))
+    assert only_pms.bench.optim_overrides == ["lookahead=false"]  # the group choice is not one
+    assert not dict(variant_optims(only_pms))["PMS"].lookahead
+    fine = validate(compose("compare", ["optim.lookahead=false", "bench.compare=[PMS,PMS_exact]"]))
+    assert [v.lookahead for _, v in variant_optims(fine)] == [False, False]
+    with pytest.raises(ConfigError, match="unknown optim preset 'PMX'.*PMS_exact"):
+        compose("compare", ["bench.compare=[baseline,PMX]"])
     with pytest.raises(ConfigError, match="spec_truncate_ratio"):
         compose("compare", ["optim.spec_truncate_ratio=2"])
+
+
+@pytest.mark.parametrize("overrides, name", [
+    (["optim=PMS_exact"], "PMS_exact"),  # not "PMS": the variant says which preset ran
+    (["optim=decoupled_all"], "decoupled_all"),
+    (["optim=PMS", "optim.spec_truncate_ratio=0.5"], "PMS"),  # no preset: the switches
+    (["optim=decoupled", "optim.decoupled_policy=adaptive"], "decoupled-adaptive"),
+])
+def test_a_single_variant_is_named_after_its_preset(overrides, name):
+    from tts.config.compose import validate
+    from tts.runner import variant_optims
+
+    assert [n for n, _ in variant_optims(validate(compose("config", overrides)))] == [name]

@@ -129,6 +129,55 @@ def test_duplicate_truncate_rule_exact():
     assert truncate_len(20, 1.7, 0.0, rng) == 20  # clipped to [0, 1]
 
 
+def test_duplicates_keep_a_fraction_of_the_next_step_not_of_all_the_run_on():
+    """Run-on tokens may hold more than the next step; a duplicate keeps a fraction of that
+    step only, so it diverges within it instead of starting as a copy of child 0's step."""
+    parent = Beam("p", (1,), seed=5, spec_tokens=tuple(range(40)))
+    orig, dup = parent.fork(5), parent.fork(6)
+    rng, expect = random.Random(3), random.Random(3)
+    k = truncate_len(12, 0.85, 0.1, expect)
+    full, trunc = hand_down([orig, dup], {parent.uid: parent}, 0.85, 0.1, rng, step_lens={parent.uid: 12})
+    assert orig.spec_tokens == tuple(range(40)) and dup.spec_tokens == tuple(range(k)) and k < 12
+    assert (full, trunc) == (40, k)
+    other = Beam("q", (1,), seed=5, spec_tokens=tuple(range(8)))  # the step is longer than the tokens
+    dup2 = other.fork(9)
+    hand_down([dup2], {other.uid: other}, 1.0, 0.0, rng, step_lens={other.uid: 30})
+    assert dup2.spec_tokens == tuple(range(8))
+
+
+def test_engine_cuts_duplicates_at_the_speculative_next_step(monkeypatch):
+    """In the engine, the step a duplicate's truncation is drawn from is the parent's
+    speculative next step (up to and including its "\\n\\n"), not all its run-on: with
+    R = 1 a duplicate keeps exactly that step, and child 0 keeps everything."""
+    from tts.backends.fake import decode
+    from tts.engine import sync
+
+    seen = []
+    real = sync.hand_down
+
+    def spy(children, parents, ratio, std, rng, step_lens=None):
+        out = real(children, parents, ratio, std, rng, step_lens)
+        seen.append(({uid: p.spec_tokens for uid, p in parents.items()}, dict(step_lens or {}),
+                     [(c.parent, c.seed == parents[c.parent].seed, c.spec_tokens) for c in children]))
+        return out
+
+    monkeypatch.setattr(sync, "hand_down", spy)
+    run(endless, n=4, m=2, iters=4, eos_at_depth_limit=False, speculative=True,
+        spec_truncate_ratio=1.0, spec_truncate_std=0.0)
+    past_the_step = 0
+    for spec_of, step_lens, children in seen:
+        for parent, original, got in children:
+            spec = spec_of[parent]
+            if not spec:
+                continue
+            text = decode(spec)
+            step = text.index("\n\n") + 2 if "\n\n" in text else len(text)
+            assert step_lens[parent] == step
+            assert got == (spec if original else spec[:step])
+            past_the_step += len(spec) > step and not original
+    assert past_the_step > 0  # run-on went past the next step, and duplicates were cut inside it
+
+
 def test_prefix_aware_order_is_the_greedy_order():
     root = Beam("p", (1, 2, 3), 1)
     a, b = root.fork(2), root.fork(3)
@@ -333,7 +382,7 @@ def test_preempted_branch_resumes_where_sampling_is_resumable():
         done_before = list(branch.tokens)
         assert 0 < len(done_before) < 6
         queue: list[GenJob] = []
-        gen.abort(phase._preempt_speculation(speculating, waiting, queue))
+        gen.abort(phase._preempt_speculation(speculating, waiting, queue, {}))
         assert queue == [branch] and branch.tokens == (done_before if mode == "context" else [])
         assert phase.branch_steps(parent) == ({branch.beam.seed: tuple(done_before)} if mode == "context" else {})
         before = stats.spec_tokens

@@ -92,6 +92,18 @@ def test_multi_variant_run_gives_one_column_per_variant(runs, tmp_path):
     assert "| cmp/P | beam | 2 | 2 | flash+P |" in path.read_text()
 
 
+def test_key_config_shows_compare_overrides_and_memory_split(tmp_path):
+    """A compare run's columns are its presets with the run's `optim.*` overrides on top,
+    and the memory column says how the KV budget was split."""
+    run = _bench(tmp_path / "results", "pm", 2, ["bench.compare=[baseline,PM]", "optim.prefix_aware=false"])
+    text = write_report([str(run)], None, tmp_path / "rep").read_text()
+    rows = {ln.split("|")[1].strip(): [c.strip() for c in ln.strip("|").split("|")]
+            for ln in text.split("## Key config", 1)[1].splitlines() if ln.startswith("| pm/")}
+    assert rows["pm/PM"][4] == "flash+M"  # P switched off by the override
+    assert rows["pm/PM"][-1] == "1.0 GiB, roofline"
+    assert rows["pm/baseline"][-1] == "1.0 GiB, static 0.5"
+
+
 def test_missing_folder_names_it(runs, tmp_path):
     missing = tmp_path / "no-such-run"
     with pytest.raises(ReportError, match=re.escape(str(missing))):

@@ -39,6 +39,40 @@ def test_existing_folder_needs_resume(tmp_path):
         bench(tmp_path)
 
 
+def test_resume_needs_the_run_name(tmp_path):
+    """--resume without bench.run_name would start a fresh timestamped folder and skip
+    nothing; it is an error that lists the runs there are."""
+    with pytest.raises(ValueError, match="bench.run_name=NAME.*holds no run"):
+        RunStore.create(tmp_path, None, True, "x")
+    bench(tmp_path)
+    with pytest.raises(ValueError, match="bench.run_name=NAME; runs in .*: run"):
+        RunStore.create(tmp_path, None, True, "x")
+
+
+def test_resume_with_other_settings_is_refused(tmp_path):
+    """Records made with other settings must not be mixed in: the error names each change.
+    Settings only one side has (another tts version) and logger.* are not compared."""
+    from tts.config.compose import ConfigError
+
+    path = bench(tmp_path)
+    with pytest.raises(ConfigError, match=r"other settings \(search.n: 4 -> 2\)"):
+        bench(tmp_path, "bench.resume=true", "search.n=2")
+    text = (path / "config.yaml").read_text()
+    (path / "config.yaml").write_text(text + "retired:\n  setting: 1\n")
+    bench(tmp_path, "bench.resume=true", "logger.project=elsewhere")  # nothing to do, no error
+
+
+def test_append_after_a_kill_before_the_newline(tmp_path):
+    """A kill between a record and its newline leaves a whole record without one; the
+    next record still starts on a line of its own."""
+    store = RunStore.create(tmp_path, "r", False, "x")
+    store.append({"variant": "v", "problem_id": "a"})
+    records = store.path / RECORDS
+    records.write_text(records.read_text().rstrip("\n"))
+    store.append({"variant": "v", "problem_id": "b"})
+    assert [r["problem_id"] for r in store.records()] == ["a", "b"]
+
+
 def test_killed_run_keeps_records_and_resumes(tmp_path):
     path = bench(tmp_path)
     lines = (path / RECORDS).read_text().splitlines(keepends=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from tts.backends.factory import Backends, read_prompt, static_split
-from tts.config.compose import CONF_DIR, ConfigError, explain, to_yaml, validate
+from tts.config.compose import CONF_DIR, ConfigError, preset_optims, to_yaml, validate
 from tts.config.schema import BackendKind, Config, EngineKind, OptimConfig
 from tts.engine.sync import EngineOptions, ProblemInput, SyncEngine
 from tts.metrics.collector import merge_step_logs
@@ -48,23 +48,14 @@ def variant_optims(cfg: Config) -> list[tuple[str, OptimConfig]]:
     `bench.optim_overrides` on top, else the one configured."""
     if not cfg.bench.compare:
         return [(_preset_name(cfg.optim), cfg.optim)]
-    out = []
-    for name in cfg.bench.compare:
-        path = CONF_DIR / "optim" / f"{name}.yaml"
-        if not path.exists():
-            valid = sorted(p.stem for p in (CONF_DIR / "optim").glob("*.yaml"))
-            raise ConfigError(f"bench.compare: unknown optim preset {name!r}; valid choices: {', '.join(valid)}")
-        try:
-            merged = OmegaConf.merge(OmegaConf.structured(OptimConfig), OmegaConf.load(path),
-                                     OmegaConf.from_dotlist(list(cfg.bench.optim_overrides)))
-            out.append((name, OmegaConf.to_object(merged)))
-        except Exception as err:  # an unknown key, a bad value, or a rule __post_init__ checks
-            raise ConfigError(f"bench.compare: variant {name!r} with {list(cfg.bench.optim_overrides)}: "
-                              f"{explain(err)}") from err
-    return out
+    return preset_optims(list(cfg.bench.compare), list(cfg.bench.optim_overrides))
 
 
 def _preset_name(optim: OptimConfig) -> str:
+    """The `conf/optim` preset `optim` is, else a label of its engine and switches."""
+    for name in sorted(p.stem for p in (CONF_DIR / "optim").glob("*.yaml")):
+        if preset_optims([name], [])[0][1] == optim:
+            return name
     if optim.engine is EngineKind.baseline:
         return "baseline"
     if optim.engine is EngineKind.decoupled:
@@ -129,6 +120,11 @@ def run_bench(cfg_node: DictConfig, progress: Callable | None = None) -> Path:
     variants = variant_optims(cfg)
     hint = f"{cfg.search.algorithm.value}-n{cfg.search.n}-" + "-vs-".join(n for n, _ in variants)
     store = RunStore.create(cfg.bench.results_dir, cfg.bench.run_name, cfg.bench.resume, hint)
+    if cfg.bench.resume:  # records made with other settings must not be mixed in
+        changed = store.config_changes(OmegaConf.to_container(cfg_node, resolve=True))
+        if changed:
+            raise ConfigError(f"--resume: {store.path} was run with other settings ({'; '.join(changed)}); "
+                              "resume with the same ones, or choose another bench.run_name")
     store.write_config(to_yaml(cfg_node))
     done = store.done_keys() if cfg.bench.resume else set()
     logger = RunLogger(cfg.logger.wandb, cfg.logger.mode, cfg.logger.project, cfg.logger.entity,

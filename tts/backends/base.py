@@ -90,6 +90,12 @@ class Generator(ABC):
     def eos_token_id(self) -> int: ...
 
     @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """Every token id at which the backend ends a request (models such as Qwen2.5 and
+        Llama-3 have several); `eos_token_id` is one of them."""
+        return frozenset((self.eos_token_id,))
+
+    @property
     @abstractmethod
     def batch_cap(self) -> int:
         """The maximum number of sequences scheduled together."""

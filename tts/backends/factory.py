@@ -75,8 +75,7 @@ class Backends:
         # the longest sequence: a long problem prompt, the path, and a step of speculation
         longest = PROMPT_ROOM + g.max_total_tokens + 2 * g.step_max_tokens
         position = g.sampler is Sampler.position
-        llm = self._llm(g.model, g.dtype, spec, self.cfg.memory.generator_fraction, longest,
-                        sampler_engine_kwargs(position))
+        llm = self._llm(g.model, g.dtype, spec, longest, sampler_engine_kwargs(position))
         return VllmGenerator(llm, resumable_sampling=position)
 
     def _make_verifier(self, spec: EngineSpec) -> Verifier:
@@ -89,22 +88,21 @@ class Backends:
         name = v.adapter.value
         adapter_class(name)  # an unknown adapter fails before any model loads
         longest = PROMPT_ROOM + self.cfg.generator.max_total_tokens + 2 * self.cfg.generator.step_max_tokens
-        llm = self._llm(v.model, v.dtype, spec, 1.0 - self.cfg.memory.generator_fraction, longest,
-                        dict(adapter_class(name).engine_kwargs))
+        llm = self._llm(v.model, v.dtype, spec, longest, dict(adapter_class(name).engine_kwargs))
         options = {"prompt_file": v.judge_prompt_file} if name == "judge" else {}
         return VllmVerifier(llm, make_adapter(name, llm.get_tokenizer(), **options))
 
-    def _llm(self, model: str, dtype: str, spec: EngineSpec, gpu_share: float, longest: int,
+    def _llm(self, model: str, dtype: str, spec: EngineSpec, longest: int,
              engine_kwargs: dict | None = None):
-        """One in-process vLLM engine. On CPU its KV budget is `spec.kv_bytes`; on a GPU
-        (untested here) each engine gets its share of `memory.gpu_memory_utilization`."""
-        from tts.backends.vllm_engine import has_cuda, make_llm
+        """One in-process vLLM engine whose KV cache is exactly `spec.kv_bytes`, on CPU and on
+        a GPU alike (vLLM's `kv_cache_memory_bytes`), so the static or roofline split is what
+        each engine gets. On a GPU (untested here) vLLM's start-up check is given the
+        fraction of the device free at that moment (`make_llm`)."""
+        from tts.backends.vllm_engine import make_llm
         from tts.models.cache import resolve_model
 
         m = self.cfg.memory
-        gpu = has_cuda()
-        return make_llm(str(resolve_model(model)), kv_cache_bytes=None if gpu else spec.kv_bytes,
-                        gpu_memory_utilization=m.gpu_memory_utilization * gpu_share if gpu else None,
+        return make_llm(str(resolve_model(model)), kv_cache_bytes=spec.kv_bytes, gpu_memory_utilization=None,
                         block_size=m.block_size, max_num_seqs=spec.max_num_seqs,
                         max_num_batched_tokens=max(m.max_num_batched_tokens, longest), dtype=dtype,
                         seed=self.cfg.bench.seed, tensor_parallel_size=self.cfg.generator.tensor_parallel_size,

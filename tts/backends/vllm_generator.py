@@ -69,6 +69,10 @@ class VllmGenerator(Generator):
         if eos is None:
             raise ValueError("generator model: its tokenizer defines no eos_token_id")
         self._eos = int(eos)
+        # vLLM also stops at the generation config's end-of-sequence ids (its stop_token_ids)
+        extra = self._engine.model_config.try_get_generation_config().get("eos_token_id")
+        extra = [] if extra is None else [extra] if isinstance(extra, int) else list(extra)
+        self._eos_ids = frozenset([self._eos, *map(int, extra)])
 
     @classmethod
     def from_model(cls, model_path: str, position_sampling: bool = True,
@@ -86,6 +90,10 @@ class VllmGenerator(Generator):
     @property
     def eos_token_id(self) -> int:
         return self._eos
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self._eos_ids
 
     @property
     def batch_cap(self) -> int:

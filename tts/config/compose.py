@@ -21,7 +21,25 @@ class ConfigError(ValueError):
 
 
 def compose(config_name: str = "config", overrides: list[str] | None = None) -> DictConfig:
-    """Compose `conf/<config_name>.yaml` with Hydra overrides, then validate it."""
+    """Compose `conf/<config_name>.yaml` with Hydra overrides, then validate it.
+
+    In a compare run (`bench.compare`) the variants are `conf/optim` presets and the
+    top-level `optim` is not run: the command line's `optim.KEY=VALUE` overrides are kept
+    in `bench.optim_overrides` and go on top of every variant, each checked here so that
+    an error names the variant it breaks."""
+    overrides = list(overrides or [])
+    cfg = _hydra_compose(config_name, overrides)
+    if cfg.bench.compare:
+        extra = optim_overrides(overrides)
+        if extra:
+            cfg = _hydra_compose(config_name, [o for o in overrides if not _optim_key(o)])
+            cfg.bench.optim_overrides = list(cfg.bench.optim_overrides) + extra
+        preset_optims(list(cfg.bench.compare), list(cfg.bench.optim_overrides))
+    validate(cfg)
+    return cfg
+
+
+def _hydra_compose(config_name: str, overrides: list[str]) -> DictConfig:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -32,25 +50,42 @@ def compose(config_name: str = "config", overrides: list[str] | None = None) -> 
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = hydra_compose(config_name=config_name, overrides=list(overrides or []))
+            return hydra_compose(config_name=config_name, overrides=overrides)
     except Exception as err:  # Hydra raises several unrelated types; all mean bad config
         raise ConfigError(explain(err)) from err
-    if cfg.bench.compare:
-        extra = optim_overrides(overrides or [])
-        if extra:  # a compare run's variants are presets: the user's optim.* go on top of each
-            cfg.bench.optim_overrides = list(cfg.bench.optim_overrides) + extra
-    validate(cfg)
-    return cfg
+
+
+def _optim_key(override: str) -> str | None:
+    """`KEY` of an `optim.KEY=VALUE` override (also with `+`/`++`); None for anything else,
+    a group choice (`optim=NAME`) included."""
+    key, eq, _ = override.lstrip("+").partition("=")
+    return key[len("optim."):] if eq and key.startswith("optim.") else None
 
 
 def optim_overrides(overrides: list[str]) -> list[str]:
     """The `optim.KEY=VALUE` overrides (also with `+`/`++`), as `KEY=VALUE`; a group
     choice (`optim=NAME`) is not one."""
+    return [o.lstrip("+")[len("optim."):] for o in overrides if _optim_key(o)]
+
+
+def preset_optims(names: list[str], overrides: list[str]) -> list:
+    """(name, OptimConfig) of each `conf/optim` preset in `names` with `overrides`
+    (`KEY=VALUE`) on top; a ConfigError names an unknown preset (with the choices) or the
+    variant an override breaks."""
+    from tts.config.schema import OptimConfig
+
     out = []
-    for o in overrides:
-        key, eq, value = o.lstrip("+").partition("=")
-        if eq and key.startswith("optim."):
-            out.append(f"{key[len('optim.'):]}={value}")
+    for name in names:
+        path = CONF_DIR / "optim" / f"{name}.yaml"
+        if not path.exists():
+            valid = sorted(p.stem for p in (CONF_DIR / "optim").glob("*.yaml"))
+            raise ConfigError(f"bench.compare: unknown optim preset {name!r}; valid choices: {', '.join(valid)}")
+        try:
+            merged = OmegaConf.merge(OmegaConf.structured(OptimConfig), OmegaConf.load(path),
+                                     OmegaConf.from_dotlist(overrides))
+            out.append((name, OmegaConf.to_object(merged)))
+        except Exception as err:  # an unknown key, a bad value, or a rule __post_init__ checks
+            raise ConfigError(f"bench.compare: variant {name!r} with {overrides}: {explain(err)}") from err
     return out
 
 

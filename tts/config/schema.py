@@ -72,11 +72,6 @@ class DecoupledSpecScope(str, enum.Enum):
     all = "all"  # child 0 of every generated beam (the thesis's speculation)
 
 
-class AllocationKind(str, enum.Enum):
-    static = "static"
-    roofline = "roofline"
-
-
 class DatasetName(str, enum.Enum):
     embedded = "embedded"
     math500 = "math500"
@@ -163,10 +158,8 @@ class SearchConfig:
 class MemoryConfig:
     """KV-cache budget and its split between generator and verifier."""
 
-    kv_cache_gib: float = 1.0  # total KV budget for both models (CPU: bytes of RAM)
-    generator_fraction: float = 0.5  # share of the budget for the generator (static split)
-    allocation: AllocationKind = AllocationKind.static
-    gpu_memory_utilization: float = 0.9  # GPU only: the whole-device fraction for both engines
+    kv_cache_gib: float = 1.0  # total KV budget of both engines, CPU RAM or GPU memory
+    generator_fraction: float = 0.5  # the generator's share without optim.roofline_memory (static split)
     block_size: int = 32  # vLLM CPU needs a multiple of 32
     generator_max_num_seqs: int = 64
     verifier_max_num_seqs: int = 64
@@ -178,7 +171,6 @@ class MemoryConfig:
         _require(0.0 < self.generator_fraction < 1.0, "memory.generator_fraction", "must be in (0, 1)")
         _require(self.block_size % 32 == 0, "memory.block_size",
                  f"{self.block_size} is not a multiple of 32 (vLLM on CPU rejects it)")
-        _require(0.0 < self.gpu_memory_utilization <= 1.0, "memory.gpu_memory_utilization", "must be in (0, 1]")
         _require(self.generator_max_num_seqs >= 1, "memory.generator_max_num_seqs", "must be >= 1")
         _require(self.verifier_max_num_seqs >= 1, "memory.verifier_max_num_seqs", "must be >= 1")
 

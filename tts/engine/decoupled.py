@@ -179,7 +179,7 @@ class DecoupledEngine(SpeculationMixin, SyncEngine):
     def _admit(self) -> None:
         p = self._queue.popleft()
         item = self._start(p)
-        live = _DLive(item.input, item.search, item.metrics, order=next(self._order))
+        live = _DLive(item.input, item.search, item.metrics, item.rng, order=next(self._order))
         jobs = self.ordering.order(self._jobs(live), lambda j: j.beam)
         live.waiting = {j.beam.uid for j in jobs}
         self._real.extend(_Work(j, Kind.EAGER, live) for j in jobs)
@@ -238,7 +238,7 @@ class DecoupledEngine(SpeculationMixin, SyncEngine):
             finish = d.finish_reason
             if finish is FinishReason.LENGTH and work.capped:
                 finish = None  # the speculative cap, not the step's limit
-            self.phase._consume(job, d.new_token_ids, finish)
+            self.phase.consume(job, d.new_token_ids, finish)
             if not (job.finished or d.finished):
                 continue
             del self._running[d.request_id]

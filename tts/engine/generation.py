@@ -84,8 +84,11 @@ class GenerationPhase:
 
     def __init__(self, generator: Generator, temperature: float, top_p: float,
                  speculative: bool = False, spec_max_tokens: int = 0,
-                 kv_spec_limit: float = 0.95, spec_batch_cap: int = 0, spec_branches: bool = False) -> None:
+                 kv_spec_limit: float = 0.95, spec_batch_cap: int = 0, spec_branches: bool = False,
+                 step_max_tokens: int = 0) -> None:
         self.gen = generator
+        # a branch that stops at its cap (`spec_max_tokens`) below this limit holds part of a step
+        self.step_max_tokens = step_max_tokens or spec_max_tokens
         self.spec_branches = speculative and spec_branches
         self.temperature = temperature
         self.top_p = top_p
@@ -145,7 +148,7 @@ class GenerationPhase:
                         finished_now.append(d.request_id)
                     else:
                         aborts.append(d.request_id)
-            aborts += self._preempt_speculation(speculating, step, branches)
+            aborts += self._preempt_speculation(speculating, step, branches, parked)
             if pending and not self._preempted(step):
                 if self.spec_branches:
                     self._start_branches(branches, pending, speculating, stats)
@@ -192,7 +195,7 @@ class GenerationPhase:
             if d.finished:
                 speculating.pop(d.request_id, None)
             return False
-        overflow = self._consume(job, d.new_token_ids, d.finish_reason)
+        overflow = self.consume(job, d.new_token_ids, d.finish_reason)
         if not job.finished or d.request_id not in pending:
             return False
         pending.discard(d.request_id)
@@ -204,7 +207,7 @@ class GenerationPhase:
         """Apply one delta of a speculative branch; True when its step ended before its request."""
         self._count(d, stats)
         stats.spec_tokens += len(d.new_token_ids)
-        self._consume(branch, d.new_token_ids, None)  # a request cut at its cap is partial, not ended
+        self.consume(branch, d.new_token_ids, None)  # a request cut at its cap is partial, not ended
         if branch.finished or d.finished:
             speculating.pop(d.request_id, None)
         return branch.finished and not d.finished
@@ -219,7 +222,7 @@ class GenerationPhase:
         if job.to_eos or job.split or branch.limit < job.limit or job.beam.spec_tokens:
             self.gen.abort([rid])  # the request would stop short of the job's end
             return False
-        self._consume(job, branch.tokens, None)
+        self.consume(job, branch.tokens, None)
         job.adopted = len(job.tokens)
         if job.finished:
             self.gen.abort([rid])
@@ -267,11 +270,16 @@ class GenerationPhase:
         otherwise, where that request would sample other tokens after it."""
         eos = (self.gen.eos_token_id,)
         steps = {b.beam.seed: tuple(b.tokens) + (eos if b.end is StepEnd.EOS else ())
-                 for b in job.branches if b.finished}
+                 for b in job.branches if self._whole_step(b)}
         if self.gen.resumable_sampling:
             steps.update((b.beam.seed, tuple(b.tokens)) for b in job.branches
-                         if not b.finished and b.tokens and (job.beam.uid, b.beam.seed) not in self.carried)
+                         if not self._whole_step(b) and b.tokens and (job.beam.uid, b.beam.seed) not in self.carried)
         return steps
+
+    def _whole_step(self, branch: GenJob) -> bool:
+        """The branch ended as its step does: not cut at a speculation cap below the step limit."""
+        capped = branch.end is StepEnd.STEP_LIMIT and branch.limit < self.step_max_tokens
+        return branch.finished and not capped
 
     def _assign_slots(self, finished_now: list[str], parked: dict[int, GenJob], pending: set[str],
                       speculating: dict[str, int], stats: PhaseStats) -> list[str]:
@@ -286,14 +294,15 @@ class GenerationPhase:
         aborts = []
         for prio, running, key in cands:
             if free > 0:
-                free -= 1
                 if running:
                     speculating[key] = prio
+                    free -= 1
                 else:
                     job = parked.pop(key)
                     budget = self.spec_max_tokens - len(job.spec)
-                    if budget > 0:
+                    if budget > 0:  # a job whose speculation is spent takes no slot
                         speculating[self._submit(job, tuple(job.tokens) + tuple(job.spec), budget, stats)] = prio
+                        free -= 1
             elif running:
                 aborts.append(key)
                 parked[self._by_id[key].beam.uid] = self._by_id[key]
@@ -313,17 +322,19 @@ class GenerationPhase:
         """Start from the beam's speculative tokens; they may already hold the whole step."""
         spec = list(job.beam.spec_tokens)
         job.beam.spec_tokens = ()
-        if not spec or (self.spec_branches and job.to_eos):
-            return  # a branch stops at its step end; a request to EOS would sample on differently
-        overflow = self._consume(job, spec, None)
+        if not spec or (self.spec_branches and job.to_eos and not self.gen.resumable_sampling):
+            return  # a request to EOS past a branch's step end would sample on differently
+        overflow = self.consume(job, spec, None)
         job.adopted = len(job.tokens)
         job.spec = overflow  # what lies past this step stays speculative
 
-    def _consume(self, job: GenJob, new: Sequence[int], finish: FinishReason | None) -> list[int]:
-        """Append tokens to the job's step until it ends; return the tokens past the end."""
-        eos = self.gen.eos_token_id
+    def consume(self, job: GenJob, new: Sequence[int], finish: FinishReason | None = None) -> list[int]:
+        """Append tokens to the job's step until it ends (a step boundary, any of the
+        generator's end-of-sequence ids, the step's token limit; `finish`, the request's
+        own end, when the tokens run out first); return the tokens past the end."""
+        eos = self.gen.eos_token_ids
         for i, tok in enumerate(new):
-            if tok == eos:
+            if tok in eos:
                 job.end = StepEnd.EOS
                 return []
             job.tokens.append(tok)
@@ -344,13 +355,17 @@ class GenerationPhase:
         return self.speculative and job.spec_priority > 0 and not job.to_eos and job.end is not StepEnd.EOS
 
     def _preempt_speculation(self, speculating: dict[str, int], step: StepStats,
-                             branches: list[GenJob]) -> list[str]:
+                             branches: list[GenJob], parked: dict[int, GenJob]) -> list[str]:
+        """Drop every speculative request when real work waits or KV runs short; each goes
+        back to wait for a slot (a run-on job resumes from its speculative tokens)."""
         if speculating and self._preempted(step):
             dropped = list(speculating)
             speculating.clear()
             for r in dropped:
                 b = self._by_id[r]
-                if b.branch_of is not None and not b.finished:
+                if b.branch_of is None:
+                    parked[b.beam.uid] = b
+                elif not b.finished:
                     if not self.gen.resumable_sampling:
                         # from scratch: a request resumed from its tokens would sample differently
                         b.tokens, b.last_char = [], ""

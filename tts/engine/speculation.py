@@ -3,8 +3,11 @@
 Priority comes from the previous step's verifier score: the frontier's scores are cut
 into B bins (B = the branching factor), bin 1 the highest, and a beam in bin j may claim
 up to B - j + 1 speculative branches. After selection the original child (child 0, same
-seed) keeps all of its parent's speculative tokens; each duplicate keeps a prefix whose
-length is a fraction drawn around R, so duplicates start ahead yet diverge. With
+seed) keeps all of its parent's speculative tokens; each duplicate keeps a prefix of the
+speculative *next step* whose length is a fraction drawn around R of that step, so
+duplicates start ahead yet diverge within it. (Run-on speculation may run past the next
+step while stragglers finish; a fraction of all those tokens would often hold child 0's
+whole next step, and the duplicates would start as copies of child 0.) With
 speculative branches (`GenerationPhase(spec_branches=True)`) each child inherits its own
 branch instead: exactly the step it would have generated.
 """
@@ -41,11 +44,13 @@ def truncate_len(n: int, ratio: float, std: float, rng: random.Random) -> int:
 
 
 def hand_down(children: Sequence[Beam], parents: dict[int, Beam], ratio: float, std: float,
-              rng: random.Random) -> tuple[int, int]:
+              rng: random.Random, step_lens: dict[int, int] | None = None) -> tuple[int, int]:
     """Give each child its parent's speculative tokens (all for child 0, a prefix for
-    duplicates). A parent with speculative branches gives each child its own branch
-    whole, and nothing to a child without one. Returns (tokens handed down in full,
-    tokens handed down truncated)."""
+    duplicates). `step_lens[parent uid]` is how many of the parent's speculative tokens
+    make its next step (its end token included; absent: all of them); a duplicate keeps
+    `truncate_len` of that many. A parent with speculative branches gives each child its
+    own branch whole, and nothing to a child without one. Returns (tokens handed down in
+    full, tokens handed down truncated)."""
     full = trunc = 0
     for child in children:
         parent = parents.get(child.parent) if child.parent is not None else None
@@ -60,7 +65,8 @@ def hand_down(children: Sequence[Beam], parents: dict[int, Beam], ratio: float, 
             child.spec_tokens = spec
             full += len(spec)
         else:
-            k = truncate_len(len(spec), ratio, std, rng)
+            step = min(len(spec), (step_lens or {}).get(parent.uid, len(spec)))
+            k = truncate_len(step, ratio, std, rng)
             child.spec_tokens = spec[:k]
             trunc += k
     return full, trunc

@@ -22,7 +22,7 @@ from tts.engine.scoring import ScoreCache, ScoreItem, ScoringPhase
 from tts.engine.speculation import hand_down, spec_priorities
 from tts.metrics.collector import ProblemMetrics, StepLog
 from tts.search.base import ProblemSearch, SearchPolicy
-from tts.search.tree import Beam, BeamState
+from tts.search.tree import Beam, BeamState, StepEnd
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,7 @@ class _Live:
     input: ProblemInput
     search: ProblemSearch
     metrics: ProblemMetrics
+    rng: random.Random  # the problem's own draws (truncation): the same whatever runs beside it
 
 
 class SyncEngine:
@@ -84,32 +85,35 @@ class SyncEngine:
         self.phase = GenerationPhase(generator, options.temperature, options.top_p,
                                      options.speculative, spec_max,
                                      spec_batch_cap=options.spec_batch_cap,
-                                     spec_branches=options.spec_branches)
+                                     spec_branches=options.spec_branches,
+                                     step_max_tokens=self.policy.step_max_tokens)
         self.gen_log, self.ver_log = StepLog(), StepLog()
-        self.rng = random.Random(options.seed)
         self.on_iteration: Callable[[list[Beam]], None] | None = None  # memory policy hook
 
     def run(self, problems: Iterable[ProblemInput]) -> Iterator[ProblemOutcome]:
         """Yield each problem's outcome as soon as it finishes."""
         queue, live = deque(problems), []
-        while queue or live:
-            while queue and len(live) < self.opts.concurrency:
-                live.append(self._start(queue.popleft()))
-            self._iterate(live)
-            finished = [x for x in live if x.search.done]
-            for item in finished:
-                live.remove(item)
-            if not queue and not live:
-                self.phase.release()  # before the last yield: a caller may stop there
-            for item in finished:
-                yield self._finish(item)
+        try:
+            while queue or live:
+                while queue and len(live) < self.opts.concurrency:
+                    live.append(self._start(queue.popleft()))
+                self._iterate(live)
+                finished = [x for x in live if x.search.done]
+                for item in finished:
+                    live.remove(item)
+                if not queue and not live:
+                    self.phase.release()  # before the last yield: a caller may stop there
+                for item in finished:
+                    yield self._finish(item)
+        finally:  # an error, or a caller that stopped early: no branch request stays running
+            self.phase.release()
 
     def _start(self, p: ProblemInput) -> _Live:
         prompt = tuple(self.gen.encode_prompt(p.problem, self.system_prompt))
         seed = (self.opts.seed * 1_000_003 + hash_id(p.id)) % (2**31 - 1)
         search = ProblemSearch(p.id, p.problem, prompt, seed)
         self.policy.start(search)
-        return _Live(p, search, ProblemMetrics(p.id))
+        return _Live(p, search, ProblemMetrics(p.id), random.Random(seed))
 
     def _iterate(self, live: list[_Live]) -> None:
         jobs = [job for item in live for job in self._jobs(item)]
@@ -134,12 +138,18 @@ class SyncEngine:
         last = policy.is_last_iteration(search) and self.opts.eos_at_depth_limit
         prev = [policy.path_score(b) if b.depth else None for b in search.frontier]
         prios = spec_priorities(prev, max(1, policy.cfg.beam_width)) if self.opts.speculative else [0] * len(prev)
+        if self._next_runs_to_eos(search) and self.phase.spec_branches and not self.gen.resumable_sampling:
+            prios = [0] * len(prev)  # no child could take a branch: its request runs past the step
         jobs = []
         for beam, prio in zip(search.frontier, prios):
             limit = policy.max_total_tokens - beam.num_tokens if last else policy.step_limit(beam, search)
             jobs.append(GenJob(beam, limit, to_eos=last or not policy.stops_at_boundary,
                                split=not policy.stops_at_boundary, spec_priority=prio))
         return jobs
+
+    def _next_runs_to_eos(self, search: ProblemSearch) -> bool:
+        """The next iteration is the last and samples to EOS."""
+        return self.opts.eos_at_depth_limit and search.iteration + 1 >= self.policy.cfg.max_iterations - 1
 
     def _apply_generation(self, live: list[_Live], jobs: list[GenJob], stats) -> None:
         for job in jobs:
@@ -177,16 +187,25 @@ class SyncEngine:
         indices = self.policy.indices_to_score(beam, item.search)
         look = None
         if self.opts.lookahead and beam.spec_tokens and indices:
-            look = self._spec_step_text(beam)
+            probe = self._spec_step(beam, item.search)
+            if probe.end is not None and probe.tokens:  # a whole next step
+                look = self.gen.decode(probe.tokens)
         return ScoreItem(beam, item.input.problem, indices, look)
 
-    def _spec_step_text(self, beam: Beam) -> str | None:
-        """The whole next step held in the speculative tokens, if there is one."""
-        probe = GenJob(beam.fork(beam.seed), limit=self.policy.step_max_tokens)
-        self.phase._consume(probe, beam.spec_tokens, None)
-        if probe.end is None or not probe.tokens:
-            return None
-        return self.gen.decode(probe.tokens)
+    def _spec_step(self, beam: Beam, search: ProblemSearch) -> GenJob:
+        """The next step held in the beam's speculative tokens, cut by the rule its real
+        step follows (boundary, EOS, the step's token limit); `end` is None when the
+        tokens stop inside it."""
+        probe = GenJob(beam.fork(beam.seed), limit=self.policy.step_limit(beam, search))
+        self.phase.consume(probe, beam.spec_tokens)
+        return probe
+
+    def _spec_step_len(self, beam: Beam, search: ProblemSearch) -> int:
+        """How many of the beam's speculative tokens its next step takes (EOS included)."""
+        probe = self._spec_step(beam, search)
+        if probe.end is None:
+            return len(beam.spec_tokens)
+        return len(probe.tokens) + (probe.end is StepEnd.EOS)
 
     def _account_scoring(self, item: _Live, scored, share: int) -> None:
         m = item.metrics
@@ -205,8 +224,10 @@ class SyncEngine:
         self.policy.select(search, item.metrics.elapsed())
         search.iteration += 1
         if self.opts.speculative:
+            step_lens = {uid: self._spec_step_len(p, search) for uid, p in parents.items()
+                         if p.spec_tokens and not p.spec_branches}
             hand_down(search.frontier, parents, self.opts.spec_truncate_ratio,
-                      self.opts.spec_truncate_std, self.rng)
+                      self.opts.spec_truncate_std, item.rng, step_lens)
         for beam in parents.values():
             beam.spec_branches = {}  # handed down; the tokens live on in the children
             if beam.state is not BeamState.ACTIVE:

@@ -198,10 +198,9 @@ class SplitRun:
 
 
 def infeasible(cfg: Config) -> str | None:
-    """Why this split cannot start (a KV budget below one longest sequence), or None. CPU only:
-    on a GPU `Backends` sizes engines by `gpu_memory_utilization`, not by these bytes."""
+    """Why this split cannot start (a KV budget below one longest sequence), or None."""
     from tts.backends.factory import PROMPT_ROOM, static_split
-    from tts.backends.vllm_engine import check_kv_budget, has_cuda, read_hf_config
+    from tts.backends.vllm_engine import check_kv_budget, read_hf_config
     from tts.config.schema import BackendKind
     from tts.models.cache import resolve_model
 
@@ -214,7 +213,7 @@ def infeasible(cfg: Config) -> str | None:
     if make_policy(cfg.search, g.step_max_tokens, g.max_total_tokens).uses_verifier:
         sides.append(("verifier", ver_spec, cfg.verifier.model, cfg.verifier.dtype, cfg.verifier.backend))
     for role, spec, model, dtype, backend in sides:
-        if backend is BackendKind.fake or has_cuda():
+        if backend is BackendKind.fake:
             continue
         try:
             check_kv_budget(read_hf_config(resolve_model(model)), kv_cache_bytes=spec.kv_bytes,

@@ -42,13 +42,14 @@ def build_columns(runs: list[RunData]) -> list[Column]:
             config = dict(run.config)
             compare = (config.get("bench") or {}).get("compare") or []
             if variant in compare:
-                config["optim"] = preset_optim(variant)
+                config["optim"] = preset_optim(variant, (config.get("bench") or {}).get("optim_overrides") or [])
             columns.append(Column(name, run, variant, run.variants[variant], config))
     return columns
 
 
-def preset_optim(name: str) -> dict[str, Any]:
-    """The optim settings of a `bench.compare` preset (the schema defaults under conf/optim/NAME.yaml)."""
+def preset_optim(name: str, overrides: list[str] = ()) -> dict[str, Any]:
+    """The optim settings of a `bench.compare` preset (the schema defaults under
+    conf/optim/NAME.yaml), with the run's `bench.optim_overrides` (`KEY=VALUE`) on top."""
     import yaml
 
     from tts.config.compose import CONF_DIR
@@ -58,7 +59,8 @@ def preset_optim(name: str) -> dict[str, Any]:
     path = CONF_DIR / "optim" / f"{name}.yaml"
     if not path.exists():
         return {**defaults, "engine": name}
-    return {**defaults, **(yaml.safe_load(path.read_text()) or {})}
+    on_top = {key: yaml.safe_load(value) for key, _, value in (o.partition("=") for o in overrides)}
+    return {**defaults, **(yaml.safe_load(path.read_text()) or {}), **on_top}
 
 
 def resolve_baseline(columns: list[Column], runs: list[RunData], baseline: str | None) -> str:
@@ -109,8 +111,16 @@ def config_row(column: Column) -> dict[str, str]:
         "problems": _s(column.metrics.get("num_problems")),
         "generator": _s(column.get("generator", "model")),
         "verifier": _s(column.get("verifier", "model")),
-        "memory": _s(column.get("memory", "allocation")),
+        "memory": _memory(column.config.get("memory") or {}, optim),
     }
+
+
+def _memory(memory: dict[str, Any], optim: dict[str, Any]) -> str:
+    """The KV budget and how it is split, e.g. "1.0 GiB, roofline" or "1.0 GiB, static 0.5"."""
+    if memory.get("kv_cache_gib") is None:
+        return "-"
+    split = "roofline" if optim.get("roofline_memory") else f"static {memory.get('generator_fraction', '-')}"
+    return f"{memory['kv_cache_gib']} GiB, {split}"
 
 
 def config_table(columns: list[Column]) -> str:

@@ -31,6 +31,11 @@ class RunStore:
     @classmethod
     def create(cls, results_dir: str | Path, run_name: str | None, resume: bool, hint: str) -> RunStore:
         base = Path(results_dir)
+        if resume and not run_name:
+            runs = sorted(p.parent.name for p in base.glob(f"*/{RECORDS}"))
+            listed = f"; runs in {base}: {', '.join(runs[-5:])}" if runs else f"; {base} holds no run"
+            raise ValueError("--resume continues the run folder named by bench.run_name: pass "
+                             f"bench.run_name=NAME{listed}")
         name = run_name or time.strftime("%Y%m%d-%H%M%S-") + hint
         path = base / name
         if path.exists() and not resume and any(path.iterdir()):
@@ -41,12 +46,38 @@ class RunStore:
         store.plots.mkdir(exist_ok=True)
         return store
 
+    def config_changes(self, config: dict) -> list[str]:
+        """Settings of `config` that differ from the run's saved `config.yaml`, as
+        "key: saved -> now". Not compared: settings only one side has (another version of
+        tts), those that cannot change a record (`bench.resume`, `logger.*`), and the
+        subset's size and choice (a resumed run may take more problems: records are per
+        problem)."""
+        import yaml
+
+        path = self.path / CONFIG
+        if not path.exists():
+            return []
+        try:
+            saved = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ValueError(f"{path}: corrupt config ({err})") from err
+        old, new = _flatten(saved), _flatten(config)
+        skip = ("bench.resume", "logger.", "dataset.first_k", "dataset.random_k", "dataset.ids", "dataset.levels")
+        return [f"{k}: {old[k]!r} -> {new[k]!r}" for k in sorted(old.keys() & new.keys())
+                if old[k] != new[k] and not k.startswith(skip)]
+
     def write_config(self, yaml_text: str) -> None:
         (self.path / CONFIG).write_text(yaml_text)
 
     def append(self, record: dict) -> None:
         line = json.dumps(record, default=_jsonable) + "\n"
-        with open(self.path / RECORDS, "a", encoding="utf-8") as f:
+        path = self.path / RECORDS
+        if path.exists() and path.stat().st_size:  # a kill between a record and its newline
+            with open(path, "rb") as f:
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    line = "\n" + line
+        with open(path, "a", encoding="utf-8") as f:
             f.write(line)
             f.flush()
             os.fsync(f.fileno())
@@ -109,6 +140,16 @@ class RunStore:
             return json.loads(path.read_text())
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}: corrupt summary ({err.msg})") from err
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 def _jsonable(obj):
