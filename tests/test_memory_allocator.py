@@ -185,3 +185,33 @@ def test_roofline_split_shortage_and_offload():
     assert RooflineSplit(QWEN_1_5B, SMOL, H100).split(budget, workload) is None
     split = RooflineSplit(QWEN_1_5B, SMOL, H100, offload_overhead_s=0.1).split(budget, workload)
     assert split.offload and split.generator_kv_bytes == split.verifier_kv_bytes == budget
+
+
+def test_runtime_replans_stay_within_the_engines_slots():
+    """With M, vLLM's slots (max_num_seqs) are fixed when an engine starts, and the batch
+    cap is re-planned as paths grow; every cap a re-plan chooses must fit those slots (at
+    N=32 a re-plan on short paths chose 32 against 8 slots sized for the peak workload)."""
+    from types import SimpleNamespace
+
+    from tts.config.compose import compose, validate
+    from tts.memory.planner import RuntimeAllocator, initial_caps, plan_memory
+
+    class Slots:
+        def __init__(self, slots: int) -> None:
+            self.slots, self.caps = slots, []
+
+        def set_limits(self, batch_cap: int | None = None) -> None:
+            assert 1 <= batch_cap <= self.slots, (batch_cap, self.slots)
+            self.caps.append(batch_cap)
+
+    for n in (8, 16, 32):
+        cfg = validate(compose("compare", [f"search.n={n}", "optim=PMS"]))
+        gen_spec, ver_spec = plan_memory(cfg, cfg.optim)
+        gen, ver = Slots(gen_spec.max_num_seqs), Slots(ver_spec.max_num_seqs)
+        gen.set_limits(initial_caps(cfg)[0])
+        ver.set_limits(initial_caps(cfg)[1])
+        replan = RuntimeAllocator(cfg, gen, ver)
+        for beams in (n, n // 2, 4, 1):
+            for tokens in (0, 40, 200, 512):
+                replan([SimpleNamespace(num_tokens=tokens)] * beams)
+        assert len(gen.caps) > 2 and max(gen.caps) <= gen_spec.max_num_seqs

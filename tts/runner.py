@@ -100,6 +100,13 @@ def build_engine(cfg: Config, optim: OptimConfig, backends: Backends):
     policy = lambda: make_policy(cfg.search, cfg.generator.step_max_tokens, cfg.generator.max_total_tokens)
     uses_verifier = policy().uses_verifier
     gen, ver = backends.get(gen_spec, ver_spec if uses_verifier else None)
+    if roofline:  # the engines' slots leave room for re-plans; start at the split's caps
+        from tts.memory.planner import initial_caps
+
+        gen_cap, ver_cap = initial_caps(cfg)
+        gen.set_limits(batch_cap=gen_cap)
+        if ver is not None:
+            ver.set_limits(batch_cap=ver_cap)
     system = read_prompt(cfg.generator.system_prompt_file)
     if optim.engine is EngineKind.decoupled:
         from tts.engine.decoupled import DecoupledEngine

@@ -62,10 +62,18 @@ def plan_memory(cfg: Config, optim: OptimConfig) -> tuple[EngineSpec, EngineSpec
     if split is None:
         raise ValueError(f"memory.kv_cache_gib={cfg.memory.kv_cache_gib}: too small to hold one generator "
                          "and one verifier sequence; raise it")
-    # vLLM needs room beyond the modelled batch for prefix-cached blocks; never go below
-    # the batch the split asked for.
-    return (EngineSpec(split.generator_kv_bytes, max(split.generator_max_seqs, 1)),
-            EngineSpec(split.verifier_kv_bytes, max(split.verifier_max_seqs, 1)))
+    # The engines' slots (vLLM's max_num_seqs, fixed at start) must hold every batch cap a
+    # re-plan can choose (`RuntimeAllocator`: at most one per beam in flight); the cap the
+    # split chose for the peak workload is set when the engine is built (`initial_caps`).
+    return (EngineSpec(split.generator_kv_bytes, max(split.generator_max_seqs, beams, 1)),
+            EngineSpec(split.verifier_kv_bytes, max(split.verifier_max_seqs, beams, 1)))
+
+
+def initial_caps(cfg: Config) -> tuple[int, int]:
+    """The (generator, verifier) batch caps of the roofline split for the run's peak workload."""
+    split = _split(cfg, cfg.search.n * cfg.bench.concurrency, cfg.generator.max_total_tokens // 2)
+    assert split is not None  # plan_memory refused this config already
+    return max(split.generator_max_seqs, 1), max(split.verifier_max_seqs, 1)
 
 
 class RuntimeAllocator:
