@@ -395,3 +395,54 @@ def test_preempted_branch_resumes_where_sampling_is_resumable():
         assert gen.decode(branch.tokens) == "b" * (6 + branch.beam.seed % 5) + "\n\n"  # child 0's own step
         again = stats.spec_tokens - before
         assert again == len(branch.tokens) - (len(done_before) if mode == "context" else 0)
+
+
+def test_counters_of_problems_in_flight_add_up_to_the_backends():
+    """With several problems in flight, each problem gets its own requests' counters, so
+    they add up to what the backends did (an even split rounded down lost the remainders
+    and gave a problem another's speculative tokens)."""
+    from tts.metrics.collector import split_exactly
+
+    gen = FakeGenerator(endless, batch_cap=6)
+    produced = []
+    real_step = gen.step
+
+    def step():
+        deltas, stats = real_step()
+        produced.extend(len(d.new_token_ids) for d in deltas)
+        return deltas, stats
+
+    gen.step = step
+    ver = FakeVerifier()
+    cfg = SearchConfig(n=4, beam_width=2, max_iterations=3)
+    eng = SyncEngine(gen, ver, lambda: make_policy(cfg, 30, 300), "sys",
+                     EngineOptions(concurrency=3, speculative=True, eos_at_depth_limit=False))
+    outs = list(eng.run([ProblemInput(p, f"problem {p}") for p in ("a", "bb", "ccc", "dddd")]))
+    metrics = [o.metrics for o in outs]
+    assert sum(m.gen_tokens for m in metrics) == sum(produced)
+    assert sum(m.scores_computed for m in metrics) == len(ver.scored)
+    assert all(0 <= m.spec_used <= m.spec_generated for m in metrics)
+    assert split_exactly(10, {"a": 1, "b": 1, "c": 1}) == {"a": 4, "b": 3, "c": 3}
+    assert split_exactly(7, {"a": 0, "b": 5}) == {"a": 0, "b": 7}
+    assert split_exactly(5, {"a": 0, "b": 0}) == {"a": 3, "b": 2}
+
+
+def test_a_path_asked_twice_in_one_call_is_computed_once():
+    """Identical siblings ask for the same path in one verifier call: with the score
+    cache it is computed once and both get the score; without it (search-and-learn's
+    loop, which rescored everything) it is computed for each."""
+    from tts.engine.scoring import ScoreCache, ScoreItem, ScoringPhase
+    from tts.search.tree import Step, StepEnd
+
+    def twins():
+        a = Beam("p", (1,), seed=1)
+        a.append(Step((5, 6), "one step\n\n", StepEnd.BOUNDARY))
+        b = a.fork(2)
+        return [ScoreItem(a, "problem", (0,)), ScoreItem(b, "problem", (0,))]
+
+    for cache, computed in ((ScoreCache(), 1), (None, 2)):
+        ver = FakeVerifier()
+        items = twins()
+        stats = ScoringPhase(ver, cache).run(items)
+        assert len(ver.scored) == computed and stats.computed == computed
+        assert items[0].beam.scores == items[1].beam.scores != (None,)

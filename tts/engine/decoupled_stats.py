@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from tts.engine.decoupled_policy import FillPolicy
 from tts.engine.decoupled_work import Kind, _DLive
 from tts.engine.scoring import ScoreCache
-from tts.metrics.collector import UTIL_BINS, StepLog
+from tts.metrics.collector import UTIL_BINS, StepLog, split_exactly
 from tts.search.tree import Beam
 
 
@@ -99,13 +99,14 @@ def account_prm(batch: list[tuple[_DLive, Beam]], scored, hits0: dict[str, int],
     for key, live in lives.items():
         hits = cache.hits_by_problem[live.input.id] - hits0[live.input.id] if cache is not None else 0
         computed[key] = max(0, items[key] - hits)
-    total = sum(computed.values()) or 1
+    shares = [(split_exactly(b.prompt_tokens, computed), split_exactly(b.cached_tokens, computed),
+               split_exactly(b.num_requests, computed)) for b in scored.batches]
     for key, live in lives.items():
         m = live.metrics
         m.verifier_s += scored.wall_s
         m.scores_requested += items[key]
         m.scores_computed += computed[key]
-        for b in scored.batches:
-            m.ver_prompt_tokens += b.prompt_tokens * computed[key] // total
-            m.ver_cached_tokens += b.cached_tokens * computed[key] // total
-            m.ver_requests += b.num_requests * computed[key] // total
+        for prompt, cached, requests in shares:
+            m.ver_prompt_tokens += prompt[key]
+            m.ver_cached_tokens += cached[key]
+            m.ver_requests += requests[key]

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -77,6 +78,13 @@ class PhaseStats:
     cached_tokens: int = 0
     requests: int = 0
     step_lengths: list[int] = field(default_factory=list)  # real tokens per job
+    by_problem: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
+
+    def add(self, problem_id: str, **counts: int) -> None:
+        """Add to the phase's counters and to the problem's share of them."""
+        for key, n in counts.items():
+            setattr(self, key, getattr(self, key) + n)
+            self.by_problem[problem_id][key] += n
 
 
 class GenerationPhase:
@@ -175,23 +183,23 @@ class GenerationPhase:
         self._by_id[rid] = job
         self.gen.add(GenRequest(rid, job.beam.token_ids + extra_prompt, max_tokens, job.beam.seed,
                                 self.temperature, self.top_p))
-        stats.requests += 1
+        stats.add(job.beam.problem_id, requests=1)
         return rid
 
     @staticmethod
-    def _count(d, stats: PhaseStats) -> None:
+    def _count(job: GenJob, d, stats: PhaseStats) -> None:
+        pid = job.beam.problem_id
         if d.num_prompt_tokens is not None:
-            stats.prompt_tokens += d.num_prompt_tokens
-            stats.cached_tokens += d.num_cached_tokens or 0
-        stats.tokens += len(d.new_token_ids)
+            stats.add(pid, prompt_tokens=d.num_prompt_tokens, cached_tokens=d.num_cached_tokens or 0)
+        stats.add(pid, tokens=len(d.new_token_ids))
 
     def _take_delta(self, d, stats: PhaseStats, pending: set[str], speculating: dict[str, int]) -> bool:
         """Apply one delta of a real request; True when it finished the job's step."""
         job = self._by_id[d.request_id]
-        self._count(d, stats)
+        self._count(job, d, stats)
         if d.request_id in speculating:
             job.spec.extend(d.new_token_ids)  # a final EOS is kept: the next step ends there
-            stats.spec_tokens += len(d.new_token_ids)
+            stats.add(job.beam.problem_id, spec_tokens=len(d.new_token_ids))
             if d.finished:
                 speculating.pop(d.request_id, None)
             return False
@@ -205,8 +213,8 @@ class GenerationPhase:
 
     def _take_branch_delta(self, branch: GenJob, d, stats: PhaseStats, speculating: dict[str, int]) -> bool:
         """Apply one delta of a speculative branch; True when its step ended before its request."""
-        self._count(d, stats)
-        stats.spec_tokens += len(d.new_token_ids)
+        self._count(branch, d, stats)
+        stats.add(branch.beam.problem_id, spec_tokens=len(d.new_token_ids))
         self.consume(branch, d.new_token_ids, None)  # a request cut at its cap is partial, not ended
         if branch.finished or d.finished:
             speculating.pop(d.request_id, None)

@@ -71,10 +71,21 @@ class ScoringStats:
     computed: int = 0  # step scores the verifier computed (lookahead included)
     lookahead: int = 0
     batches: list[ScoreBatchStats] = field(default_factory=list)
+    by_problem: dict[str, Counter] = field(default_factory=dict)  # the counters above, per problem
+
+    def add(self, problem_id: str, **counts: int) -> None:
+        mine = self.by_problem.setdefault(problem_id, Counter())
+        for key, n in counts.items():
+            setattr(self, key, getattr(self, key) + n)
+            mine[key] += n
 
 
 class ScoringPhase:
-    """Fills `beam.scores` for the requested indices, using the cache when enabled."""
+    """Fills `beam.scores` for the requested indices, using the cache when enabled.
+
+    With the cache, a path asked for twice in one call (identical siblings, or a beam's
+    path that another beam's lookahead step also reaches) is computed once, and the
+    second asker reads it from the cache after the call."""
 
     def __init__(self, verifier: Verifier | None, cache: ScoreCache | None) -> None:
         self.verifier = verifier
@@ -85,17 +96,32 @@ class ScoringPhase:
         stats, start = ScoringStats(), time.perf_counter()
         requests: list[ScoreRequest] = []
         pending: list[tuple[ScoreItem, tuple[int, ...]]] = []
+        asked: set[tuple[str, tuple[str, ...]]] = set()  # paths this call computes
+        deferred: list[tuple[ScoreItem, int]] = []  # served by another item's request
         for item in order(list(items)):
-            texts = item.beam.step_texts
-            stats.requested += len(item.indices)
-            missing = tuple(i for i in item.indices if not self._from_cache(item, texts, i))
+            texts, pid = item.beam.step_texts, item.beam.problem_id
+            stats.add(pid, requested=len(item.indices))
+            missing = []
+            for i in item.indices:
+                if self._from_cache(item, texts, i):
+                    continue
+                key = (pid, texts[: i + 1])
+                if self.cache is not None and key in asked:
+                    deferred.append((item, i))
+                    continue
+                asked.add(key)
+                missing.append(i)
             look = item.lookahead_step if self.cache is not None else None
-            if look is not None and self.cache._scores.get((item.beam.problem_id, texts + (look,))) is not None:
-                look = None
+            if look is not None:
+                key = (pid, texts + (look,))
+                if key in asked or self.cache._scores.get(key) is not None:
+                    look = None
+                else:
+                    asked.add(key)
             if not missing and look is None:
                 continue
             steps = texts + ((look,) if look is not None else ())
-            indices = missing + ((len(texts),) if look is not None else ())
+            indices = tuple(missing) + ((len(texts),) if look is not None else ())
             requests.append(ScoreRequest(item.problem, steps, indices))
             pending.append((item, indices))
         if requests:
@@ -104,6 +130,8 @@ class ScoringPhase:
             stats.batches.append(batch)
             for (item, indices), scores in zip(pending, results):
                 self._store(item, indices, scores, stats)
+        for item, i in deferred:
+            assert self._from_cache(item, item.beam.step_texts, i)
         stats.wall_s = time.perf_counter() - start
         return stats
 
@@ -120,12 +148,12 @@ class ScoringPhase:
                stats: ScoringStats) -> None:
         texts = item.beam.step_texts
         for i, score in zip(indices, scores):
-            stats.computed += 1
+            stats.add(item.beam.problem_id, computed=1)
             if i < len(texts):
                 item.beam.set_score(i, score)
                 if self.cache is not None:
                     self.cache.put(item.beam.problem_id, texts[: i + 1], score)
             else:  # the lookahead step: cache only
-                stats.lookahead += 1
+                stats.add(item.beam.problem_id, lookahead=1)
                 assert self.cache is not None and item.lookahead_step is not None
                 self.cache.put(item.beam.problem_id, texts + (item.lookahead_step,), score, lookahead=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -20,7 +20,7 @@ from tts.engine.generation import GenerationPhase, GenJob, make_steps
 from tts.engine.ordering import Ordering, make_ordering
 from tts.engine.scoring import ScoreCache, ScoreItem, ScoringPhase
 from tts.engine.speculation import hand_down, spec_priorities
-from tts.metrics.collector import ProblemMetrics, StepLog
+from tts.metrics.collector import ProblemMetrics, StepLog, split_exactly
 from tts.search.base import ProblemSearch, SearchPolicy
 from tts.search.tree import Beam, BeamState, StepEnd
 
@@ -130,7 +130,7 @@ class SyncEngine:
             for s in batch.step_stats:
                 self.ver_log.observe(s)
         for item in live:
-            self._account_scoring(item, scored, len(live))
+            self._account_scoring(item, scored)
             self._select(item)
 
     def _jobs(self, item: _Live) -> list[GenJob]:
@@ -161,7 +161,6 @@ class SyncEngine:
                 job.beam.spec_tokens = job.beam.spec_branches.get(job.beam.seed, ())
             else:
                 job.beam.spec_tokens = tuple(job.spec)
-        share = len(live)
         for item in live:
             mine = [j for j in jobs if j.beam.problem_id == item.input.id]
             m = item.metrics
@@ -176,12 +175,12 @@ class SyncEngine:
                 key = (j.beam.parent, j.beam.seed if self.phase.spec_branches else 0)
                 used[key] = max(used.get(key, 0), j.adopted)
             m.spec_used += sum(used.values())
-            # Backend counters are per phase; problems in flight share them evenly.
-            m.gen_tokens += stats.tokens // share
-            m.spec_generated += stats.spec_tokens // share
-            m.gen_prompt_tokens += stats.prompt_tokens // share
-            m.gen_cached_tokens += stats.cached_tokens // share
-            m.gen_requests += stats.requests // share
+            counts = stats.by_problem.get(item.input.id, Counter())  # this problem's requests' counters
+            m.gen_tokens += counts["tokens"]
+            m.spec_generated += counts["spec_tokens"]
+            m.gen_prompt_tokens += counts["prompt_tokens"]
+            m.gen_cached_tokens += counts["cached_tokens"]
+            m.gen_requests += counts["requests"]
 
     def _score_item(self, item: _Live, beam: Beam) -> ScoreItem:
         indices = self.policy.indices_to_score(beam, item.search)
@@ -207,16 +206,21 @@ class SyncEngine:
             return len(beam.spec_tokens)
         return len(probe.tokens) + (probe.end is StepEnd.EOS)
 
-    def _account_scoring(self, item: _Live, scored, share: int) -> None:
+    def _account_scoring(self, item: _Live, scored) -> None:
+        """The call's wall time goes to every problem in it; its counters to the problem
+        whose beams asked, and its verifier tokens and requests in proportion to the
+        scores each problem made it compute."""
         m = item.metrics
         m.verifier_s += scored.wall_s
-        m.scores_requested += scored.requested // share
-        m.scores_computed += scored.computed // share
-        m.lookahead_scored += scored.lookahead // share
+        mine = scored.by_problem.get(item.input.id, Counter())
+        m.scores_requested += mine["requested"]
+        m.scores_computed += mine["computed"]
+        m.lookahead_scored += mine["lookahead"]
+        weights = {pid: c["computed"] for pid, c in scored.by_problem.items()}
         for batch in scored.batches:
-            m.ver_prompt_tokens += batch.prompt_tokens // share
-            m.ver_cached_tokens += batch.cached_tokens // share
-            m.ver_requests += batch.num_requests // share
+            m.ver_prompt_tokens += split_exactly(batch.prompt_tokens, weights).get(item.input.id, 0)
+            m.ver_cached_tokens += split_exactly(batch.cached_tokens, weights).get(item.input.id, 0)
+            m.ver_requests += split_exactly(batch.num_requests, weights).get(item.input.id, 0)
 
     def _select(self, item: _Live) -> None:
         search = item.search

@@ -16,6 +16,20 @@ from tts.backends.base import StepStats
 UTIL_BINS = 10  # batch utilisation histogram: [0, 0.1), ..., [0.9, 1.0]
 
 
+def split_exactly(total: int, weights: dict) -> dict:
+    """`total` shared out in proportion to `weights` as integers that add up to `total`
+    (largest remainders first; equal shares when every weight is 0)."""
+    if not weights:
+        return {}
+    w = weights if any(weights.values()) else dict.fromkeys(weights, 1)
+    whole = sum(w.values())
+    shares = {k: total * v // whole for k, v in w.items()}
+    left = total - sum(shares.values())
+    for k in sorted(w, key=lambda k: -(total * w[k] % whole))[:left]:
+        shares[k] += 1
+    return shares
+
+
 def _mean(xs) -> float:
     xs = list(xs)
     return float(statistics.fmean(xs)) if xs else 0.0
