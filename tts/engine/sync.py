@@ -149,7 +149,7 @@ class SyncEngine:
 
     def _next_runs_to_eos(self, search: ProblemSearch) -> bool:
         """The next iteration is the last and samples to EOS."""
-        return self.opts.eos_at_depth_limit and search.iteration + 1 >= self.policy.cfg.max_iterations - 1
+        return self.opts.eos_at_depth_limit and self.policy.is_last_iteration(search, ahead=1)
 
     def _apply_generation(self, live: list[_Live], jobs: list[GenJob], stats) -> None:
         for job in jobs:

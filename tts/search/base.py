@@ -64,8 +64,9 @@ class SearchPolicy(ABC):
             for i in range(self.cfg.n)
         ]
 
-    def is_last_iteration(self, search: ProblemSearch) -> bool:
-        return search.iteration >= self.cfg.max_iterations - 1
+    def is_last_iteration(self, search: ProblemSearch, ahead: int = 0) -> bool:
+        """This iteration (or the one `ahead` iterations on) is the search's last."""
+        return search.iteration + ahead >= self.cfg.max_iterations - 1
 
     def step_limit(self, beam: Beam, search: ProblemSearch) -> int:
         """The token limit of this beam's next step."""
