@@ -208,7 +208,8 @@ def test_speculative_slots_go_to_the_highest_bins_first():
     """Cap 2 (real + speculative): while three real requests run, nobody speculates; the
     jobs that finished meanwhile are parked; when a slot frees, the highest priority gets
     it, restarting from its path if it had been parked."""
-    from tts.engine.generation import GenerationPhase, GenJob
+    from tts.engine.generation import GenerationPhase
+    from tts.engine.steps import GenJob
 
     lengths = {11: 1, 12: 2, 13: 3, 14: 12}  # seed -> step length (chars = tokens)
 
@@ -277,7 +278,8 @@ def test_branches_never_outgrow_the_generator_batch_cap():
 def test_branches_follow_the_bins_and_child_seeds():
     """A finished job with priority p starts p branches, branch k with child k's seed on
     the job's path; each stops at its own step boundary; the real request is aborted."""
-    from tts.engine.generation import GenerationPhase, GenJob
+    from tts.engine.generation import GenerationPhase
+    from tts.engine.steps import GenJob
     from tts.search.tree import child_seed
 
     def script(problem, steps, seed):
@@ -358,7 +360,8 @@ def test_preempted_branch_resumes_where_sampling_is_resumable():
     tokens. Cut short at the phase's end, it is handed down as the start of child k's
     step only where sampling is resumable."""
     from tts.backends.base import StepStats
-    from tts.engine.generation import GenerationPhase, GenJob, PhaseStats
+    from tts.engine.generation import GenerationPhase, PhaseStats
+    from tts.engine.steps import GenJob
     from tts.search.tree import child_seed
 
     def script(problem, steps, seed):

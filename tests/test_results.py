@@ -62,6 +62,22 @@ def test_resume_with_other_settings_is_refused(tmp_path):
     bench(tmp_path, "bench.resume=true", "logger.project=elsewhere")  # nothing to do, no error
 
 
+def test_resume_may_add_variants_to_a_comparison(tmp_path):
+    """Records are per problem and variant: a resume with more compared variants runs only
+    the new one, and the summary compares all; a variant's own settings still count."""
+    from tts.config.compose import ConfigError
+
+    path = bench(tmp_path, "bench.compare=[baseline]")
+    first = RunStore(path).records()
+    bench(tmp_path, "bench.resume=true", "bench.compare=[baseline,P]")
+    records = RunStore(path).records()
+    assert records[:3] == first  # the baseline's records, not re-run
+    assert [r["variant"] for r in records[3:]] == ["P"] * 3
+    assert set(json.loads((path / "summary.json").read_text())["variants"]) == {"baseline", "P"}
+    with pytest.raises(ConfigError, match=r"other settings \(bench.optim_overrides"):
+        bench(tmp_path, "bench.resume=true", "bench.compare=[baseline,P]", "optim.request_order=random")
+
+
 def test_append_after_a_kill_before_the_newline(tmp_path):
     """A kill between a record and its newline leaves a whole record without one; the
     next record still starts on a line of its own."""

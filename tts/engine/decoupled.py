@@ -47,7 +47,6 @@ from tts.engine.decoupled_policy import EAGER_FIRST, Filler, FillPolicy, FillSta
 from tts.engine.decoupled_spec import SpeculationMixin
 from tts.engine.decoupled_stats import DecoupledStats, account_prm
 from tts.engine.decoupled_work import Kind, _DLive, _Work
-from tts.engine.generation import make_steps
 from tts.engine.scoring import ScoreItem
 from tts.engine.sync import EngineOptions, ProblemInput, ProblemOutcome, SyncEngine
 from tts.search.base import SearchPolicy
@@ -238,7 +237,7 @@ class DecoupledEngine(SpeculationMixin, SyncEngine):
             finish = d.finish_reason
             if finish is FinishReason.LENGTH and work.capped:
                 finish = None  # the speculative cap, not the step's limit
-            self.phase.consume(job, d.new_token_ids, finish)
+            self.cut.consume(job, d.new_token_ids, finish)
             if not (job.finished or d.finished):
                 continue
             del self._running[d.request_id]
@@ -258,7 +257,7 @@ class DecoupledEngine(SpeculationMixin, SyncEngine):
         job, live = work.job, work.live
         beam = job.beam
         total_left = self.policy.max_total_tokens - beam.num_tokens
-        for step in make_steps(job, self.gen.decode, self.gen.token_text, total_left):
+        for step in self.cut.steps(job, total_left):
             beam.append(step)
         live.waiting.discard(beam.uid)
         self._spec_exhausted = False

@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from tts.engine.decoupled_work import Kind, _DLive, _SpecNode, _Work
-from tts.engine.generation import GenJob
+from tts.engine.steps import GenJob
 from tts.search.tree import Beam, StepEnd, child_seed
 
 SPEC_PAUSE_STEPS = 16  # after a memory preemption, no new speculation for this many steps
@@ -47,7 +47,7 @@ SPEC_PAUSE_STEPS = 16  # after a memory preemption, no new speculation for this 
 class SpeculationMixin:
     """The speculation half of `DecoupledEngine`.
 
-    It reads the engine's state (`gen`, `phase`, `policy`, `spec_survivors`, `dstats`,
+    It reads the engine's state (`gen`, `cut`, `policy`, `spec_survivors`, `dstats`,
     `_lives`, `_running`, `_kv`, `_backend_waiting`) and calls its `_jobs`, `_submit`,
     `_free` and `_event`; the state below is its own.
     """
@@ -206,7 +206,7 @@ class SpeculationMixin:
                 return _Work(job, Kind.FRESH, live)
             eos = (self.gen.eos_token_id,) if spec.end is StepEnd.EOS else ()
             job.beam.spec_tokens = tuple(spec.tokens) + eos
-            self.phase._adopt_spec(job)
+            self.cut.adopt(job)
             used = min(node.generated, job.adopted + (1 if eos and job.end is StepEnd.EOS else 0))
             how, out = "partial", _Work(job, Kind.FRESH, live)
             self.dstats.spec_partial += 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from tts.engine.generation import GenJob
+from tts.engine.steps import GenJob
 from tts.engine.sync import _Live
 from tts.search.tree import Beam
 

@@ -1,8 +1,9 @@
 """The generation phase: one step for every job, driven token by token.
 
-The backend never stops at a step boundary; this module watches the streamed tokens,
-ends each job's step at "\\n\\n", EOS or its token limit, and then either aborts the
-request or, with speculation on, speculates in one of two ways:
+The backend never stops at a step boundary; this module feeds the streamed tokens to the
+step rule (`tts.engine.steps.StepCutter`), which ends each job's step at "\\n\\n", EOS or
+its token limit, and then either aborts the request or, with speculation on, speculates in
+one of two ways:
 
 - run-on (the paper's Algorithm 1): the request runs on past the boundary; the extra
   tokens become the beam's speculative tokens, which selection hands down to the
@@ -34,36 +35,11 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from tts.backends.base import FinishReason, Generator, GenRequest, StepStats
-from tts.search.tree import Beam, Step, StepEnd, child_seed
+from tts.backends.base import Generator, GenRequest, StepStats
+from tts.engine.steps import GenJob, StepCutter
+from tts.search.tree import StepEnd, child_seed
 
-BOUNDARY = "\n\n"
 _request_ids = itertools.count()
-
-
-@dataclass
-class GenJob:
-    """Generate the next step of `beam` (or, with `split`, a whole solution)."""
-
-    beam: Beam
-    limit: int  # token limit of this step, adopted speculative tokens included
-    to_eos: bool = False  # ignore step boundaries (last iteration / whole solutions)
-    split: bool = False  # split the result into steps at boundaries (best-of-N)
-    spec_priority: int = 0  # speculative branches this beam may claim; 0 = none
-    # filled by the phase:
-    tokens: list[int] = field(default_factory=list)
-    spec: list[int] = field(default_factory=list)
-    end: StepEnd | None = None
-    request_id: str | None = None
-    adopted: int = 0  # speculative tokens reused from the previous iteration
-    last_char: str = ""
-    # branches mode: the speculative branches of this job, and for a branch its parent job
-    branches: list[GenJob] = field(default_factory=list)
-    branch_of: GenJob | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.end is not None
 
 
 @dataclass
@@ -95,6 +71,7 @@ class GenerationPhase:
                  kv_spec_limit: float = 0.95, spec_batch_cap: int = 0, spec_branches: bool = False,
                  step_max_tokens: int = 0) -> None:
         self.gen = generator
+        self.cut = StepCutter(generator)
         # a branch that stops at its cap (`spec_max_tokens`) below this limit holds part of a step
         self.step_max_tokens = step_max_tokens or spec_max_tokens
         self.spec_branches = speculative and spec_branches
@@ -114,17 +91,7 @@ class GenerationPhase:
     def run(self, jobs: Sequence[GenJob], on_step: Callable[[StepStats], None] | None = None) -> PhaseStats:
         stats, start = PhaseStats(), time.perf_counter()
         self._by_id: dict[str, GenJob] = {}
-        carried, self.carried = self.carried, {}
-        for job in jobs:
-            if self._take_over(job, carried.pop((job.beam.parent, job.beam.seed), None)):
-                continue
-            self._adopt_spec(job)
-            if not job.finished:
-                budget = job.limit - len(job.tokens)
-                run_on = self.speculative and not self.spec_branches and job.spec_priority > 0 and not job.to_eos
-                self._submit(job, tuple(job.tokens), budget + (self.spec_max_tokens if run_on else 0), stats)
-        if carried:  # branches of beams that selection did not keep
-            self.gen.abort([rid for rid, _ in carried.values()])
+        self._start(jobs, stats)
         pending = set(self._by_id)  # real work not finished
         speculating: dict[str, int] = {}  # request id -> speculative priority
         parked: dict[int, GenJob] = {}  # run-on: finished jobs waiting for a speculative slot
@@ -177,6 +144,22 @@ class GenerationPhase:
         stats.wall_s = time.perf_counter() - start
         return stats
 
+    def _start(self, jobs: Sequence[GenJob], stats: PhaseStats) -> None:
+        """Send each job's request: a child takes over its running branch, a job starts
+        from its beam's speculative tokens, and one that may speculate by running on
+        asks for `spec_max_tokens` more than its step."""
+        carried, self.carried = self.carried, {}
+        for job in jobs:
+            if self._take_over(job, carried.pop((job.beam.parent, job.beam.seed), None)):
+                continue
+            self._adopt_spec(job)
+            if not job.finished:
+                budget = job.limit - len(job.tokens)
+                run_on = self.speculative and not self.spec_branches and job.spec_priority > 0 and not job.to_eos
+                self._submit(job, tuple(job.tokens), budget + (self.spec_max_tokens if run_on else 0), stats)
+        if carried:  # branches of beams that selection did not keep
+            self.gen.abort([rid for rid, _ in carried.values()])
+
     def _submit(self, job: GenJob, extra_prompt: tuple[int, ...], max_tokens: int, stats: PhaseStats) -> str:
         rid = f"g{next(_request_ids)}"
         job.request_id = rid
@@ -203,7 +186,7 @@ class GenerationPhase:
             if d.finished:
                 speculating.pop(d.request_id, None)
             return False
-        overflow = self.consume(job, d.new_token_ids, d.finish_reason)
+        overflow = self.cut.consume(job, d.new_token_ids, d.finish_reason)
         if not job.finished or d.request_id not in pending:
             return False
         pending.discard(d.request_id)
@@ -215,7 +198,7 @@ class GenerationPhase:
         """Apply one delta of a speculative branch; True when its step ended before its request."""
         self._count(branch, d, stats)
         stats.add(branch.beam.problem_id, spec_tokens=len(d.new_token_ids))
-        self.consume(branch, d.new_token_ids, None)  # a request cut at its cap is partial, not ended
+        self.cut.consume(branch, d.new_token_ids, None)  # a request cut at its cap is partial, not ended
         if branch.finished or d.finished:
             speculating.pop(d.request_id, None)
         return branch.finished and not d.finished
@@ -230,7 +213,7 @@ class GenerationPhase:
         if job.to_eos or job.split or branch.limit < job.limit or job.beam.spec_tokens:
             self.gen.abort([rid])  # the request would stop short of the job's end
             return False
-        self.consume(job, branch.tokens, None)
+        self.cut.consume(job, branch.tokens, None)
         job.adopted = len(job.tokens)
         if job.finished:
             self.gen.abort([rid])
@@ -328,36 +311,10 @@ class GenerationPhase:
 
     def _adopt_spec(self, job: GenJob) -> None:
         """Start from the beam's speculative tokens; they may already hold the whole step."""
-        spec = list(job.beam.spec_tokens)
-        job.beam.spec_tokens = ()
-        if not spec or (self.spec_branches and job.to_eos and not self.gen.resumable_sampling):
-            return  # a request to EOS past a branch's step end would sample on differently
-        overflow = self.consume(job, spec, None)
-        job.adopted = len(job.tokens)
-        job.spec = overflow  # what lies past this step stays speculative
-
-    def consume(self, job: GenJob, new: Sequence[int], finish: FinishReason | None = None) -> list[int]:
-        """Append tokens to the job's step until it ends (a step boundary, any of the
-        generator's end-of-sequence ids, the step's token limit; `finish`, the request's
-        own end, when the tokens run out first); return the tokens past the end."""
-        eos = self.gen.eos_token_ids
-        for i, tok in enumerate(new):
-            if tok in eos:
-                job.end = StepEnd.EOS
-                return []
-            job.tokens.append(tok)
-            piece = self.gen.token_text(tok)
-            hit = not job.to_eos and not job.split and BOUNDARY in job.last_char + piece
-            job.last_char = piece[-1:] if piece else job.last_char
-            if hit:
-                job.end = StepEnd.BOUNDARY
-                return list(new[i + 1:])
-            if len(job.tokens) >= job.limit:
-                job.end = StepEnd.STEP_LIMIT
-                return list(new[i + 1:])
-        if finish is not None and job.end is None:
-            job.end = StepEnd.EOS if finish is FinishReason.EOS else StepEnd.STEP_LIMIT
-        return []
+        if self.spec_branches and job.to_eos and not self.gen.resumable_sampling:
+            job.beam.spec_tokens = ()  # a request to EOS past a branch's step end would sample on differently
+            return
+        self.cut.adopt(job)
 
     def _may_speculate(self, job: GenJob) -> bool:
         return self.speculative and job.spec_priority > 0 and not job.to_eos and job.end is not StepEnd.EOS
@@ -381,25 +338,3 @@ class GenerationPhase:
             return dropped
         return []
 
-
-def make_steps(job: GenJob, decode: Callable[[Sequence[int]], str], token_text: Callable[[int], str],
-               total_left: int) -> list[Step]:
-    """Turn a finished job into steps (several when `split`), marking the total limit."""
-    end = job.end or StepEnd.STEP_LIMIT
-    if end is not StepEnd.EOS and len(job.tokens) >= total_left:
-        end = StepEnd.TOTAL_LIMIT  # the path's budget is spent: it completes here
-    if not job.split:
-        return [Step(tuple(job.tokens), decode(job.tokens), end)]
-    steps, cur, last = [], [], ""
-    for tok in job.tokens:
-        cur.append(tok)
-        piece = token_text(tok)
-        if BOUNDARY in last + piece:
-            steps.append(Step(tuple(cur), decode(cur), StepEnd.BOUNDARY))
-            cur = []
-        last = piece[-1:] if piece else last
-    if cur or not steps:
-        steps.append(Step(tuple(cur), decode(cur), end))
-    else:
-        steps[-1] = Step(steps[-1].token_ids, steps[-1].text, end)
-    return steps

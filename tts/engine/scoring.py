@@ -41,6 +41,10 @@ class ScoreCache:
                 self._lookahead_keys.discard(key)
         return score
 
+    def has(self, problem_id: str, path: tuple[str, ...]) -> bool:
+        """Whether the step's score is known (not counted as a hit or a miss)."""
+        return (problem_id, path) in self._scores
+
     def put(self, problem_id: str, path: tuple[str, ...], score: float, lookahead: bool = False) -> None:
         key = (problem_id, path)
         self._scores[key] = score
@@ -114,7 +118,7 @@ class ScoringPhase:
             look = item.lookahead_step if self.cache is not None else None
             if look is not None:
                 key = (pid, texts + (look,))
-                if key in asked or self.cache._scores.get(key) is not None:
+                if key in asked or self.cache.has(*key):
                     look = None
                 else:
                     asked.add(key)

@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from tts.backends.base import Generator, Verifier
-from tts.engine.generation import GenerationPhase, GenJob, make_steps
+from tts.engine.generation import GenerationPhase
+from tts.engine.steps import GenJob, StepCutter
 from tts.engine.ordering import Ordering, make_ordering
 from tts.engine.scoring import ScoreCache, ScoreItem, ScoringPhase
 from tts.engine.speculation import hand_down, spec_priorities
@@ -87,6 +88,7 @@ class SyncEngine:
                                      spec_batch_cap=options.spec_batch_cap,
                                      spec_branches=options.spec_branches,
                                      step_max_tokens=self.policy.step_max_tokens)
+        self.cut = StepCutter(generator)
         self.gen_log, self.ver_log = StepLog(), StepLog()
         self.on_iteration: Callable[[list[Beam]], None] | None = None  # memory policy hook
 
@@ -154,7 +156,7 @@ class SyncEngine:
     def _apply_generation(self, live: list[_Live], jobs: list[GenJob], stats) -> None:
         for job in jobs:
             total_left = self.policy.max_total_tokens - job.beam.num_tokens
-            for step in make_steps(job, self.gen.decode, self.gen.token_text, total_left):
+            for step in self.cut.steps(job, total_left):
                 job.beam.append(step)
             if self.phase.spec_branches:  # child 0's branch doubles as the lookahead step
                 job.beam.spec_branches = self.phase.branch_steps(job)
@@ -196,7 +198,7 @@ class SyncEngine:
         step follows (boundary, EOS, the step's token limit); `end` is None when the
         tokens stop inside it."""
         probe = GenJob(beam.fork(beam.seed), limit=self.policy.step_limit(beam, search))
-        self.phase.consume(probe, beam.spec_tokens)
+        self.cut.consume(probe, beam.spec_tokens)
         return probe
 
     def _spec_step_len(self, beam: Beam, search: ProblemSearch) -> int:

@@ -49,9 +49,10 @@ class RunStore:
     def config_changes(self, config: dict) -> list[str]:
         """Settings of `config` that differ from the run's saved `config.yaml`, as
         "key: saved -> now". Not compared: settings only one side has (another version of
-        tts), those that cannot change a record (`bench.resume`, `logger.*`), and the
-        subset's size and choice (a resumed run may take more problems: records are per
-        problem)."""
+        tts), those that cannot change a record (`bench.resume`, `logger.*`), the
+        subset's size and choice, and the list of compared variants (a resumed run may
+        take more problems or more variants: records are per problem and variant; each
+        variant's own settings, `bench.optim_overrides` included, are still compared)."""
         import yaml
 
         path = self.path / CONFIG
@@ -64,7 +65,7 @@ class RunStore:
         old, new = _flatten(saved), _flatten(config)
         skip = ("bench.resume", "logger.", "dataset.first_k", "dataset.random_k", "dataset.ids", "dataset.levels")
         return [f"{k}: {old[k]!r} -> {new[k]!r}" for k in sorted(old.keys() & new.keys())
-                if old[k] != new[k] and not k.startswith(skip)]
+                if old[k] != new[k] and not k.startswith(skip) and k != "bench.compare"]
 
     def write_config(self, yaml_text: str) -> None:
         (self.path / CONFIG).write_text(yaml_text)
