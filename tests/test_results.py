@@ -157,6 +157,21 @@ def test_compare_variants_share_problems_and_write_ratios(tmp_path):
     assert goodput["P/baseline"] == pytest.approx(goodput["P"] / goodput["baseline"])
     ids = {v: [r["problem_id"] for r in RunStore(path).records() if r["variant"] == v] for v in ("baseline", "P")}
     assert ids["baseline"] == ids["P"]
+    same = rows["final candidates = baseline's (share of problems)"]
+    assert same["baseline"] == 1.0 and same["P"] == 1.0  # P reorders requests, the fake's tree is kept
+
+
+def test_same_candidates_compares_texts_of_common_problems_in_any_order():
+    from tts.results.summary import same_candidates
+
+    def rec(variant, pid, *texts):
+        return {"variant": variant, "problem_id": pid, "candidates": [{"text": t} for t in texts]}
+
+    records = [rec("b", "1", "x", "y"), rec("b", "2", "x"), rec("b", "3", "z"),
+               rec("v", "1", "y", "x"), rec("v", "2", "x", "x"), rec("v", "4", "z")]
+    assert same_candidates(records, "b", "v") == 0.5  # 1 equal (order aside), 2 not; 3, 4 not in common
+    assert same_candidates(records, "b", "b") == 1.0
+    assert same_candidates(records, "b", "other") is None
 
 
 def test_regrade_rebuilds_summary(tmp_path):

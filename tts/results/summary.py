@@ -31,6 +31,7 @@ RATIO_METRICS = [
     ("straggler_gap", "straggler gap (max / mean step)", False),
     ("iterations_mean", "iterations per problem", False),
     ("spec_hit_rate", "speculation hit rate", True),
+    ("same_candidates", "final candidates = baseline's (share of problems)", True),
 ]
 
 
@@ -90,6 +91,20 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def same_candidates(records: list[dict], baseline: str, variant: str) -> float | None:
+    """The share of the problems both variants ran whose final candidates (their texts, in
+    any order) are the baseline's: 1.0 where the variant kept the search's results, as
+    the FlashTTS switches should up to the numerics of other batches. None: no problem
+    in common."""
+    def texts(name: str) -> dict[str, list[str]]:
+        return {r["problem_id"]: sorted(c["text"] for c in r["candidates"])
+                for r in records if r.get("variant") == name}
+
+    base, mine = texts(baseline), texts(variant)
+    common = base.keys() & mine.keys()
+    return sum(base[p] == mine[p] for p in common) / len(common) if common else None
+
+
 def variant_wall(records: list[dict], variant: str) -> float:
     """Wall seconds the variant had run when its last record was written (0: none yet)."""
     return max((r.get("variant_wall_s") or 0.0 for r in records if r.get("variant") == variant), default=0.0)
@@ -111,6 +126,8 @@ def write_summary(store: RunStore, names: list[str], step_logs: dict[str, dict])
         summaries[name] = variant_summary(mine, log or None, variant_wall(mine, name) or None)
     summary = {"variants": summaries, "baseline": names[0]}
     if len(names) > 1:
+        for name in names:
+            summaries[name]["same_candidates"] = same_candidates(records, names[0], name)
         rows = ratio_table(summaries, names[0])
         summary["ratios"] = rows
         summary["ratio_table_md"] = format_table(rows, names, names[0])
