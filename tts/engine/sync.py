@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 from tts.backends.base import Generator, Verifier
 from tts.engine.generation import GenerationPhase
-from tts.engine.steps import GenJob, StepCutter
 from tts.engine.ordering import Ordering, make_ordering
 from tts.engine.scoring import ScoreCache, ScoreItem, ScoringPhase
 from tts.engine.speculation import hand_down, spec_priorities
+from tts.engine.steps import GenJob, StepCutter
 from tts.metrics.collector import ProblemMetrics, StepLog, split_exactly
 from tts.search.base import ProblemSearch, SearchPolicy
 from tts.search.tree import Beam, BeamState, StepEnd
