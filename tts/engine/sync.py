@@ -20,7 +20,7 @@ from tts.engine.generation import GenerationPhase
 from tts.engine.ordering import Ordering, make_ordering
 from tts.engine.scoring import ScoreCache, ScoreItem, ScoringPhase
 from tts.engine.speculation import hand_down, spec_priorities
-from tts.engine.steps import GenJob, StepCutter
+from tts.engine.steps import GenJob
 from tts.metrics.collector import ProblemMetrics, StepLog, split_exactly
 from tts.search.base import ProblemSearch, SearchPolicy
 from tts.search.tree import Beam, BeamState, StepEnd
@@ -88,7 +88,7 @@ class SyncEngine:
                                      spec_batch_cap=options.spec_batch_cap,
                                      spec_branches=options.spec_branches,
                                      step_max_tokens=self.policy.step_max_tokens)
-        self.cut = StepCutter(generator)
+        self.cut = self.phase.cut  # the step rule, shared with the phase
         self.gen_log, self.ver_log = StepLog(), StepLog()
         self.on_iteration: Callable[[list[Beam]], None] | None = None  # memory policy hook
 
