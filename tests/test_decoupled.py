@@ -8,7 +8,8 @@ from tts.config.schema import Algorithm, EngineKind, OptimConfig, SearchConfig
 from tts.engine.decoupled import DecoupledEngine
 from tts.engine.decoupled_policy import (EAGER_FIRST, FILL_POLICIES, SPECULATIVE_FIRST, Adaptive, FillState,
                                          make_fill_policy)
-from tts.engine.sync import EngineOptions, ProblemInput, SyncEngine
+from tts.engine.base import EngineOptions, ProblemInput
+from tts.engine.sync import SyncEngine
 from tts.results.summary import variant_summary
 from tts.search import make_policy
 

@@ -11,7 +11,7 @@ import pytest
 
 from tts.backends.factory import Backends, static_split
 from tts.config.compose import compose, validate
-from tts.engine.sync import ProblemInput
+from tts.engine.base import ProblemInput
 from tts.models.cache import is_present
 from tts.results.store import RunStore
 from tts.runner import build_engine, run_bench

@@ -16,7 +16,8 @@ from omegaconf import DictConfig, OmegaConf
 from tts.backends.factory import Backends, read_prompt, static_split
 from tts.config.compose import CONF_DIR, ConfigError, preset_optims, to_yaml, validate
 from tts.config.schema import BackendKind, Config, EngineKind, OptimConfig
-from tts.engine.sync import EngineOptions, ProblemInput, SyncEngine
+from tts.engine.base import EngineOptions, ProblemInput
+from tts.engine.sync import SyncEngine
 from tts.metrics.collector import merge_step_logs
 from tts.results.records import build_record
 from tts.results.store import RunStore

@@ -43,19 +43,19 @@ from collections.abc import Callable, Iterable, Iterator
 
 from tts.backends.base import FinishReason, Generator, GenRequest, Verifier
 from tts.config.schema import DecoupledSpecScope, EngineKind, OptimConfig
+from tts.engine.base import EngineBase, EngineOptions, ProblemInput, ProblemOutcome
 from tts.engine.decoupled_policy import EAGER_FIRST, Filler, FillPolicy, FillState, make_fill_policy
 from tts.engine.decoupled_spec import SpeculationMixin
 from tts.engine.decoupled_stats import DecoupledStats, account_prm
 from tts.engine.decoupled_work import Kind, _DLive, _Work
 from tts.engine.scoring import ScoreItem
-from tts.engine.sync import EngineOptions, ProblemInput, ProblemOutcome, SyncEngine
 from tts.search.base import SearchPolicy
 from tts.search.tree import Beam
 
 _request_ids = itertools.count()
 
 
-class DecoupledEngine(SpeculationMixin, SyncEngine):
+class DecoupledEngine(SpeculationMixin, EngineBase):
     """Runs problems with separate LLM and PRM work queues (see the module docstring).
 
     `round_steps` bounds an LLM round (default: the policy's step token limit);

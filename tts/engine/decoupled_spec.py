@@ -119,7 +119,7 @@ class SpeculationMixin:
         return node
 
     def _jobs_for(self, live: _DLive, beams: list[Beam], iteration: int) -> list[GenJob]:
-        """The synchronous engine's jobs for `beams` at `iteration` (same limits)."""
+        """The jobs both engines make for `beams` at `iteration` (same limits)."""
         view = replace(live.search, frontier=list(beams), iteration=iteration)
         return self._jobs(_View(view))
 
@@ -241,6 +241,6 @@ class SpeculationMixin:
 
 @dataclass
 class _View:
-    """The part of a problem in flight that `SyncEngine._jobs` reads."""
+    """The part of a problem in flight that `EngineBase._jobs` reads."""
 
     search: object

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from tts.engine.steps import GenJob
-from tts.engine.sync import _Live
+from tts.engine.base import _Live
 from tts.search.tree import Beam
 
 

@@ -69,9 +69,9 @@ class GenerationPhase:
     def __init__(self, generator: Generator, temperature: float, top_p: float,
                  speculative: bool = False, spec_max_tokens: int = 0,
                  kv_spec_limit: float = 0.95, spec_batch_cap: int = 0, spec_branches: bool = False,
-                 step_max_tokens: int = 0) -> None:
+                 step_max_tokens: int = 0, cut: StepCutter | None = None) -> None:
         self.gen = generator
-        self.cut = StepCutter(generator)
+        self.cut = cut or StepCutter(generator)  # the step rule (the engine's, when it has one)
         # a branch that stops at its cap (`spec_max_tokens`) below this limit holds part of a step
         self.step_max_tokens = step_max_tokens or spec_max_tokens
         self.spec_branches = speculative and spec_branches

@@ -9,87 +9,33 @@ memory split (M, through `on_iteration`).
 
 from __future__ import annotations
 
-import random
-import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 
 from tts.backends.base import Generator, Verifier
+from tts.engine.base import EngineBase, EngineOptions, ProblemInput, ProblemOutcome, _Live
 from tts.engine.generation import GenerationPhase
-from tts.engine.ordering import Ordering, make_ordering
-from tts.engine.scoring import ScoreCache, ScoreItem, ScoringPhase
+from tts.engine.scoring import ScoreItem
 from tts.engine.speculation import hand_down, spec_priorities
 from tts.engine.steps import GenJob
-from tts.metrics.collector import ProblemMetrics, StepLog, split_exactly
+from tts.metrics.collector import split_exactly
 from tts.search.base import ProblemSearch, SearchPolicy
 from tts.search.tree import Beam, BeamState, StepEnd
 
 
-@dataclass(frozen=True)
-class ProblemInput:
-    id: str
-    problem: str
-
-
-@dataclass
-class ProblemOutcome:
-    """A finished problem: its final candidates and what it cost."""
-
-    problem: ProblemInput
-    candidates: list[Beam]
-    metrics: ProblemMetrics
-    policy: SearchPolicy
-
-
-@dataclass(frozen=True)
-class EngineOptions:
-    concurrency: int = 1
-    seed: int = 0
-    score_cache: bool = True
-    eos_at_depth_limit: bool = True
-    speculative: bool = False
-    lookahead: bool = False
-    ordering: str = "fifo"
-    spec_max_tokens: int = 0
-    spec_batch_cap: int = 0  # 0 = the generator's batch cap
-    spec_truncate_ratio: float = 0.85
-    spec_truncate_std: float = 0.1
-    spec_branches: bool = False  # speculate child k's step with child k's seed (exact)
-    temperature: float = 0.8
-    top_p: float = 1.0
-
-
-@dataclass
-class _Live:
-    input: ProblemInput
-    search: ProblemSearch
-    metrics: ProblemMetrics
-    rng: random.Random  # the problem's own draws (truncation): the same whatever runs beside it
-
-
-class SyncEngine:
+class SyncEngine(EngineBase):
     """Runs problems through a search policy, `concurrency` problems at a time."""
 
     def __init__(self, generator: Generator, verifier: Verifier | None,
                  make_policy: Callable[[], SearchPolicy], system_prompt: str,
                  options: EngineOptions = EngineOptions()) -> None:
-        self.gen = generator
-        self.opts = options
-        self.make_policy = make_policy
-        self.policy = make_policy()
-        self.system_prompt = system_prompt
-        self.cache = ScoreCache() if options.score_cache else None
-        self.scoring = ScoringPhase(verifier, self.cache)
-        self.ordering: Ordering = make_ordering(options.ordering, options.seed)
+        super().__init__(generator, verifier, make_policy, system_prompt, options)
         spec_max = options.spec_max_tokens or self.policy.step_max_tokens
         self.phase = GenerationPhase(generator, options.temperature, options.top_p,
                                      options.speculative, spec_max,
                                      spec_batch_cap=options.spec_batch_cap,
                                      spec_branches=options.spec_branches,
-                                     step_max_tokens=self.policy.step_max_tokens)
-        self.cut = self.phase.cut  # the step rule, shared with the phase
-        self.gen_log, self.ver_log = StepLog(), StepLog()
+                                     step_max_tokens=self.policy.step_max_tokens, cut=self.cut)
         self.on_iteration: Callable[[list[Beam]], None] | None = None  # memory policy hook
 
     def run(self, problems: Iterable[ProblemInput]) -> Iterator[ProblemOutcome]:
@@ -110,13 +56,6 @@ class SyncEngine:
         finally:  # an error, or a caller that stopped early: no branch request stays running
             self.phase.release()
 
-    def _start(self, p: ProblemInput) -> _Live:
-        prompt = tuple(self.gen.encode_prompt(p.problem, self.system_prompt))
-        seed = (self.opts.seed * 1_000_003 + hash_id(p.id)) % (2**31 - 1)
-        search = ProblemSearch(p.id, p.problem, prompt, seed)
-        self.policy.start(search)
-        return _Live(p, search, ProblemMetrics(p.id), random.Random(seed))
-
     def _iterate(self, live: list[_Live]) -> None:
         jobs = [job for item in live for job in self._jobs(item)]
         if self.on_iteration:
@@ -135,23 +74,14 @@ class SyncEngine:
             self._account_scoring(item, scored)
             self._select(item)
 
-    def _jobs(self, item: _Live) -> list[GenJob]:
-        search, policy = item.search, self.policy
-        last = policy.is_last_iteration(search) and self.opts.eos_at_depth_limit
-        prev = [policy.path_score(b) if b.depth else None for b in search.frontier]
-        prios = spec_priorities(prev, max(1, policy.cfg.beam_width)) if self.opts.speculative else [0] * len(prev)
+    def _spec_priorities(self, search: ProblemSearch) -> list[int]:
+        """Speculative extension (S): each beam's branch count from its previous score's bin."""
+        if not self.opts.speculative:
+            return super()._spec_priorities(search)
         if self._next_runs_to_eos(search) and self.phase.spec_branches and not self.gen.resumable_sampling:
-            prios = [0] * len(prev)  # no child could take a branch: its request runs past the step
-        jobs = []
-        for beam, prio in zip(search.frontier, prios):
-            limit = policy.max_total_tokens - beam.num_tokens if last else policy.step_limit(beam, search)
-            jobs.append(GenJob(beam, limit, to_eos=last or not policy.stops_at_boundary,
-                               split=not policy.stops_at_boundary, spec_priority=prio))
-        return jobs
-
-    def _next_runs_to_eos(self, search: ProblemSearch) -> bool:
-        """The next iteration is the last and samples to EOS."""
-        return self.opts.eos_at_depth_limit and self.policy.is_last_iteration(search, ahead=1)
+            return [0] * len(search.frontier)  # no child could take a branch: its request runs past the step
+        prev = [self.policy.path_score(b) if b.depth else None for b in search.frontier]
+        return spec_priorities(prev, max(1, self.policy.cfg.beam_width))
 
     def _apply_generation(self, live: list[_Live], jobs: list[GenJob], stats) -> None:
         for job in jobs:
@@ -241,25 +171,5 @@ class SyncEngine:
         if not search.frontier:
             search.done = True
 
-    def _finish(self, item: _Live) -> ProblemOutcome:
-        m = item.metrics
-        m.latency_s = m.elapsed()
-        candidates = self.policy.finalize(item.search)
-        m.beam_tokens = [b.num_tokens for b in candidates]
-        m.beam_completion_s = [b.completed_at or m.latency_s for b in candidates]
-        if self.cache is not None:
-            m.score_cache_hits = self.cache.hits_by_problem.pop(item.input.id, 0)
-            self.cache.drop_problem(item.input.id)
-        return ProblemOutcome(item.input, candidates, m, self.policy)
 
-    def step_logs(self) -> dict[str, dict]:
-        return {"generator": self.gen_log.summary(), "verifier": self.ver_log.summary()}
-
-
-def hash_id(problem_id: str) -> int:
-    """A stable (process-independent) integer for a problem id."""
-    h = 0
-    for ch in problem_id:
-        h = (h * 131 + ord(ch)) % (2**31 - 1)
-    return h
-
+__all__ = ["EngineOptions", "ProblemInput", "ProblemOutcome", "SyncEngine"]

@@ -227,7 +227,7 @@ def infeasible(cfg: Config) -> str | None:
 def run_split(cfg: Config, backends: Backends, problems: list[Any]) -> SplitRun:
     """Build both engines at `cfg`'s split (reusing them if already built), run the problems."""
     from tts.backends.factory import static_split
-    from tts.engine.sync import ProblemInput
+    from tts.engine.base import ProblemInput
     from tts.runner import build_engine
 
     backends.cfg = cfg
