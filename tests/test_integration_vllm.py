@@ -123,6 +123,41 @@ def test_run_on_speculation_keeps_the_baseline_tree_with_position_sampling(backe
     assert got == expected
 
 
+def test_decoupled_engine_on_real_vllm(backends):
+    """The decoupled engine (separate LLM and PRM queues, speculation on the likely
+    survivors) on vLLM, two problems in flight: every problem completes, the PRM scores
+    only committed steps (never a speculative one), one step per beam per call, in order,
+    and the speculative tokens are accounted for (used + wasted = generated)."""
+    cfg, engine = engine_for(backends, "optim=decoupled", "bench.concurrency=2", "search.max_iterations=3",
+                             "optim.eos_at_depth_limit=false")
+    engine.trace = []
+    problems = [ProblemInput("d1", "What is 10 - 4?"), ProblemInput("d2", "What is 3 * 5?"),
+                ProblemInput("d3", "What is 9 + 8?")]
+    outs = {o.problem.id: o for o in engine.run(problems)}
+    assert set(outs) == {"d1", "d2", "d3"}
+    for out in outs.values():
+        assert len(out.candidates) == cfg.search.n
+        for beam in out.candidates:
+            assert beam.text == "".join(s.text for s in beam.steps)
+            assert all(s is not None and 0.0 <= s <= 1.0 for s in beam.scores)
+    committed: dict[int, tuple[str, ...]] = {}
+    scored = 0
+    for event in engine.trace:
+        if event[0] == "commit":
+            _, _, _, uid, texts = event
+            committed[uid] = texts
+        elif event[0] == "prm":
+            _, _, uid, index, before, after, texts = event
+            assert uid in committed and committed[uid] == texts  # a committed path, not a speculation
+            assert index == before + 1 == after
+            scored += 1
+    d = engine.dstats
+    assert scored > 0 and d.prm_calls > 0 and d.problems_started == 3 and d.max_live == 2
+    assert d.spec_generated > 0 and d.spec_generated == d.spec_used + d.spec_wasted
+    assert engine.gen.num_unfinished() == 0  # no request left behind
+    assert engine.step_logs()["decoupled"]["llm_steps"] == d.llm_steps > 0
+
+
 # run_bench builds and closes its own engines, which tears down vLLM's global groups under
 # the module's engines: the tests that use `backends` come before it.
 
