@@ -106,10 +106,6 @@ class EngineBase:
         synchronous engine's speculative extension overrides it)."""
         return [0] * len(search.frontier)
 
-    def _next_runs_to_eos(self, search: ProblemSearch) -> bool:
-        """The next iteration is the last and samples to EOS."""
-        return self.opts.eos_at_depth_limit and self.policy.is_last_iteration(search, ahead=1)
-
     def _finish(self, item: _Live) -> ProblemOutcome:
         m = item.metrics
         m.latency_s = m.elapsed()

@@ -83,6 +83,10 @@ class SyncEngine(EngineBase):
         prev = [self.policy.path_score(b) if b.depth else None for b in search.frontier]
         return spec_priorities(prev, max(1, self.policy.cfg.beam_width))
 
+    def _next_runs_to_eos(self, search: ProblemSearch) -> bool:
+        """The next iteration is the last and samples to EOS."""
+        return self.opts.eos_at_depth_limit and self.policy.is_last_iteration(search, ahead=1)
+
     def _apply_generation(self, live: list[_Live], jobs: list[GenJob], stats) -> None:
         for job in jobs:
             total_left = self.policy.max_total_tokens - job.beam.num_tokens
