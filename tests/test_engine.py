@@ -95,6 +95,11 @@ def test_speculation_lookahead_prefix_order_keep_the_result():
         assert candidates(fast) == candidates(base), algo
         assert sum(o.metrics.spec_used for o in fast) > 0
         assert eng.cache.lookahead_hits > 0
+        # each problem's lookahead hits are its own, and never more than it scored ahead
+        used = {o.problem.id: o.metrics.lookahead_used for o in fast}
+        assert sum(used.values()) == eng.cache.lookahead_hits
+        assert all(o.metrics.lookahead_used <= o.metrics.lookahead_scored for o in fast)
+        assert not eng.cache.lookahead_hits_by_problem  # handed to the metrics when each finished
 
 
 def test_speculation_hides_stragglers():
@@ -450,3 +455,19 @@ def test_a_path_asked_twice_in_one_call_is_computed_once():
         stats = ScoringPhase(ver, cache).run(items)
         assert len(ver.scored) == computed and stats.computed == computed
         assert items[0].beam.scores == items[1].beam.scores != (None,)
+
+
+def test_score_cache_counts_a_lookahead_score_used_once_per_problem():
+    from tts.engine.scoring import ScoreCache
+
+    cache = ScoreCache()
+    cache.put("a", ("s1", "s2"), 0.5, lookahead=True)
+    cache.put("a", ("s1",), 0.4)
+    cache.put("b", ("t1", "t2"), 0.7, lookahead=True)
+    assert cache.has("a", ("s1", "s2")) and cache.lookahead_hits == 0  # a check is not a use
+    assert cache.get("a", ("s1", "s2")) == 0.5 and cache.get("a", ("s1", "s2")) == 0.5
+    assert cache.get("a", ("s1",)) == 0.4  # not a lookahead score
+    assert cache.lookahead_stored == 2 and cache.lookahead_hits == 1
+    assert cache.lookahead_hits_by_problem == {"a": 1}
+    cache.drop_problem("b")
+    assert cache.get("b", ("t1", "t2")) is None and cache.lookahead_hits == 1

@@ -114,6 +114,7 @@ class EngineBase:
         m.beam_completion_s = [b.completed_at or m.latency_s for b in candidates]
         if self.cache is not None:
             m.score_cache_hits = self.cache.hits_by_problem.pop(item.input.id, 0)
+            m.lookahead_used = self.cache.lookahead_hits_by_problem.pop(item.input.id, 0)
             self.cache.drop_problem(item.input.id)
         return ProblemOutcome(item.input, candidates, m, self.policy)
 

@@ -25,7 +25,8 @@ class ScoreCache:
         self.misses = 0
         self.hits_by_problem: Counter[str] = Counter()
         self.lookahead_stored = 0
-        self.lookahead_hits = 0
+        self.lookahead_hits = 0  # lookahead scores read back (each once): the lookahead's hits
+        self.lookahead_hits_by_problem: Counter[str] = Counter()
         self._lookahead_keys: set[tuple[str, tuple[str, ...]]] = set()
 
     def get(self, problem_id: str, path: tuple[str, ...]) -> float | None:
@@ -38,6 +39,7 @@ class ScoreCache:
             self.hits_by_problem[problem_id] += 1
             if key in self._lookahead_keys:
                 self.lookahead_hits += 1
+                self.lookahead_hits_by_problem[problem_id] += 1
                 self._lookahead_keys.discard(key)
         return score
 

@@ -59,7 +59,8 @@ class ProblemMetrics:
     scores_requested: int = 0
     scores_computed: int = 0
     score_cache_hits: int = 0
-    lookahead_scored: int = 0
+    lookahead_scored: int = 0  # speculative next steps scored ahead (lookahead verification)
+    lookahead_used: int = 0  # of those, scores a later iteration read instead of computing
     spec_generated: int = 0
     spec_used: int = 0
     step_tokens_mean: list[float] = field(default_factory=list)  # per iteration
@@ -82,6 +83,7 @@ class ProblemMetrics:
         out["ver_cache_hit_rate"] = _ratio(self.ver_cached_tokens, self.ver_prompt_tokens)
         out["spec_wasted"] = self.spec_generated - self.spec_used
         out["spec_hit_rate"] = _ratio(self.spec_used, self.spec_generated)
+        out["lookahead_hit_rate"] = _ratio(self.lookahead_used, self.lookahead_scored)
         out["straggler_gap"] = _mean(m / a for m, a in zip(self.step_tokens_max, self.step_tokens_mean) if a)
         return out
 
@@ -175,7 +177,7 @@ def summarize_problems(problems: list[dict]) -> dict:
     gen_tokens = sum(p["gen_tokens"] for p in problems)
     keys = ["gen_prompt_tokens", "gen_cached_tokens", "ver_prompt_tokens", "ver_cached_tokens",
             "spec_generated", "spec_used", "scores_requested", "scores_computed", "score_cache_hits",
-            "lookahead_scored", "gen_tokens", "gen_requests", "ver_requests"]
+            "lookahead_scored", "lookahead_used", "gen_tokens", "gen_requests", "ver_requests"]
     sums = {k: sum(p.get(k, 0) for p in problems) for k in keys}
     return {
         "num_problems": len(problems),
@@ -192,6 +194,7 @@ def summarize_problems(problems: list[dict]) -> dict:
         "ver_cache_hit_rate": _ratio(sums["ver_cached_tokens"], sums["ver_prompt_tokens"]),
         "spec_hit_rate": _ratio(sums["spec_used"], sums["spec_generated"]),
         "spec_wasted": sums["spec_generated"] - sums["spec_used"],
+        "lookahead_hit_rate": _ratio(sums["lookahead_used"], sums["lookahead_scored"]),
         "step_tokens_mean": _mean(x for p in problems for x in p["step_tokens_mean"]),
         "step_tokens_max_mean": _mean(x for p in problems for x in p["step_tokens_max"]),
         "straggler_gap": _mean(p["straggler_gap"] for p in problems),

@@ -31,6 +31,7 @@ RATIO_METRICS = [
     ("straggler_gap", "straggler gap (max / mean step)", False),
     ("iterations_mean", "iterations per problem", False),
     ("spec_hit_rate", "speculation hit rate", True),
+    ("lookahead_hit_rate", "lookahead hit rate (scores used / scored ahead)", True),
     ("same_candidates", "final candidates = baseline's (share of problems)", True),
 ]
 
