@@ -219,3 +219,15 @@ def test_throughput_is_over_the_variant_wall_time(tmp_path):
     assert s["problems_per_min"] == pytest.approx(60 * 3 / walls[-1])
     assert s["tokens_per_s"] == pytest.approx(sum(r["metrics"]["gen_tokens"] for r in records) / walls[-1])
     assert walls[-1] < sum(r["metrics"]["latency_s"] for r in records)  # overlapping latencies
+
+
+def test_lookahead_hit_rate_is_unknown_for_records_without_the_count():
+    from tts.metrics.collector import ProblemMetrics, summarize_problems
+
+    m = ProblemMetrics("p", lookahead_scored=8, lookahead_used=2)
+    m.beam_tokens, m.beam_completion_s = [10], [1.0]
+    new = m.to_dict()
+    assert new["lookahead_hit_rate"] == 0.25
+    assert summarize_problems([new, new])["lookahead_hit_rate"] == 0.25
+    old = {k: v for k, v in new.items() if k not in ("lookahead_used", "lookahead_hit_rate")}
+    assert summarize_problems([new, old])["lookahead_hit_rate"] is None  # not a rate of 0

@@ -194,7 +194,9 @@ def summarize_problems(problems: list[dict]) -> dict:
         "ver_cache_hit_rate": _ratio(sums["ver_cached_tokens"], sums["ver_prompt_tokens"]),
         "spec_hit_rate": _ratio(sums["spec_used"], sums["spec_generated"]),
         "spec_wasted": sums["spec_generated"] - sums["spec_used"],
-        "lookahead_hit_rate": _ratio(sums["lookahead_used"], sums["lookahead_scored"]),
+        # None for records written before lookahead use was counted
+        "lookahead_hit_rate": (_ratio(sums["lookahead_used"], sums["lookahead_scored"])
+                               if all("lookahead_used" in p for p in problems) else None),
         "step_tokens_mean": _mean(x for p in problems for x in p["step_tokens_mean"]),
         "step_tokens_max_mean": _mean(x for p in problems for x in p["step_tokens_max"]),
         "straggler_gap": _mean(p["straggler_gap"] for p in problems),
