@@ -5,10 +5,10 @@ import pytest
 from tts.backends.base import StepStats
 from tts.backends.fake import EOS_CHAR, FakeGenerator, FakeVerifier, answering_script, endless_script
 from tts.config.schema import Algorithm, EngineKind, OptimConfig, SearchConfig
+from tts.engine.base import EngineOptions, ProblemInput
 from tts.engine.decoupled import DecoupledEngine
 from tts.engine.decoupled_policy import (EAGER_FIRST, FILL_POLICIES, SPECULATIVE_FIRST, Adaptive, FillState,
                                          make_fill_policy)
-from tts.engine.base import EngineOptions, ProblemInput
 from tts.engine.sync import SyncEngine
 from tts.results.summary import variant_summary
 from tts.search import make_policy

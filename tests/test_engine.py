@@ -4,9 +4,9 @@ import random
 
 from tts.backends.fake import FakeGenerator, FakeVerifier, answering_script, endless_script
 from tts.config.schema import Algorithm, SearchConfig
+from tts.engine.base import EngineOptions, ProblemInput
 from tts.engine.ordering import PrefixAware, greedy_order
 from tts.engine.speculation import hand_down, spec_priorities, truncate_len
-from tts.engine.base import EngineOptions, ProblemInput
 from tts.engine.sync import SyncEngine
 from tts.search import make_policy
 from tts.search.tree import Beam

@@ -72,7 +72,6 @@ class EngineBase:
                  options: EngineOptions = EngineOptions()) -> None:
         self.gen = generator
         self.opts = options
-        self.make_policy = make_policy
         self.policy = make_policy()
         self.system_prompt = system_prompt
         self.cut = StepCutter(generator)  # the step rule
