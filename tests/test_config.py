@@ -32,6 +32,7 @@ def test_default_config_composes_to_the_schema():
     ("memory.block_size=16", "memory.block_size: 16 is not a multiple of 32"),
     ("logger.mode=loud", "logger.mode: valid choices: online, offline, disabled"),
     ("generator.sampler=gumbel", "expected one of [position, vllm]"),
+    ("optim.lookahead_scope=some", "expected one of [auto, all, kept]"),
 ])
 def test_bad_config_names_field_and_choices(override, needle):
     with pytest.raises(ConfigError) as err:

@@ -2,6 +2,8 @@
 
 import random
 
+import pytest
+
 from tts.backends.fake import FakeGenerator, FakeVerifier, answering_script, endless_script
 from tts.config.schema import Algorithm, SearchConfig
 from tts.engine.base import EngineOptions, ProblemInput
@@ -100,6 +102,33 @@ def test_speculation_lookahead_prefix_order_keep_the_result():
         assert sum(used.values()) == eng.cache.lookahead_hits
         assert all(o.metrics.lookahead_used <= o.metrics.lookahead_scored for o in fast)
         assert not eng.cache.lookahead_hits_by_problem  # handed to the metrics when each finished
+
+
+def test_lookahead_kept_scope_scores_ahead_only_for_kept_beams():
+    """Scope `kept` (what `auto` picks for a judge-like verifier): the current steps are
+    scored first, then lookahead only for the beams selection keeps. Same tree as scope
+    `all`, every lookahead score of beam search is read back (no duplicate filtering on
+    these texts), and fewer are made."""
+    common = dict(n=8, m=4, iters=5, problems=("a", "b"), speculative=True, lookahead=True,
+                  ordering="prefix_aware", spec_truncate_ratio=0.0, spec_truncate_std=0.0)
+    base, *_ = run(answering, n=8, m=4, iters=5, problems=("a", "b"))
+    every, e_eng, _, e_ver = run(answering, lookahead_scope="all", **common)
+    kept, k_eng, _, k_ver = run(answering, lookahead_scope="kept", **common)
+    auto, a_eng, _, a_ver = run(answering, verifier=FakeVerifier(request_per_score=True), **common)
+    assert candidates(every) == candidates(kept) == candidates(auto) == candidates(base)
+    assert not e_eng.lookahead_kept and k_eng.lookahead_kept and a_eng.lookahead_kept
+    assert len(a_ver.scored) == len(k_ver.scored)  # auto resolved to kept, call for call
+    assert 0 < k_eng.cache.lookahead_stored < e_eng.cache.lookahead_stored
+    assert k_eng.cache.lookahead_hits == e_eng.cache.lookahead_hits > 0  # the same scores used
+    assert k_eng.cache.lookahead_hits == k_eng.cache.lookahead_stored  # every one read back
+    assert len(k_ver.scored) < len(e_ver.scored)
+    for o in kept:  # counted per problem as before
+        assert 0 < o.metrics.lookahead_used == o.metrics.lookahead_scored
+
+
+def test_lookahead_scope_rejects_unknown_names():
+    with pytest.raises(ValueError, match="lookahead_scope: 'some'; valid choices: auto, all, kept"):
+        run(answering, speculative=True, lookahead=True, lookahead_scope="some")
 
 
 def test_speculation_hides_stragglers():
@@ -321,8 +350,6 @@ def test_branches_follow_the_bins_and_child_seeds():
 
 
 def test_spec_branches_needs_speculation():
-    import pytest
-
     from tts.config.schema import OptimConfig
     with pytest.raises(ValueError, match="optim.spec_branches"):
         OptimConfig(spec_branches=True)

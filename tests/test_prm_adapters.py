@@ -184,6 +184,8 @@ def test_every_adapter_yields_one_score_per_index(tokenizer, name: str) -> None:
     outputs = [_neutral_output(spec) for spec in specs]
     scores = adapter.read(outputs)
     assert len(scores) == len(indices) and all(0.0 <= s <= 1.0 for s in scores)
+    # what the engine's lookahead scope reads: one request per index, or one per path
+    assert len(specs) == (len(indices) if adapter.request_per_index else 1)
 
 
 def _neutral_output(spec: PromptSpec) -> ScoreOutput:

@@ -159,6 +159,13 @@ class Verifier(ABC):
     @abstractmethod
     def score(self, requests: Sequence[ScoreRequest]) -> tuple[list[tuple[float, ...]], ScoreBatchStats]: ...
 
+    @property
+    def request_per_score(self) -> bool:
+        """Each scored step is a backend request of its own (an LLM judge), rather than one
+        read of a pass over the whole path (a PRM head): a lookahead score then costs its
+        own prefill, and is worth computing only for a step that will be kept."""
+        return False
+
     def set_limits(self, batch_cap: int | None = None) -> None:
         """Change the batch cap between calls (memory allocation policy); optional."""
 

@@ -191,8 +191,9 @@ class FakeGenerator(Generator):
 class FakeVerifier(Verifier):
     """Scores from `scorer(problem, steps[: i + 1])`; counts every scored index."""
 
-    def __init__(self, scorer: Scorer = default_scorer) -> None:
+    def __init__(self, scorer: Scorer = default_scorer, request_per_score: bool = False) -> None:
         self.scorer = scorer
+        self._per_score = request_per_score  # how a real verifier of this shape would ask
         self.scored: list[tuple[str, tuple[str, ...]]] = []
 
     def score(self, requests: Sequence[ScoreRequest]) -> tuple[list[tuple[float, ...]], ScoreBatchStats]:
@@ -207,3 +208,7 @@ class FakeVerifier(Verifier):
             out.append(tuple(scores))
         n = sum(len(r.indices) for r in requests)
         return out, ScoreBatchStats(n, 0, 0, time.perf_counter() - start)
+
+    @property
+    def request_per_score(self) -> bool:
+        return self._per_score

@@ -63,6 +63,10 @@ class VllmVerifier(Verifier):
     def llm(self) -> vllm.LLM:
         return self._llm
 
+    @property
+    def request_per_score(self) -> bool:
+        return self.adapter.request_per_index
+
     def score(
         self, requests: Sequence[ScoreRequest],
     ) -> tuple[list[tuple[float, ...]], ScoreBatchStats]:

@@ -72,6 +72,12 @@ class DecoupledSpecScope(str, enum.Enum):
     all = "all"  # child 0 of every generated beam (the thesis's speculation)
 
 
+class LookaheadScope(str, enum.Enum):
+    auto = "auto"  # kept where the verifier makes a request per score (judge, rlhflow), else all
+    all = "all"  # every beam's whole speculative step, in its own scoring request (the paper's)
+    kept = "kept"  # only the beams selection keeps on the new scores, in a second verifier call
+
+
 class DatasetName(str, enum.Enum):
     embedded = "embedded"
     math500 = "math500"
@@ -184,6 +190,8 @@ class OptimConfig:
     eos_at_depth_limit: bool = True  # last iteration samples to EOS instead of one step
     speculative: bool = False  # S: speculative beam extension
     lookahead: bool = False  # verify current + speculative step together
+    # which beams' speculative steps lookahead scores: see LookaheadScope
+    lookahead_scope: LookaheadScope = LookaheadScope.auto
     prefix_aware: bool = False  # P: siblings contiguous, parents in order
     request_order: str = "fifo"  # order without P: fifo (search-and-learn's) or random (seeded)
     roofline_memory: bool = False  # M: roofline-guided KV split

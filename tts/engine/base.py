@@ -46,6 +46,7 @@ class EngineOptions:
     eos_at_depth_limit: bool = True
     speculative: bool = False
     lookahead: bool = False
+    lookahead_scope: str = "auto"  # all | kept | auto (kept for a verifier that asks once per score)
     ordering: str = "fifo"
     spec_max_tokens: int = 0
     spec_batch_cap: int = 0  # 0 = the generator's batch cap

@@ -85,6 +85,13 @@ class ScoringStats:
             setattr(self, key, getattr(self, key) + n)
             mine[key] += n
 
+    def merge(self, other: ScoringStats) -> None:
+        """Add another call's stats (a second call in the same iteration)."""
+        self.wall_s += other.wall_s
+        self.batches.extend(other.batches)
+        for pid, counts in other.by_problem.items():
+            self.add(pid, **counts)
+
 
 class ScoringPhase:
     """Fills `beam.scores` for the requested indices, using the cache when enabled.

@@ -5,6 +5,15 @@ an iteration run to their step end, the slowest beam sets the pace, then all new
 are verified). The FlashTTS switches change how the loop runs, never what the policy
 decides: request order (P), speculative extension (S), lookahead verification, and the
 memory split (M, through `on_iteration`).
+
+Lookahead comes in two scopes. `all` is the paper's: every beam whose speculative tokens
+hold a whole next step has it scored in the same verifier call as its current step, which
+is nearly free where a PRM reads every step of a path in one pass. Where the verifier asks
+once per score (an LLM judge), each lookahead score is a request of its own and most of
+them belong to beams that selection is about to prune (beam search keeps 1 in M); `kept`
+then scores the current steps first and looks ahead only for the beams the policy keeps
+on those scores (`likely_kept`, exact for beam search but for duplicate filtering), in a
+second, smaller call. `auto` picks `kept` for such a verifier and `all` otherwise.
 """
 
 from __future__ import annotations
@@ -37,6 +46,12 @@ class SyncEngine(EngineBase):
                                      spec_branches=options.spec_branches,
                                      step_max_tokens=self.policy.step_max_tokens, cut=self.cut)
         self.on_iteration: Callable[[list[Beam]], None] | None = None  # memory policy hook
+        scope = options.lookahead_scope
+        if scope not in ("auto", "all", "kept"):
+            raise ValueError(f"lookahead_scope: {scope!r}; valid choices: auto, all, kept")
+        # score ahead only for kept beams, in a second call after the current steps' scores
+        self.lookahead_kept = options.lookahead and (
+            scope == "kept" or (scope == "auto" and verifier is not None and verifier.request_per_score))
 
     def run(self, problems: Iterable[ProblemInput]) -> Iterator[ProblemOutcome]:
         """Yield each problem's outcome as soon as it finishes."""
@@ -66,13 +81,22 @@ class SyncEngine(EngineBase):
         self._apply_generation(live, jobs, stats)
         items = [self._score_item(item, beam) for item in live for beam in item.search.frontier]
         items = [i for i in items if i.indices or i.lookahead_step]
-        scored = self.scoring.run(items, order=lambda xs: self.ordering.order(xs, lambda i: i.beam))
+        scored = self.scoring.run(items, order=self._order_items)
+        if self.lookahead_kept:
+            ahead = [ScoreItem(beam, item.input.problem, (), look) for item in live
+                     for beam in self._kept_beams(item.search)
+                     if (look := self._lookahead_step(beam, item.search)) is not None]
+            if ahead:
+                scored.merge(self.scoring.run(ahead, order=self._order_items))
         for batch in scored.batches:
             for s in batch.step_stats:
                 self.ver_log.observe(s)
         for item in live:
             self._account_scoring(item, scored)
             self._select(item)
+
+    def _order_items(self, items: list[ScoreItem]) -> list[ScoreItem]:
+        return self.ordering.order(items, lambda i: i.beam)
 
     def _spec_priorities(self, search: ProblemSearch) -> list[int]:
         """Speculative extension (S): each beam's branch count from its previous score's bin."""
@@ -121,11 +145,24 @@ class SyncEngine(EngineBase):
     def _score_item(self, item: _Live, beam: Beam) -> ScoreItem:
         indices = self.policy.indices_to_score(beam, item.search)
         look = None
-        if self.opts.lookahead and beam.spec_tokens and indices:
-            probe = self._spec_step(beam, item.search)
-            if probe.end is not None and probe.tokens:  # a whole next step
-                look = self.gen.decode(probe.tokens)
+        if self.opts.lookahead and not self.lookahead_kept and indices:
+            look = self._lookahead_step(beam, item.search)
         return ScoreItem(beam, item.input.problem, indices, look)
+
+    def _lookahead_step(self, beam: Beam, search: ProblemSearch) -> str | None:
+        """The text of the whole next step in the beam's speculative tokens, if they hold one."""
+        if not beam.spec_tokens:
+            return None
+        probe = self._spec_step(beam, search)
+        if probe.end is None or not probe.tokens:
+            return None
+        return self.gen.decode(probe.tokens)
+
+    def _kept_beams(self, search: ProblemSearch) -> list[Beam]:
+        """The frontier beams selection keeps on the scores just made (all of them where
+        the policy cannot tell)."""
+        kept = self.policy.likely_kept(search)
+        return list(search.frontier) if kept is None else [beam for beam, _ in kept]
 
     def _spec_step(self, beam: Beam, search: ProblemSearch) -> GenJob:
         """The next step held in the beam's speculative tokens, cut by the rule its real

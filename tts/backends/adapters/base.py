@@ -67,6 +67,8 @@ class PrmAdapter(ABC):
     name: ClassVar[str]
     # Extra `vllm.LLM` arguments the family's checkpoint needs (e.g. a pooling runner).
     engine_kwargs: ClassVar[dict[str, Any]] = {}
+    # `build` makes one backend request per scored index (a chat judge), not one per path
+    request_per_index: ClassVar[bool] = False
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer

@@ -48,6 +48,7 @@ class JudgeAdapter(PrmAdapter):
     """Any chat LLM as a step judge: one NEXT_TOKEN request per scored index."""
 
     name = "judge"
+    request_per_index = True
 
     def __init__(self, tokenizer: Any, prompt_file: str = "judge.txt",
                  use_chat_template: bool = True) -> None:

@@ -22,6 +22,7 @@ class RlhflowAdapter(PlusMinusLabels, PrmAdapter):
     """Chat PRM: one NEXT_TOKEN request per index, label tokens "+" and "-"."""
 
     name = "rlhflow"
+    request_per_index = True
 
     def conversation(self, problem: str, steps: Sequence[str], index: int) -> list[dict[str, str]]:
         """The turns that score step `index` (0-based), before the generation prompt."""
