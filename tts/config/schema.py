@@ -74,7 +74,7 @@ class DecoupledSpecScope(str, enum.Enum):
 
 class LookaheadScope(str, enum.Enum):
     auto = "auto"  # kept where the verifier makes a request per score (judge, rlhflow), else all
-    all = "all"  # every beam's whole speculative step, in its own scoring request (the paper's)
+    all = "all"  # every beam's whole speculative step, in the call that scores its current one (the paper's)
     kept = "kept"  # only the beams selection keeps on the new scores, in a second verifier call
 
 
