@@ -221,7 +221,7 @@ def test_throughput_is_over_the_variant_wall_time(tmp_path):
     assert walls[-1] < sum(r["metrics"]["latency_s"] for r in records)  # overlapping latencies
 
 
-def test_lookahead_hit_rate_is_unknown_for_records_without_the_count():
+def test_hit_rates_are_unknown_without_the_count_or_anything_made_ahead():
     from tts.metrics.collector import ProblemMetrics, summarize_problems
 
     m = ProblemMetrics("p", lookahead_scored=8, lookahead_used=2)
@@ -231,3 +231,10 @@ def test_lookahead_hit_rate_is_unknown_for_records_without_the_count():
     assert summarize_problems([new, new])["lookahead_hit_rate"] == 0.25
     old = {k: v for k, v in new.items() if k not in ("lookahead_used", "lookahead_hit_rate")}
     assert summarize_problems([new, old])["lookahead_hit_rate"] is None  # not a rate of 0
+    none = ProblemMetrics("q")  # nothing made ahead: no rate (the baseline's), not 0
+    none.beam_tokens, none.beam_completion_s = [10], [1.0]
+    d = none.to_dict()
+    assert d["lookahead_hit_rate"] is None and d["spec_hit_rate"] is None
+    summary = summarize_problems([d, d])
+    assert summary["lookahead_hit_rate"] is None and summary["spec_hit_rate"] is None
+    assert summarize_problems([new, d])["lookahead_hit_rate"] == 0.25

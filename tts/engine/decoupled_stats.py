@@ -72,7 +72,7 @@ class DecoupledStats:
             "spec_generated": self.spec_generated,
             "spec_used": self.spec_used,
             "spec_wasted": self.spec_wasted,
-            "spec_hit_rate": self.spec_used / self.spec_generated if self.spec_generated else 0.0,
+            "spec_hit_rate": self.spec_used / self.spec_generated if self.spec_generated else None,
             "spec_steps_whole": self.spec_whole,
             "spec_steps_promoted": self.spec_promoted,
             "spec_steps_partial": self.spec_partial,
