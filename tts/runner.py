@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tts.backends.factory import Backends, read_prompt, static_split
 from tts.config.compose import CONF_DIR, ConfigError, preset_optims, to_yaml, validate
-from tts.config.schema import BackendKind, Config, EngineKind, LookaheadScope, OptimConfig
+from tts.config.schema import BackendKind, Config, EngineKind, OptimConfig
 from tts.engine.base import EngineOptions, ProblemInput
 from tts.engine.sync import SyncEngine
 from tts.metrics.collector import merge_step_logs
@@ -69,7 +69,7 @@ def engine_options(cfg: Config, optim: OptimConfig) -> EngineOptions:
     return EngineOptions(
         concurrency=cfg.bench.concurrency, seed=cfg.bench.seed, score_cache=optim.score_cache,
         eos_at_depth_limit=optim.eos_at_depth_limit, speculative=optim.speculative,
-        lookahead=optim.lookahead, lookahead_scope=LookaheadScope(optim.lookahead_scope).value,
+        lookahead=optim.lookahead, lookahead_scope=optim.lookahead_scope,
         ordering="prefix_aware" if optim.prefix_aware else optim.request_order,
         spec_max_tokens=optim.spec_max_tokens, spec_batch_cap=spec_batch_cap(cfg, optim),
         spec_truncate_ratio=optim.spec_truncate_ratio,

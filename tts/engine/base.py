@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tts.backends.base import Generator, Verifier
+from tts.config.schema import LookaheadScope
 from tts.engine.ordering import Ordering, make_ordering
 from tts.engine.scoring import ScoreCache, ScoringPhase
 from tts.engine.steps import GenJob, StepCutter
@@ -46,7 +47,7 @@ class EngineOptions:
     eos_at_depth_limit: bool = True
     speculative: bool = False
     lookahead: bool = False
-    lookahead_scope: str = "auto"  # all | kept | auto (kept for a verifier that asks once per score)
+    lookahead_scope: LookaheadScope | str = LookaheadScope.auto
     ordering: str = "fifo"
     spec_max_tokens: int = 0
     spec_batch_cap: int = 0  # 0 = the generator's batch cap

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from tts.engine.decoupled_policy import FillPolicy
 from tts.engine.decoupled_work import Kind, _DLive
 from tts.engine.scoring import ScoreCache
-from tts.metrics.collector import UTIL_BINS, StepLog, split_exactly
+from tts.metrics.collector import UTIL_BINS, StepLog, hit_rate, split_exactly
 from tts.search.tree import Beam
 
 
@@ -72,7 +72,7 @@ class DecoupledStats:
             "spec_generated": self.spec_generated,
             "spec_used": self.spec_used,
             "spec_wasted": self.spec_wasted,
-            "spec_hit_rate": self.spec_used / self.spec_generated if self.spec_generated else None,
+            "spec_hit_rate": hit_rate(self.spec_used, self.spec_generated),
             "spec_steps_whole": self.spec_whole,
             "spec_steps_promoted": self.spec_promoted,
             "spec_steps_partial": self.spec_partial,

@@ -22,6 +22,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 
 from tts.backends.base import Generator, Verifier
+from tts.config.schema import LookaheadScope
 from tts.engine.base import EngineBase, EngineOptions, ProblemInput, ProblemOutcome, _Live
 from tts.engine.generation import GenerationPhase
 from tts.engine.scoring import ScoreItem
@@ -30,6 +31,14 @@ from tts.engine.steps import GenJob
 from tts.metrics.collector import split_exactly
 from tts.search.base import ProblemSearch, SearchPolicy
 from tts.search.tree import Beam, BeamState, StepEnd
+
+
+def _lookahead_scope(value: LookaheadScope | str) -> LookaheadScope:
+    try:
+        return LookaheadScope(value)
+    except ValueError:
+        choices = ", ".join(s.value for s in LookaheadScope)
+        raise ValueError(f"lookahead_scope: {value!r}; valid choices: {choices}") from None
 
 
 class SyncEngine(EngineBase):
@@ -46,12 +55,10 @@ class SyncEngine(EngineBase):
                                      spec_branches=options.spec_branches,
                                      step_max_tokens=self.policy.step_max_tokens, cut=self.cut)
         self.on_iteration: Callable[[list[Beam]], None] | None = None  # memory policy hook
-        scope = options.lookahead_scope
-        if scope not in ("auto", "all", "kept"):
-            raise ValueError(f"lookahead_scope: {scope!r}; valid choices: auto, all, kept")
+        scope = _lookahead_scope(options.lookahead_scope)
         # score ahead only for kept beams, in a second call after the current steps' scores
-        self.lookahead_kept = options.lookahead and (
-            scope == "kept" or (scope == "auto" and verifier is not None and verifier.request_per_score))
+        self.lookahead_kept = options.lookahead and (scope is LookaheadScope.kept or (
+            scope is LookaheadScope.auto and verifier is not None and verifier.request_per_score))
 
     def run(self, problems: Iterable[ProblemInput]) -> Iterator[ProblemOutcome]:
         """Yield each problem's outcome as soon as it finishes."""

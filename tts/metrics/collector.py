@@ -39,7 +39,7 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b else 0.0
 
 
-def _hit_rate(used: float, made: float) -> float | None:
+def hit_rate(used: float, made: float) -> float | None:
     """Used over made ahead; None (not applicable, not a rate of 0) when nothing was made."""
     return used / made if made else None
 
@@ -87,8 +87,8 @@ class ProblemMetrics:
         out["gen_cache_hit_rate"] = _ratio(self.gen_cached_tokens, self.gen_prompt_tokens)
         out["ver_cache_hit_rate"] = _ratio(self.ver_cached_tokens, self.ver_prompt_tokens)
         out["spec_wasted"] = self.spec_generated - self.spec_used
-        out["spec_hit_rate"] = _hit_rate(self.spec_used, self.spec_generated)
-        out["lookahead_hit_rate"] = _hit_rate(self.lookahead_used, self.lookahead_scored)
+        out["spec_hit_rate"] = hit_rate(self.spec_used, self.spec_generated)
+        out["lookahead_hit_rate"] = hit_rate(self.lookahead_used, self.lookahead_scored)
         out["straggler_gap"] = _mean(m / a for m, a in zip(self.step_tokens_max, self.step_tokens_mean) if a)
         return out
 
@@ -197,10 +197,10 @@ def summarize_problems(problems: list[dict]) -> dict:
         "tokens_per_s": _ratio(gen_tokens, total_latency),
         "gen_cache_hit_rate": _ratio(sums["gen_cached_tokens"], sums["gen_prompt_tokens"]),
         "ver_cache_hit_rate": _ratio(sums["ver_cached_tokens"], sums["ver_prompt_tokens"]),
-        "spec_hit_rate": _hit_rate(sums["spec_used"], sums["spec_generated"]),
+        "spec_hit_rate": hit_rate(sums["spec_used"], sums["spec_generated"]),
         "spec_wasted": sums["spec_generated"] - sums["spec_used"],
         # None also for records written before lookahead use was counted
-        "lookahead_hit_rate": (_hit_rate(sums["lookahead_used"], sums["lookahead_scored"])
+        "lookahead_hit_rate": (hit_rate(sums["lookahead_used"], sums["lookahead_scored"])
                                if all("lookahead_used" in p for p in problems) else None),
         "step_tokens_mean": _mean(x for p in problems for x in p["step_tokens_mean"]),
         "step_tokens_max_mean": _mean(x for p in problems for x in p["step_tokens_max"]),
