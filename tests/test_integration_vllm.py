@@ -179,6 +179,12 @@ def test_run_bench_embedded_writes_complete_records(tmp_path):
                 "gen_cache_hit_rate", "ver_cache_hit_rate", "gen_batch_util_mean", "straggler_gap", "acc_majority"):
         assert key in summary, key
     assert sum(summary["generator"]["batch_util_hist"]) > 0
+    # the block pools' counts: every problem's requests looked their prompt blocks up
+    blocks = summary["kv_blocks"]
+    assert set(blocks) == {"generator", "verifier"}
+    assert blocks["generator"]["lookups"] >= 2 * 4 and blocks["generator"]["hits"] > 0
+    assert summary["gen_thrash_blocks"] == blocks["generator"]["thrash_blocks"] >= 0
+    assert summary["gen_evictions"] == blocks["generator"]["evictions"] >= 0
 
 
 def test_too_small_kv_budget_is_a_clear_error_before_loading():

@@ -238,3 +238,31 @@ def test_hit_rates_are_unknown_without_the_count_or_anything_made_ahead():
     summary = summarize_problems([d, d])
     assert summary["lookahead_hit_rate"] is None and summary["spec_hit_rate"] is None
     assert summarize_problems([new, d])["lookahead_hit_rate"] == 0.25
+
+
+def test_kv_block_counts_add_up_across_a_resume_and_reach_the_ratio_table():
+    from tts.metrics.collector import merge_step_logs
+    from tts.results.summary import format_table, ratio_table, variant_summary
+
+    step = {"batch_util_mean": 0.5, "running_mean": 2.0}
+    killed = {"generator": step, "kv_blocks": {"generator": {"thrash_blocks": 3, "evictions": 10, "hits": 7}}}
+    resumed = {"generator": step, "kv_blocks": {"generator": {"thrash_blocks": 4, "evictions": 1, "hits": 2},
+                                                "verifier": {"thrash_blocks": 0, "evictions": 0, "hits": 5}}}
+    merged = merge_step_logs(killed, resumed)["kv_blocks"]
+    assert merged == {"generator": {"thrash_blocks": 7, "evictions": 11, "hits": 9},
+                      "verifier": {"thrash_blocks": 0, "evictions": 0, "hits": 5}}
+    assert merge_step_logs(None, resumed)["kv_blocks"] == resumed["kv_blocks"]
+    assert "kv_blocks" not in merge_step_logs(None, {"generator": step})  # the fake backend: none
+    base = variant_summary([], {"generator": step, "kv_blocks": merged}, None)
+    assert (base["gen_thrash_blocks"], base["gen_evictions"], base["ver_thrash_blocks"]) == (7, 11, 0)
+    other = variant_summary([], {"generator": step, "kv_blocks": {"generator": {"thrash_blocks": 14, "evictions": 22},
+                                                                 "verifier": {"thrash_blocks": 3, "evictions": 3}}}, None)
+    rows = {r["metric"]: r for r in ratio_table({"a": base, "b": other}, "a")}
+    assert rows["generator KV blocks recomputed after eviction (thrash)"]["b/a"] == 2.0
+    assert rows["generator KV blocks evicted"]["b/a"] == 2.0
+    verifier = rows["verifier KV blocks recomputed after eviction (thrash)"]
+    assert verifier["b"] == 3 and "b/a" not in verifier  # no ratio to a count of 0
+    assert "| verifier KV blocks recomputed after eviction (thrash) | 0 | 3 | - |" in format_table(
+        list(rows.values()), ["a", "b"], "a")
+    fake = variant_summary([], {"generator": step}, None)
+    assert "gen_thrash_blocks" not in fake

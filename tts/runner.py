@@ -18,7 +18,8 @@ from tts.config.compose import CONF_DIR, ConfigError, preset_optims, to_yaml, va
 from tts.config.schema import BackendKind, Config, EngineKind, OptimConfig
 from tts.engine.base import EngineOptions, ProblemInput
 from tts.engine.sync import SyncEngine
-from tts.metrics.collector import merge_step_logs
+from tts.memory.thrash import attach_counters, detach_counters
+from tts.metrics.collector import KV_BLOCKS, merge_step_logs
 from tts.results.records import build_record
 from tts.results.store import RunStore
 from tts.results.summary import variant_wall, write_summary
@@ -153,16 +154,24 @@ def run_bench(cfg_node: DictConfig, progress: Callable | None = None) -> Path:
             # the variant's wall clock, carried across a resume by the records themselves
             start = time.perf_counter() - variant_wall(store.records(), name)
             earlier = step_logs.get(name)  # the part of this variant a killed process ran
-            for outcome in engine.run(inputs):
-                p = gold[outcome.problem.id]
-                record = build_record(outcome, p.answer, name, {"level": p.level, "subject": p.subject})
-                record["variant_wall_s"] = time.perf_counter() - start
-                store.append(record)
-                step_logs[name] = merge_step_logs(earlier, engine.step_logs())
-                store.write_step_logs(step_logs)
-                logger.log_problem(record)
-                if progress:
-                    progress(name, record)
+            # each vLLM engine's block pool: evictions and blocks recomputed after one (thrash)
+            counters = attach_counters(generator=engine.gen, verifier=engine.scoring.verifier)
+            try:
+                for outcome in engine.run(inputs):
+                    p = gold[outcome.problem.id]
+                    record = build_record(outcome, p.answer, name, {"level": p.level, "subject": p.subject})
+                    record["variant_wall_s"] = time.perf_counter() - start
+                    store.append(record)
+                    logs = engine.step_logs()
+                    if counters:
+                        logs[KV_BLOCKS] = {model: c.counts() for model, c in counters.items()}
+                    step_logs[name] = merge_step_logs(earlier, logs)
+                    store.write_step_logs(step_logs)
+                    logger.log_problem(record)
+                    if progress:
+                        progress(name, record)
+            finally:
+                detach_counters(counters)
     finally:
         backends.close()
     summary, plots = write_summary(store, [n for n, _ in variants], step_logs)

@@ -120,10 +120,14 @@ class ThrashCounter:
         """Blocks in the pool, the null block included."""
         return 0 if self._pool is None else int(self._pool.num_gpu_blocks)
 
+    def counts(self) -> dict[str, int]:
+        """The counters (`COUNTERS`) now."""
+        return {name: getattr(self, name) for name in COUNTERS}
+
     def snapshot(self) -> dict[str, Any]:
         """The counters now, plus ``seen``, ``cached``, ``num_blocks``, ``hit_rate``
         (hits / looked-up blocks) and ``thrash_rate`` (thrash / misses)."""
-        out: dict[str, Any] = {name: getattr(self, name) for name in COUNTERS}
+        out: dict[str, Any] = dict(self.counts())
         queries = self.hits + self.misses
         out.update(seen=self.seen, cached=self.cached, num_blocks=self.num_blocks,
                    hit_rate=self.hits / queries if queries else 0.0,
@@ -275,6 +279,23 @@ class BlockUsageTrace:
             delattr(sched, "schedule")
         else:
             sched.schedule = self._previous
+
+
+def attach_counters(**backends: Any) -> dict[str, ThrashCounter]:
+    """A counter on the block pool of each named backend that runs an in-process vLLM 0.32
+    engine (`backend.llm`); none for the fake backend, an absent one (None) or another
+    vLLM (logged). Detach them with `detach_counters`."""
+    out = {}
+    for role, backend in backends.items():
+        llm = getattr(backend, "llm", None)
+        if llm is not None and (counter := ThrashCounter.attach(llm, strict=False)).enabled:
+            out[role] = counter
+    return out
+
+
+def detach_counters(counters: dict[str, ThrashCounter]) -> None:
+    for counter in counters.values():
+        counter.detach()
 
 
 def _wrap(obj: Any, name: str, hook: Any) -> None:

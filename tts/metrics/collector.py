@@ -245,10 +245,25 @@ def merge_step_summaries(a: dict | None, b: dict) -> dict:
 
 def merge_step_logs(a: dict | None, b: dict) -> dict:
     """`engine.step_logs()` of one variant from two processes: the generator's and the
-    verifier's step statistics merged; other entries (the decoupled engine's counters)
-    are the second process's."""
+    verifier's step statistics merged, the KV block counts (`kv_blocks`) added up; other
+    entries (the decoupled engine's counters) are the second process's."""
     out = dict(b)
     for model in ("generator", "verifier"):
         if a and model in a and model in b:
             out[model] = merge_step_summaries(a[model], b[model])
+    if a and a.get(KV_BLOCKS):
+        out[KV_BLOCKS] = add_counts(a[KV_BLOCKS], b.get(KV_BLOCKS, {}))
+    return out
+
+
+KV_BLOCKS = "kv_blocks"  # step-log entry: per model, the block pool's counts (`ThrashCounter.counts`)
+
+
+def add_counts(a: dict[str, dict[str, int]], b: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """Per-model counts of two processes (a killed run and its resume) added up."""
+    out = {model: dict(counts) for model, counts in b.items()}
+    for model, counts in a.items():
+        mine = out.setdefault(model, {})
+        for name, n in counts.items():
+            mine[name] = mine.get(name, 0) + n
     return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tts.metrics.collector import summarize_problems
+from tts.metrics.collector import KV_BLOCKS, summarize_problems
 from tts.results.records import accuracy_summary
 from tts.results.store import RunStore
 
@@ -24,6 +24,9 @@ RATIO_METRICS = [
     ("pass@n", "pass@N", True),
     ("gen_cache_hit_rate", "generator prefix-cache hit rate", True),
     ("ver_cache_hit_rate", "verifier prefix-cache hit rate", True),
+    ("gen_thrash_blocks", "generator KV blocks recomputed after eviction (thrash)", False),
+    ("gen_evictions", "generator KV blocks evicted", False),
+    ("ver_thrash_blocks", "verifier KV blocks recomputed after eviction (thrash)", False),
     ("gen_batch_util_mean", "generator batch utilisation", True),
     ("gen_running_mean", "generator requests per step", True),
     ("step_tokens_mean", "step tokens (mean)", True),
@@ -50,7 +53,13 @@ def variant_summary(records: list[dict], step_log: dict | None, wall_s: float | 
         s["tokens_per_s"] = s["total_gen_tokens"] / wall_s
     s["problems_per_min"] = 60.0 * len(records) / span if records and span else 0.0
     if step_log:
+        for model, counts in step_log.get(KV_BLOCKS, {}).items():  # vLLM engines only
+            s[f"{model[:3]}_thrash_blocks"] = counts["thrash_blocks"]
+            s[f"{model[:3]}_evictions"] = counts["evictions"]
         for model, log in step_log.items():
+            if model == KV_BLOCKS:
+                s[model] = log
+                continue
             s[f"{model[:3]}_batch_util_mean"] = log["batch_util_mean"]
             s[f"{model[:3]}_running_mean"] = log.get("running_mean", 0.0)
             s[model] = log
@@ -123,7 +132,7 @@ def write_summary(store: RunStore, names: list[str], step_logs: dict[str, dict])
     summaries = {}
     for name in names:
         mine = [r for r in records if r.get("variant", "") == name]
-        log = step_logs.get(name) or {k: v for k, v in old.get(name, {}).items() if k in ("generator", "verifier")}
+        log = step_logs.get(name) or {k: v for k, v in old.get(name, {}).items() if k in ("generator", "verifier", KV_BLOCKS)}
         summaries[name] = variant_summary(mine, log or None, variant_wall(mine, name) or None)
     summary = {"variants": summaries, "baseline": names[0]}
     if len(names) > 1:
