@@ -264,6 +264,30 @@ def test_speculative_slots_go_to_the_highest_bins_first():
     assert all(j.end is not None for j in jobs)
 
 
+def test_no_speculation_past_a_step_that_completes_the_path():
+    """A step with a boxed answer completes its path: no child will use what a run-on or
+    a branch would generate past it, so neither starts; a plain step still speculates."""
+    from tts.engine.generation import GenerationPhase
+    from tts.engine.steps import GenJob
+
+    steps = {11: "so \\boxed{2}\n\n", 12: "a\n\n", 13: "a" * 12 + "\n\n"}  # seed -> its step
+
+    def script(problem, done, seed):
+        return steps[seed] if not done else "b" * 8 + "\n\n"
+
+    for branches in (False, True):
+        gen = FakeGenerator(script, batch_cap=8)
+        prompt = tuple(gen.encode_prompt("q", "s"))
+        jobs = {seed: GenJob(Beam("p", prompt, seed), limit=30, spec_priority=1) for seed in steps}
+        phase = GenerationPhase(gen, 0.0, 1.0, speculative=True, spec_max_tokens=50, spec_branches=branches)
+        stats = phase.run(list(jobs.values()))
+        assert gen.decode(jobs[11].tokens) == steps[11]  # its own step is whole
+        assert not jobs[11].spec and not jobs[11].branches, branches
+        assert jobs[12].spec or jobs[12].branches, branches  # the short plain step speculated
+        assert stats.spec_tokens > 0
+        phase.release()
+
+
 def test_speculative_branches_keep_the_tree_and_serve_duplicates():
     """Branches mode: branch k is child k's own next step (child k's seed), so duplicates
     adopt whole steps of their own and the tree equals the baseline's, with fewer
