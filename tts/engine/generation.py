@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 from tts.backends.base import Generator, GenRequest, StepStats
 from tts.engine.steps import GenJob, StepCutter
-from tts.search.tree import BOXED, StepEnd, child_seed
+from tts.search.tree import StepEnd, child_seed, has_answer
 
 _request_ids = itertools.count()
 
@@ -320,7 +320,7 @@ class GenerationPhase:
         """Speculation on a finished step: not past EOS, nor past a step with a boxed
         answer, which completes the path (no child would use what it generated)."""
         return (self.speculative and job.spec_priority > 0 and not job.to_eos and job.end is not StepEnd.EOS
-                and BOXED.search(self.gen.decode(job.tokens)) is None)
+                and not has_answer(self.gen.decode(job.tokens)))
 
     def _preempt_speculation(self, speculating: dict[str, int], step: StepStats,
                              branches: list[GenJob], parked: dict[int, GenJob]) -> list[str]:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from tts.memory.thrash import BlockUsageTrace, ThrashCounter
+from tts.memory.thrash import BlockUsageTrace, attach_counters, detach_counters
 
 if TYPE_CHECKING:  # pragma: no cover
     from tts.backends.factory import Backends
@@ -234,32 +234,26 @@ def run_split(cfg: Config, backends: Backends, problems: list[Any]) -> SplitRun:
     engine = build_engine(cfg, cfg.optim, backends)
     gen, ver = engine.gen, engine.scoring.verifier
     meter = BackendMeter(gen, ver)
-    hooks = {"generator": _attach(gen), "verifier": _attach(ver)}
+    counters = attach_counters(generator=gen, verifier=ver)
+    traces = {r: BlockUsageTrace.attach(b.llm, strict=False)
+              for r, b in (("generator", gen), ("verifier", ver)) if getattr(b, "llm", None) is not None}
     start = time.perf_counter()
     try:
         done = sum(1 for _ in engine.run([ProblemInput(p.id, p.problem) for p in problems]))
     finally:
         wall = time.perf_counter() - start
         meter.detach()
-        thrash = {r: (h[0].snapshot() if h and h[0].enabled else None) for r, h in hooks.items()}
-        for h in hooks.values():
-            if h is not None:
-                h[0].detach()
-                h[1].detach()
+        thrash = {r: (counters[r].snapshot() if r in counters else None) for r in ("generator", "verifier")}
+        detach_counters(counters)
+        for trace in traces.values():
+            trace.detach()
     gen_spec, ver_spec = static_split(cfg)
     return SplitRun(
         fraction=cfg.memory.generator_fraction, wall_s=wall, problems=done, meter=meter, thrash=thrash,
         num_blocks={"generator": _num_blocks(gen), "verifier": _num_blocks(ver)},
         kv_bytes={"generator": _kv_bytes(gen, gen_spec.kv_bytes),
                   "verifier": _kv_bytes(ver, ver_spec.kv_bytes) if ver is not None else 0},
-        scheduled_blocks={r: h[1].blocks for r, h in hooks.items() if h is not None})
-
-
-def _attach(backend: Any | None) -> tuple[ThrashCounter, BlockUsageTrace] | None:
-    llm = getattr(backend, "llm", None)
-    if llm is None:
-        return None
-    return ThrashCounter.attach(llm, strict=False), BlockUsageTrace.attach(llm, strict=False)
+        scheduled_blocks={r: t.blocks for r, t in traces.items()})
 
 
 def warm_up(generator: Any | None, verifier: Any | None) -> None:

@@ -53,16 +53,15 @@ def variant_summary(records: list[dict], step_log: dict | None, wall_s: float | 
         s["tokens_per_s"] = s["total_gen_tokens"] / wall_s
     s["problems_per_min"] = 60.0 * len(records) / span if records and span else 0.0
     if step_log:
-        for model, counts in step_log.get(KV_BLOCKS, {}).items():  # vLLM engines only
-            s[f"{model[:3]}_thrash_blocks"] = counts["thrash_blocks"]
-            s[f"{model[:3]}_evictions"] = counts["evictions"]
         for model, log in step_log.items():
-            if model == KV_BLOCKS:
-                s[model] = log
+            s[model] = log
+            if model == KV_BLOCKS:  # vLLM engines only: per model, its block pool's counts
+                for pool, counts in log.items():
+                    s[f"{pool[:3]}_thrash_blocks"] = counts["thrash_blocks"]
+                    s[f"{pool[:3]}_evictions"] = counts["evictions"]
                 continue
             s[f"{model[:3]}_batch_util_mean"] = log["batch_util_mean"]
             s[f"{model[:3]}_running_mean"] = log.get("running_mean", 0.0)
-            s[model] = log
     return s
 
 

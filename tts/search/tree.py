@@ -30,6 +30,11 @@ class BeamState(str, enum.Enum):
     COMPLETE = "complete"
 
 
+def has_answer(text: str) -> bool:
+    """The text holds a boxed answer: a step with one completes its path."""
+    return BOXED.search(text) is not None
+
+
 @dataclass(frozen=True)
 class Step:
     """One reasoning step: its tokens, text and how it ended."""
@@ -44,7 +49,7 @@ class Step:
 
     @property
     def has_answer(self) -> bool:
-        return BOXED.search(self.text) is not None
+        return has_answer(self.text)
 
 
 _beam_ids = itertools.count()
