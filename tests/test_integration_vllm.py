@@ -174,7 +174,8 @@ def test_run_bench_embedded_writes_complete_records(tmp_path):
                    for v in r["verdicts"].values())
         m = r["metrics"]
         assert m["latency_s"] >= m["generator_s"] > 0 and m["verifier_s"] > 0
-    summary = json.loads((path / "summary.json").read_text())["variants"]["baseline"]
+    whole = json.loads((path / "summary.json").read_text())
+    summary = whole["variants"]["baseline"]
     for key in ("precise_goodput", "latency_s_mean", "generator_s_mean", "verifier_s_mean", "tokens_per_s",
                 "gen_cache_hit_rate", "ver_cache_hit_rate", "gen_batch_util_mean", "straggler_gap", "acc_majority"):
         assert key in summary, key
@@ -185,6 +186,13 @@ def test_run_bench_embedded_writes_complete_records(tmp_path):
     assert blocks["generator"]["lookups"] >= 2 * 4 and blocks["generator"]["hits"] > 0
     assert summary["gen_thrash_blocks"] == blocks["generator"]["thrash_blocks"] >= 0
     assert summary["gen_evictions"] == blocks["generator"]["evictions"] >= 0
+    # the step cost model, fitted on the run's own steps, and the bound it puts on the work
+    gen = whole["cost_model"]["generator"]
+    assert gen["steps"] == summary["generator"]["steps"] and gen["step_s"] > 0 and gen["r2"] > 0.5
+    assert whole["cost_model"]["verifier"]["per_prefill_token_s"] > 0
+    # four beams in a batch of eight barely straggle: the bound is near the time, never far over
+    assert 0.3 < summary["gen_bound_s_mean"] / summary["generator_s_mean"] < 1.1
+    assert 0.3 < summary["bound_share"] < 1.1
 
 
 def test_too_small_kv_budget_is_a_clear_error_before_loading():

@@ -266,3 +266,46 @@ def test_kv_block_counts_add_up_across_a_resume_and_reach_the_ratio_table():
         list(rows.values()), ["a", "b"], "a")
     fake = variant_summary([], {"generator": step}, None)
     assert "gen_thrash_blocks" not in fake
+
+
+def test_cost_sums_add_up_across_a_resume_and_bound_each_variant():
+    """The step cost model's sums of a killed run and its resume add up; the run's fit
+    (every variant's steps) bounds each variant's work, and the table shows the bound."""
+    from tts.backends.base import StepStats
+    from tts.metrics.collector import StepLog, merge_step_logs
+    from tts.results.summary import add_bounds, cost_models, ratio_table, variant_summary
+
+    def log(steps):
+        g = StepLog()
+        for decode, prefill in steps:
+            per = (1,) * decode + ((prefill,) if prefill else ())
+            g.observe(StepStats(len(per), 0, decode + prefill, 16, 2048, 0.0,
+                                0.05 + 0.004 * decode + 0.002 * prefill, per))
+        return g.summary()
+
+    killed = {"generator": log([(4, 0), (8, 0), (2, 100)])}
+    resumed = {"generator": log([(16, 0), (1, 0), (0, 300)])}
+    merged = merge_step_logs(killed, resumed)["generator"]["cost"]
+    assert merged["steps"] == 6 and merged["decode"] == 31 and merged["prefill"] == 400
+    assert merged["wall_s"] == pytest.approx(killed["generator"]["cost"]["wall_s"] + resumed["generator"]["cost"]["wall_s"])
+    metrics = {"latency_s": 10.0, "generator_s": 10.0, "verifier_s": 0.0, "iterations": 1, "gen_tokens": 210,
+               "gen_requests": 10, "gen_prompt_tokens": 1000, "gen_cached_tokens": 900, "beam_tokens": [100, 60],
+               "beam_completion_s": [10.0, 10.0], "step_tokens_mean": [20], "step_tokens_max": [30],
+               "straggler_gap": 1.5, "spec_generated": 0, "spec_used": 0}
+    record = {"metrics": metrics, "candidates": [], "correct": {}, "pass@n": 0.0}
+    summaries = {"a": variant_summary([record], merge_step_logs(killed, resumed), None),
+                 "b": variant_summary([dict(record, metrics=dict(metrics, gen_tokens=110, latency_s=5.0))],
+                                      {"generator": log([(8, 0), (12, 0), (3, 50)])}, None)}
+    models = cost_models(summaries)
+    gen = models["generator"]
+    assert (gen.step_s, gen.per_decode_seq_s, gen.per_prefill_token_s) == pytest.approx((0.05, 0.004, 0.002))
+    assert models["verifier"] is None  # no verifier steps logged
+    for name in summaries:
+        add_bounds(summaries[name], [record] if name == "a" else [], models)
+    a = summaries["a"]  # 200 decode sequences, 100 prefill tokens, a 100-token longest path
+    assert a["gen_bound_s_mean"] == pytest.approx(0.05 * 100 + 0.004 * 200 + 0.002 * 100)
+    assert a["latency_bound_s_mean"] == a["gen_bound_s_mean"]  # no verifier work
+    assert a["bound_share"] == pytest.approx(a["latency_bound_s_mean"] / 10.0)
+    assert "latency_bound_s_mean" not in summaries["b"]  # no records: no bound
+    rows = {r["metric"]: r for r in ratio_table(summaries, "a")}
+    assert rows["completion latency lower bound, same work (s)"]["a"] == a["latency_bound_s_mean"]

@@ -12,6 +12,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 from tts.backends.base import StepStats
+from tts.metrics.cost_model import COST, CostSums
 
 UTIL_BINS = 10  # batch utilisation histogram: [0, 0.1), ..., [0.9, 1.0]
 
@@ -110,6 +111,7 @@ class StepLog:
     # the "utilisation within one iteration" plot
     phase_traces: list[list[tuple[float, float]]] = field(default_factory=list)
     keep_phases: int = 4
+    cost: CostSums = field(default_factory=CostSums)  # the step cost model's sums
     _phase_t0: float = 0.0
     _recording: bool = False
 
@@ -130,6 +132,7 @@ class StepLog:
         self.steps += 1
         self.util_sum += util
         self.running_sum += s.num_running
+        self.cost.observe(s)
         now = time.perf_counter() - self.t0
         self.kv_trace.append((now, s.kv_usage))
         self.util_trace.append((now, util))
@@ -149,6 +152,7 @@ class StepLog:
             "util_trace": _downsample(self.util_trace),
             "phase_util_traces": self.phase_traces,
             "kv_trace": _downsample(self.kv_trace),
+            COST: self.cost.to_dict(),
         }
 
 
@@ -240,6 +244,7 @@ def merge_step_summaries(a: dict | None, b: dict) -> dict:
         "util_trace": joined("util_trace"),
         "phase_util_traces": (a["phase_util_traces"] + b["phase_util_traces"])[:max(4, len(a["phase_util_traces"]))],
         "kv_trace": joined("kv_trace"),
+        COST: (CostSums.from_dict(a.get(COST, {})) + CostSums.from_dict(b.get(COST, {}))).to_dict(),
     }
 
 

@@ -3,9 +3,11 @@ and the plots (ablation bars, batch utilisation over time, histograms)."""
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 from tts.metrics.collector import KV_BLOCKS, summarize_problems
+from tts.metrics.cost_model import COST, CostModel, CostSums, fit, problem_bounds
 from tts.results.records import accuracy_summary
 from tts.results.store import RunStore
 
@@ -27,6 +29,9 @@ RATIO_METRICS = [
     ("gen_thrash_blocks", "generator KV blocks recomputed after eviction (thrash)", False),
     ("gen_evictions", "generator KV blocks evicted", False),
     ("ver_thrash_blocks", "verifier KV blocks recomputed after eviction (thrash)", False),
+    ("gen_bound_s_mean", "generator time lower bound, same work (s)", False),
+    ("latency_bound_s_mean", "completion latency lower bound, same work (s)", False),
+    ("bound_share", "latency bound / latency (1: nothing left to schedule)", True),
     ("gen_batch_util_mean", "generator batch utilisation", True),
     ("gen_running_mean", "generator requests per step", True),
     ("step_tokens_mean", "step tokens (mean)", True),
@@ -63,6 +68,35 @@ def variant_summary(records: list[dict], step_log: dict | None, wall_s: float | 
             s[f"{model[:3]}_batch_util_mean"] = log["batch_util_mean"]
             s[f"{model[:3]}_running_mean"] = log.get("running_mean", 0.0)
     return s
+
+
+def cost_models(summaries: dict[str, dict]) -> dict[str, CostModel | None]:
+    """Each model's step cost model, fitted on the steps of every variant of the run
+    (`tts.metrics.cost_model`)."""
+    out = {}
+    for model in ("generator", "verifier"):
+        sums = [CostSums.from_dict(s[model][COST]) for s in summaries.values()
+                if COST in (s.get(model) or {})]
+        out[model] = fit(sum(sums, CostSums())) if sums else None
+    return out
+
+
+def add_bounds(summary: dict, records: list[dict], models: dict[str, CostModel | None]) -> None:
+    """The variant's lower bounds under the run's cost models: per problem, then their
+    means, and the share of the measured latency the bound is."""
+    caps = {}
+    for model in ("generator", "verifier"):
+        sums = CostSums.from_dict((summary.get(model) or {}).get(COST, {}))
+        caps[model] = (sums.batch_cap, sums.token_cap)
+    per = [problem_bounds(r["metrics"], models.get("generator"), models.get("verifier"),
+                          caps["generator"], caps["verifier"]) for r in records]
+    if not per or any(b["gen_bound_s"] is None or b["ver_bound_s"] is None for b in per):
+        return
+    summary["gen_bound_s_mean"] = statistics.fmean(b["gen_bound_s"] for b in per)
+    summary["ver_bound_s_mean"] = statistics.fmean(b["ver_bound_s"] for b in per)
+    summary["latency_bound_s_mean"] = summary["gen_bound_s_mean"] + summary["ver_bound_s_mean"]
+    if summary.get("latency_s_mean"):
+        summary["bound_share"] = summary["latency_bound_s_mean"] / summary["latency_s_mean"]
 
 
 def ratio_table(summaries: dict[str, dict], baseline: str) -> list[dict]:
@@ -133,7 +167,11 @@ def write_summary(store: RunStore, names: list[str], step_logs: dict[str, dict])
         mine = [r for r in records if r.get("variant", "") == name]
         log = step_logs.get(name) or {k: v for k, v in old.get(name, {}).items() if k in ("generator", "verifier", KV_BLOCKS)}
         summaries[name] = variant_summary(mine, log or None, variant_wall(mine, name) or None)
-    summary = {"variants": summaries, "baseline": names[0]}
+    models = cost_models(summaries)
+    for name in names:
+        add_bounds(summaries[name], [r for r in records if r.get("variant", "") == name], models)
+    summary = {"variants": summaries, "baseline": names[0],
+               "cost_model": {m: (cm.to_dict() if cm else None) for m, cm in models.items()}}
     if len(names) > 1:
         for name in names:
             summaries[name]["same_candidates"] = same_candidates(records, names[0], name)

@@ -1,0 +1,112 @@
+"""The step cost model: the fit recovers a machine's step costs, its sums add up across a
+resume, and the bound is the least any schedule of the same work takes under it."""
+
+import random
+
+import pytest
+
+from tts.backends.base import StepStats
+from tts.metrics.cost_model import CostSums, fit, min_steps, problem_bounds
+
+A, B, C = 0.055, 0.004, 0.0024  # seconds per step, per decode sequence, per prefill token
+
+
+def step(decode: int, prefill: int = 0, wall: float | None = None, batch_cap: int = 64,
+         token_cap: int = 2048) -> StepStats:
+    per_request = (1,) * decode + ((prefill,) if prefill else ())
+    wall = A + B * decode + C * prefill if wall is None else wall
+    return StepStats(len(per_request), 0, decode + prefill, batch_cap, token_cap, 0.0, wall, per_request)
+
+
+def random_steps(rng: random.Random, n: int, noise: float = 0.0) -> list[StepStats]:
+    out = []
+    for _ in range(n):
+        decode, prefill = rng.randint(0, 16), rng.choice([0, 0, 0, rng.randint(2, 400)])
+        wall = (A + B * decode + C * prefill) * (1 + rng.uniform(-noise, noise))
+        out.append(step(decode, prefill, wall))
+    return out
+
+
+def sums_of(steps: list[StepStats]) -> CostSums:
+    sums = CostSums()
+    for s in steps:
+        sums.observe(s)
+    return sums
+
+
+def test_fit_recovers_the_step_costs():
+    model = fit(sums_of(random_steps(random.Random(0), 300)))
+    assert (model.step_s, model.per_decode_seq_s, model.per_prefill_token_s) == pytest.approx((A, B, C), rel=1e-6)
+    assert model.r2 == pytest.approx(1.0) and model.steps == 300
+    noisy = fit(sums_of(random_steps(random.Random(1), 2000, noise=0.1)))
+    assert noisy.step_s == pytest.approx(A, rel=0.1) and noisy.per_decode_seq_s == pytest.approx(B, rel=0.1)
+    assert noisy.per_prefill_token_s == pytest.approx(C, rel=0.1) and 0.5 < noisy.r2 < 1.0
+
+
+def test_fit_drops_a_feature_that_never_varies_or_comes_out_negative():
+    # a verifier's log: prompt requests only, never a decode sequence
+    verifier = sums_of([step(0, p, 0.08 + C * p) for p in (40, 300, 900, 1200, 60)])
+    model = fit(verifier)
+    assert model.per_decode_seq_s == 0.0
+    assert (model.step_s, model.per_prefill_token_s) == pytest.approx((0.08, C))
+    # decode steps that get cheaper with more sequences: not a cost model, the feature goes
+    odd = fit(sums_of([step(d, 0, 0.1 - 0.001 * d) for d in range(1, 9)]))
+    assert odd.per_decode_seq_s == 0.0 and odd.step_s > 0
+    assert fit(sums_of([step(1), step(2)])) is None  # too few steps to fit
+
+
+def test_sums_add_up_like_one_log_of_all_steps():
+    steps = random_steps(random.Random(2), 50)
+    first, second = sums_of(steps[:20]), sums_of(steps[20:])
+    whole = sums_of(steps)
+    merged = CostSums.from_dict((first + second).to_dict())
+    assert merged.steps == whole.steps == 50
+    assert (merged.decode, merged.prefill, merged.batch_cap) == (whole.decode, whole.prefill, whole.batch_cap)
+    assert merged.xty == pytest.approx(whole.xty) and merged.wall_s == pytest.approx(whole.wall_s)
+    assert fit(merged).step_s == pytest.approx(fit(whole).step_s)
+
+
+def test_min_steps_is_the_critical_path_or_what_the_caps_allow():
+    assert min_steps(512, 10000, 3000, batch_cap=64) == 512
+    assert min_steps(100, 10000, 0, batch_cap=64) == 157  # 10000 / 64 rounded up
+    assert min_steps(0, 0, 5000, token_cap=2048) == 3
+    assert min_steps(0, 0, 10) == 1 and min_steps(0, 0, 0) == 0
+
+
+def test_no_schedule_of_the_work_beats_the_bound():
+    """Decode a tree of paths in any order, any batch, under the exact cost model: the
+    time is never below the bound, and a schedule that keeps the batch full along the
+    longest path meets it."""
+    rng = random.Random(3)
+    lengths = [rng.randint(20, 300) for _ in range(16)]
+    model = fit(sums_of(random_steps(rng, 100)))
+    metrics = {"gen_tokens": sum(lengths) + len(lengths), "gen_requests": len(lengths),
+               "gen_prompt_tokens": 16 * 200, "gen_cached_tokens": 16 * 180, "beam_tokens": [max(lengths)]}
+    bound = problem_bounds(metrics, model, None, (64, 4096))["gen_bound_s"]
+    times = []
+    for cap in (1, 4, 16):  # run paths `cap` at a time, prefill each when it starts
+        left, t, running = list(lengths), 0.0, []
+        while left or running:
+            started = []
+            while left and len(running) + len(started) < cap:
+                started.append(left.pop())
+            t += A + B * len(running) + C * 20 * len(started)
+            running = [n - 1 for n in running if n > 1] + started  # each path: a prefill, then n decodes
+        assert t >= bound - 1e-9
+        times.append(t)
+    assert times[0] > times[1] > times[2]  # fuller batches: closer to the bound
+    assert times[2] == pytest.approx(bound + A * 1, rel=0.02)  # all at once: one prefill step over it
+    assert bound == pytest.approx(A * max(lengths) + B * sum(lengths) + C * 16 * 20)
+
+
+def test_problem_bounds_need_a_model_for_each_model_that_worked():
+    model = fit(sums_of(random_steps(random.Random(4), 50)))
+    metrics = {"gen_tokens": 100, "gen_requests": 4, "gen_prompt_tokens": 400, "gen_cached_tokens": 320,
+               "beam_tokens": [30, 25], "ver_prompt_tokens": 900, "ver_cached_tokens": 700, "ver_requests": 4}
+    both = problem_bounds(metrics, model, model, (64, 2048), (256, 2048))
+    assert both["gen_bound_s"] == pytest.approx(A * 30 + B * 96 + C * 80)
+    assert both["ver_bound_s"] == pytest.approx(A * 1 + C * 200)
+    assert problem_bounds(metrics, model, None)["ver_bound_s"] is None  # scored, but no verifier fit
+    no_verifier = dict(metrics, ver_prompt_tokens=0, ver_cached_tokens=0, ver_requests=0)
+    assert problem_bounds(no_verifier, model, None)["ver_bound_s"] == 0.0
+    assert problem_bounds(metrics, None, model)["gen_bound_s"] is None

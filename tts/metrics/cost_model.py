@@ -1,0 +1,170 @@
+"""A step cost model fitted from a run's own engine steps, and the lower bound it puts on
+each variant's work: how fast that work could go on this machine, however it was scheduled.
+
+Each engine step's wall time is modelled as
+
+    t = a + b * (decode sequences) + c * (prefill tokens)
+
+`a` is what any step costs (for a small model's decode, reading the weights), `b` one more
+sequence in a decode batch, `c` one prompt token computed. A request scheduled for one
+token counts as a decode sequence, one scheduled for more as that many prefill tokens. The
+fit is least squares over every step the model took in the run, all variants together
+(one machine, one set of weights), kept as additive normal-equation sums (`CostSums`) so
+the steps of a killed run and of its resume add up like the rest of the step log.
+
+The bound. A schedule of the same work (the same tokens decoded and prefilled by the
+generator, the same tokens prefilled by the verifier) takes at least S steps: a path's
+tokens are sampled one after another, so at least L steps for a problem whose longest path
+has L generated tokens (problems one at a time: their sum), and no fewer than the batch and
+token caps allow. Each step costs at least `a`, so
+
+    generator time >= a * S + b * D + c * P        verifier time >= a' * S' + c' * T
+
+with the two models taking turns on the device, as both engines here do. Batching,
+speculation that hits, lookahead, request order: none takes the same work below it. A
+variant whose time sits near its bound has nothing left to gain from scheduling; one that
+beats another variant's bound did other (less) work: a smaller tree, fewer prefill tokens.
+The linear model ignores attention's growth with context, so the bound holds up to the
+fit's error (its r2 is reported with it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tts.backends.base import StepStats
+
+FEATURES = ("step_s", "per_decode_seq_s", "per_prefill_token_s")
+
+
+def step_features(s: StepStats) -> tuple[int, int]:
+    """(decode sequences, prefill tokens) of one engine step."""
+    decode = sum(1 for n in s.tokens_per_request if n == 1)
+    return decode, max(0, s.num_scheduled_tokens - decode)
+
+
+@dataclass
+class CostSums:
+    """Normal-equation sums of the step model over observed steps (additive), plus the
+    totals and caps the bound needs."""
+
+    xtx: list[list[float]] = field(default_factory=lambda: [[0.0] * 3 for _ in range(3)])
+    xty: list[float] = field(default_factory=lambda: [0.0] * 3)
+    yy: float = 0.0
+    steps: int = 0
+    decode: int = 0  # decode sequences, all steps
+    prefill: int = 0  # prefill tokens, all steps
+    wall_s: float = 0.0
+    batch_cap: int = 0
+    token_cap: int = 0
+
+    def observe(self, s: StepStats) -> None:
+        decode, prefill = step_features(s)
+        x = (1.0, float(decode), float(prefill))
+        for i in range(3):
+            self.xty[i] += x[i] * s.wall_s
+            for j in range(3):
+                self.xtx[i][j] += x[i] * x[j]
+        self.yy += s.wall_s * s.wall_s
+        self.steps += 1
+        self.decode += decode
+        self.prefill += prefill
+        self.wall_s += s.wall_s
+        self.batch_cap = max(self.batch_cap, s.batch_cap)
+        self.token_cap = max(self.token_cap, s.token_cap)
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> CostSums:
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+    def __add__(self, other: CostSums) -> CostSums:
+        return CostSums(
+            xtx=[[a + b for a, b in zip(r, q)] for r, q in zip(self.xtx, other.xtx)],
+            xty=[a + b for a, b in zip(self.xty, other.xty)], yy=self.yy + other.yy,
+            steps=self.steps + other.steps, decode=self.decode + other.decode,
+            prefill=self.prefill + other.prefill, wall_s=self.wall_s + other.wall_s,
+            batch_cap=max(self.batch_cap, other.batch_cap), token_cap=max(self.token_cap, other.token_cap))
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Fitted seconds per step, per decode sequence and per prefill token."""
+
+    step_s: float
+    per_decode_seq_s: float
+    per_prefill_token_s: float
+    steps: int  # steps fitted on
+    r2: float  # share of the steps' wall-time variance the model explains
+
+    def time(self, steps: float, decode: float, prefill: float) -> float:
+        return self.step_s * steps + self.per_decode_seq_s * decode + self.per_prefill_token_s * prefill
+
+    def to_dict(self) -> dict:
+        return {"step_s": self.step_s, "per_decode_seq_s": self.per_decode_seq_s,
+                "per_prefill_token_s": self.per_prefill_token_s, "steps": self.steps, "r2": self.r2}
+
+
+def fit(sums: CostSums) -> CostModel | None:
+    """Least squares with every coefficient >= 0: a feature whose coefficient comes out
+    negative (or that never varied, e.g. no decode steps in a verifier's log) is dropped and
+    the rest refitted. None: fewer than 3 steps."""
+    if sums.steps < 3:
+        return None
+    xtx, xty = np.array(sums.xtx, dtype=float), np.array(sums.xty, dtype=float)
+    active = [i for i in range(3) if xtx[i, i] > 0]
+    while active:
+        idx = np.ix_(active, active)
+        coef, *_ = np.linalg.lstsq(xtx[idx], xty[active], rcond=None)
+        if (coef >= 0).all():
+            break
+        active.remove(active[int(np.argmin(coef))])
+    full = np.zeros(3)
+    if active:
+        full[active] = coef
+    n = sums.steps
+    mean = sums.wall_s / n
+    total = sums.yy - n * mean * mean
+    residual = sums.yy - 2 * full @ xty + full @ xtx @ full
+    r2 = 1.0 - residual / total if total > 0 else 0.0
+    return CostModel(*(float(v) for v in full), steps=n, r2=float(r2))
+
+
+def min_steps(critical_path: int, decode: int, prefill: int, batch_cap: int = 0, token_cap: int = 0) -> int:
+    """The fewest steps a piece of work could take: its longest chain of sampled tokens,
+    and no fewer than the batch and token caps allow (at least one step for any work)."""
+    need = max(critical_path, 1 if decode or prefill else 0)
+    if batch_cap:
+        need = max(need, math.ceil(decode / batch_cap))
+    if token_cap:
+        need = max(need, math.ceil((decode + prefill) / token_cap))
+    return need
+
+
+def problem_bounds(metrics: dict, gen: CostModel | None, ver: CostModel | None,
+                   gen_caps: tuple[int, int] = (0, 0), ver_caps: tuple[int, int] = (0, 0)) -> dict:
+    """The least generator and verifier time one problem's work takes (module docstring),
+    from its record's metrics: decode sequences are its generated tokens less its requests
+    (a request's first token comes out of its prefill step), prefill tokens its uncached
+    prompt tokens, and its critical path the longest final path's generated tokens.
+    Caps are (batch cap, token cap) per step. Values are None where no model was fitted."""
+    out: dict[str, float | None] = {"gen_bound_s": None, "ver_bound_s": None}
+    if gen is not None:
+        decode = max(0, metrics["gen_tokens"] - metrics.get("gen_requests", 0))
+        prefill = max(0, metrics["gen_prompt_tokens"] - metrics["gen_cached_tokens"])
+        path = max(metrics.get("beam_tokens") or [0])
+        out["gen_bound_s"] = gen.time(min_steps(path, decode, prefill, *gen_caps), decode, prefill)
+    if ver is not None:
+        tokens = max(0, metrics.get("ver_prompt_tokens", 0) - metrics.get("ver_cached_tokens", 0))
+        out["ver_bound_s"] = ver.time(min_steps(0, 0, tokens, *ver_caps), 0, tokens)
+    elif gen is not None and not metrics.get("ver_requests"):
+        out["ver_bound_s"] = 0.0  # no verifier work
+    return out
+
+
+COST = "cost"  # StepLog summary entry: the step log's `CostSums.to_dict()`
