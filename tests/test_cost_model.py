@@ -6,7 +6,7 @@ import random
 import pytest
 
 from tts.backends.base import StepStats
-from tts.metrics.cost_model import CostSums, fit, min_steps, problem_bounds
+from tts.metrics.cost_model import CostSums, fit, min_steps, work_bounds
 
 A, B, C = 0.055, 0.004, 0.0024  # seconds per step, per decode sequence, per prefill token
 
@@ -61,7 +61,7 @@ def test_sums_add_up_like_one_log_of_all_steps():
     whole = sums_of(steps)
     merged = CostSums.from_dict((first + second).to_dict())
     assert merged.steps == whole.steps == 50
-    assert (merged.decode, merged.prefill, merged.batch_cap) == (whole.decode, whole.prefill, whole.batch_cap)
+    assert merged.batch_cap == whole.batch_cap and merged.xtx == whole.xtx  # integer features: exact
     assert merged.xty == pytest.approx(whole.xty) and merged.wall_s == pytest.approx(whole.wall_s)
     assert fit(merged).step_s == pytest.approx(fit(whole).step_s)
 
@@ -82,7 +82,7 @@ def test_no_schedule_of_the_work_beats_the_bound():
     model = fit(sums_of(random_steps(rng, 100)))
     metrics = {"gen_tokens": sum(lengths) + len(lengths), "gen_requests": len(lengths),
                "gen_prompt_tokens": 16 * 200, "gen_cached_tokens": 16 * 180, "beam_tokens": [max(lengths)]}
-    bound = problem_bounds(metrics, model, None, (64, 4096))["gen_bound_s"]
+    bound = work_bounds([metrics], model, None, (64, 4096))["gen_bound_s"]
     times = []
     for cap in (1, 4, 16):  # run paths `cap` at a time, prefill each when it starts
         left, t, running = list(lengths), 0.0, []
@@ -103,10 +103,27 @@ def test_problem_bounds_need_a_model_for_each_model_that_worked():
     model = fit(sums_of(random_steps(random.Random(4), 50)))
     metrics = {"gen_tokens": 100, "gen_requests": 4, "gen_prompt_tokens": 400, "gen_cached_tokens": 320,
                "beam_tokens": [30, 25], "ver_prompt_tokens": 900, "ver_cached_tokens": 700, "ver_requests": 4}
-    both = problem_bounds(metrics, model, model, (64, 2048), (256, 2048))
+    both = work_bounds([metrics], model, model, (64, 2048), (256, 2048))
     assert both["gen_bound_s"] == pytest.approx(A * 30 + B * 96 + C * 80)
     assert both["ver_bound_s"] == pytest.approx(A * 1 + C * 200)
-    assert problem_bounds(metrics, model, None)["ver_bound_s"] is None  # scored, but no verifier fit
+    assert work_bounds([metrics], model, None)["ver_bound_s"] is None  # scored, but no verifier fit
     no_verifier = dict(metrics, ver_prompt_tokens=0, ver_cached_tokens=0, ver_requests=0)
-    assert problem_bounds(no_verifier, model, None)["ver_bound_s"] == 0.0
-    assert problem_bounds(metrics, None, model)["gen_bound_s"] is None
+    assert work_bounds([no_verifier], model, None)["ver_bound_s"] == 0.0
+    assert work_bounds([metrics], None, model)["gen_bound_s"] is None
+
+
+def test_problems_in_flight_together_share_steps_but_not_their_critical_paths():
+    model = fit(sums_of(random_steps(random.Random(5), 50)))
+    problems = [{"gen_tokens": 40, "gen_requests": 4, "gen_prompt_tokens": 100, "gen_cached_tokens": 60,
+                 "beam_tokens": [n]} for n in (100, 60, 80)]
+    decode, prefill = 3 * 36, 3 * 40
+
+    def steps(concurrency: int) -> float:
+        bound = work_bounds(problems, model, None, (64, 4096), concurrency=concurrency)["gen_bound_s"]
+        return (bound - B * decode - C * prefill) / A
+
+    assert steps(1) == pytest.approx(240)  # one at a time: the paths one after another
+    assert steps(2) == pytest.approx(120)  # two critical paths advance per step at most
+    assert steps(3) == pytest.approx(100) == steps(8)  # never below the longest path
+    alone = sum(work_bounds([m], model, None, (64, 4096))["gen_bound_s"] for m in problems)
+    assert alone == pytest.approx(work_bounds(problems, model, None, (64, 4096))["gen_bound_s"])

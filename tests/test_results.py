@@ -286,7 +286,7 @@ def test_cost_sums_add_up_across_a_resume_and_bound_each_variant():
     killed = {"generator": log([(4, 0), (8, 0), (2, 100)])}
     resumed = {"generator": log([(16, 0), (1, 0), (0, 300)])}
     merged = merge_step_logs(killed, resumed)["generator"]["cost"]
-    assert merged["steps"] == 6 and merged["decode"] == 31 and merged["prefill"] == 400
+    assert merged["steps"] == 6 and merged["xtx"][1][1] == 16 + 64 + 4 + 256 + 1  # decode sequences, squared
     assert merged["wall_s"] == pytest.approx(killed["generator"]["cost"]["wall_s"] + resumed["generator"]["cost"]["wall_s"])
     metrics = {"latency_s": 10.0, "generator_s": 10.0, "verifier_s": 0.0, "iterations": 1, "gen_tokens": 210,
                "gen_requests": 10, "gen_prompt_tokens": 1000, "gen_cached_tokens": 900, "beam_tokens": [100, 60],
@@ -306,6 +306,8 @@ def test_cost_sums_add_up_across_a_resume_and_bound_each_variant():
     assert a["gen_bound_s_mean"] == pytest.approx(0.05 * 100 + 0.004 * 200 + 0.002 * 100)
     assert a["latency_bound_s_mean"] == a["gen_bound_s_mean"]  # no verifier work
     assert a["bound_share"] == pytest.approx(a["latency_bound_s_mean"] / 10.0)
+    assert a["wall_bound_s"] == pytest.approx(a["latency_bound_s_mean"])  # one problem
+    assert a["problems_per_min_bound"] == pytest.approx(60.0 / a["wall_bound_s"])
     assert "latency_bound_s_mean" not in summaries["b"]  # no records: no bound
     rows = {r["metric"]: r for r in ratio_table(summaries, "a")}
     assert rows["completion latency lower bound, same work (s)"]["a"] == a["latency_bound_s_mean"]

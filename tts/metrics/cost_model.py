@@ -33,11 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from tts.backends.base import StepStats
-
-FEATURES = ("step_s", "per_decode_seq_s", "per_prefill_token_s")
 
 
 def step_features(s: StepStats) -> tuple[int, int]:
@@ -55,8 +51,6 @@ class CostSums:
     xty: list[float] = field(default_factory=lambda: [0.0] * 3)
     yy: float = 0.0
     steps: int = 0
-    decode: int = 0  # decode sequences, all steps
-    prefill: int = 0  # prefill tokens, all steps
     wall_s: float = 0.0
     batch_cap: int = 0
     token_cap: int = 0
@@ -70,8 +64,6 @@ class CostSums:
                 self.xtx[i][j] += x[i] * x[j]
         self.yy += s.wall_s * s.wall_s
         self.steps += 1
-        self.decode += decode
-        self.prefill += prefill
         self.wall_s += s.wall_s
         self.batch_cap = max(self.batch_cap, s.batch_cap)
         self.token_cap = max(self.token_cap, s.token_cap)
@@ -87,8 +79,7 @@ class CostSums:
         return CostSums(
             xtx=[[a + b for a, b in zip(r, q)] for r, q in zip(self.xtx, other.xtx)],
             xty=[a + b for a, b in zip(self.xty, other.xty)], yy=self.yy + other.yy,
-            steps=self.steps + other.steps, decode=self.decode + other.decode,
-            prefill=self.prefill + other.prefill, wall_s=self.wall_s + other.wall_s,
+            steps=self.steps + other.steps, wall_s=self.wall_s + other.wall_s,
             batch_cap=max(self.batch_cap, other.batch_cap), token_cap=max(self.token_cap, other.token_cap))
 
 
@@ -114,6 +105,8 @@ def fit(sums: CostSums) -> CostModel | None:
     """Least squares with every coefficient >= 0: a feature whose coefficient comes out
     negative (or that never varied, e.g. no decode steps in a verifier's log) is dropped and
     the rest refitted. None: fewer than 3 steps."""
+    import numpy as np
+
     if sums.steps < 3:
         return None
     xtx, xty = np.array(sums.xtx, dtype=float), np.array(sums.xty, dtype=float)
@@ -146,23 +139,28 @@ def min_steps(critical_path: int, decode: int, prefill: int, batch_cap: int = 0,
     return need
 
 
-def problem_bounds(metrics: dict, gen: CostModel | None, ver: CostModel | None,
-                   gen_caps: tuple[int, int] = (0, 0), ver_caps: tuple[int, int] = (0, 0)) -> dict:
-    """The least generator and verifier time one problem's work takes (module docstring),
-    from its record's metrics: decode sequences are its generated tokens less its requests
-    (a request's first token comes out of its prefill step), prefill tokens its uncached
-    prompt tokens, and its critical path the longest final path's generated tokens.
-    Caps are (batch cap, token cap) per step. Values are None where no model was fitted."""
+def work_bounds(problems: list[dict], gen: CostModel | None, ver: CostModel | None,
+                gen_caps: tuple[int, int] = (0, 0), ver_caps: tuple[int, int] = (0, 0),
+                concurrency: int = 1) -> dict:
+    """The least generator and verifier time the problems' work takes together (module
+    docstring), from their records' metrics: decode sequences are generated tokens less
+    requests (a request's first token comes out of its prefill step), prefill tokens the
+    uncached prompt tokens, and a problem's critical path its longest final path's
+    generated tokens. With `concurrency` problems in flight at most, a step advances at
+    most that many critical paths, so the steps are at least their sum over it (and the
+    longest one). Caps are (batch cap, token cap) per step. None where a model that
+    worked has no fit."""
     out: dict[str, float | None] = {"gen_bound_s": None, "ver_bound_s": None}
     if gen is not None:
-        decode = max(0, metrics["gen_tokens"] - metrics.get("gen_requests", 0))
-        prefill = max(0, metrics["gen_prompt_tokens"] - metrics["gen_cached_tokens"])
-        path = max(metrics.get("beam_tokens") or [0])
+        decode = sum(max(0, m["gen_tokens"] - m.get("gen_requests", 0)) for m in problems)
+        prefill = sum(max(0, m["gen_prompt_tokens"] - m["gen_cached_tokens"]) for m in problems)
+        paths = [max(m.get("beam_tokens") or [0]) for m in problems]
+        path = max(math.ceil(sum(paths) / concurrency), max(paths, default=0))
         out["gen_bound_s"] = gen.time(min_steps(path, decode, prefill, *gen_caps), decode, prefill)
+    tokens = sum(max(0, m.get("ver_prompt_tokens", 0) - m.get("ver_cached_tokens", 0)) for m in problems)
     if ver is not None:
-        tokens = max(0, metrics.get("ver_prompt_tokens", 0) - metrics.get("ver_cached_tokens", 0))
         out["ver_bound_s"] = ver.time(min_steps(0, 0, tokens, *ver_caps), 0, tokens)
-    elif gen is not None and not metrics.get("ver_requests"):
+    elif gen is not None and not tokens:
         out["ver_bound_s"] = 0.0  # no verifier work
     return out
 

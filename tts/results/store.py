@@ -53,19 +53,25 @@ class RunStore:
         subset's size and choice, and the list of compared variants (a resumed run may
         take more problems or more variants: records are per problem and variant; each
         variant's own settings, `bench.optim_overrides` included, are still compared)."""
-        import yaml
-
-        path = self.path / CONFIG
-        if not path.exists():
+        saved = self.saved_config()
+        if not saved:
             return []
-        try:
-            saved = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise ValueError(f"{path}: corrupt config ({err})") from err
         old, new = _flatten(saved), _flatten(config)
         skip = ("bench.resume", "logger.", "dataset.first_k", "dataset.random_k", "dataset.ids", "dataset.levels")
         return [f"{k}: {old[k]!r} -> {new[k]!r}" for k in sorted(old.keys() & new.keys())
                 if old[k] != new[k] and not k.startswith(skip) and k != "bench.compare"]
+
+    def saved_config(self) -> dict:
+        """The run's `config.yaml` as a dict ({} when there is none)."""
+        import yaml
+
+        path = self.path / CONFIG
+        if not path.exists():
+            return {}
+        try:
+            return yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ValueError(f"{path}: corrupt config ({err})") from err
 
     def write_config(self, yaml_text: str) -> None:
         (self.path / CONFIG).write_text(yaml_text)

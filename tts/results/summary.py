@@ -7,7 +7,7 @@ import statistics
 from pathlib import Path
 
 from tts.metrics.collector import KV_BLOCKS, summarize_problems
-from tts.metrics.cost_model import COST, CostModel, CostSums, fit, problem_bounds
+from tts.metrics.cost_model import COST, CostModel, CostSums, fit, work_bounds
 from tts.results.records import accuracy_summary
 from tts.results.store import RunStore
 
@@ -32,6 +32,7 @@ RATIO_METRICS = [
     ("gen_bound_s_mean", "generator time lower bound, same work (s)", False),
     ("latency_bound_s_mean", "completion latency lower bound, same work (s)", False),
     ("bound_share", "latency bound / latency (1: nothing left to schedule)", True),
+    ("problems_per_min_bound", "problems/min ceiling, same work", True),
     ("gen_batch_util_mean", "generator batch utilisation", True),
     ("gen_running_mean", "generator requests per step", True),
     ("step_tokens_mean", "step tokens (mean)", True),
@@ -81,15 +82,19 @@ def cost_models(summaries: dict[str, dict]) -> dict[str, CostModel | None]:
     return out
 
 
-def add_bounds(summary: dict, records: list[dict], models: dict[str, CostModel | None]) -> None:
-    """The variant's lower bounds under the run's cost models: per problem, then their
-    means, and the share of the measured latency the bound is."""
+def add_bounds(summary: dict, records: list[dict], models: dict[str, CostModel | None],
+               concurrency: int = 1) -> None:
+    """The variant's lower bounds under the run's cost models: per problem on its own, their
+    means and the share of the measured latency they are; and for the whole variant, with
+    `concurrency` problems in flight at most, the least wall time and so the most
+    problems/min its work allows."""
     caps = {}
     for model in ("generator", "verifier"):
         sums = CostSums.from_dict((summary.get(model) or {}).get(COST, {}))
         caps[model] = (sums.batch_cap, sums.token_cap)
-    per = [problem_bounds(r["metrics"], models.get("generator"), models.get("verifier"),
-                          caps["generator"], caps["verifier"]) for r in records]
+    gen, ver = models.get("generator"), models.get("verifier")
+    metrics = [r["metrics"] for r in records]
+    per = [work_bounds([m], gen, ver, caps["generator"], caps["verifier"]) for m in metrics]
     if not per or any(b["gen_bound_s"] is None or b["ver_bound_s"] is None for b in per):
         return
     summary["gen_bound_s_mean"] = statistics.fmean(b["gen_bound_s"] for b in per)
@@ -97,6 +102,10 @@ def add_bounds(summary: dict, records: list[dict], models: dict[str, CostModel |
     summary["latency_bound_s_mean"] = summary["gen_bound_s_mean"] + summary["ver_bound_s_mean"]
     if summary.get("latency_s_mean"):
         summary["bound_share"] = summary["latency_bound_s_mean"] / summary["latency_s_mean"]
+    whole = work_bounds(metrics, gen, ver, caps["generator"], caps["verifier"], concurrency)
+    summary["wall_bound_s"] = whole["gen_bound_s"] + whole["ver_bound_s"]
+    if summary["wall_bound_s"] > 0:
+        summary["problems_per_min_bound"] = 60.0 * len(records) / summary["wall_bound_s"]
 
 
 def ratio_table(summaries: dict[str, dict], baseline: str) -> list[dict]:
@@ -168,8 +177,9 @@ def write_summary(store: RunStore, names: list[str], step_logs: dict[str, dict])
         log = step_logs.get(name) or {k: v for k, v in old.get(name, {}).items() if k in ("generator", "verifier", KV_BLOCKS)}
         summaries[name] = variant_summary(mine, log or None, variant_wall(mine, name) or None)
     models = cost_models(summaries)
+    concurrency = int((store.saved_config().get("bench") or {}).get("concurrency") or 1)
     for name in names:
-        add_bounds(summaries[name], [r for r in records if r.get("variant", "") == name], models)
+        add_bounds(summaries[name], [r for r in records if r.get("variant", "") == name], models, concurrency)
     summary = {"variants": summaries, "baseline": names[0],
                "cost_model": {m: (cm.to_dict() if cm else None) for m, cm in models.items()}}
     if len(names) > 1:
