@@ -31,7 +31,7 @@ fit's error (its r2 is reported with it).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from tts.backends.base import StepStats
 
@@ -44,8 +44,9 @@ def step_features(s: StepStats) -> tuple[int, int]:
 
 @dataclass
 class CostSums:
-    """Normal-equation sums of the step model over observed steps (additive), plus the
-    totals and caps the bound needs."""
+    """Normal-equation sums of the step model over observed steps (additive), the steps'
+    count and total wall time (for r2), and the largest batch and token caps seen (for the
+    bound's fewest steps)."""
 
     xtx: list[list[float]] = field(default_factory=lambda: [[0.0] * 3 for _ in range(3)])
     xty: list[float] = field(default_factory=lambda: [0.0] * 3)
@@ -69,7 +70,7 @@ class CostSums:
         self.token_cap = max(self.token_cap, s.token_cap)
 
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> CostSums:
@@ -95,10 +96,6 @@ class CostModel:
 
     def time(self, steps: float, decode: float, prefill: float) -> float:
         return self.step_s * steps + self.per_decode_seq_s * decode + self.per_prefill_token_s * prefill
-
-    def to_dict(self) -> dict:
-        return {"step_s": self.step_s, "per_decode_seq_s": self.per_decode_seq_s,
-                "per_prefill_token_s": self.per_prefill_token_s, "steps": self.steps, "r2": self.r2}
 
 
 def fit(sums: CostSums) -> CostModel | None:

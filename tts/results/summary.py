@@ -4,6 +4,7 @@ and the plots (ablation bars, batch utilisation over time, histograms)."""
 from __future__ import annotations
 
 import statistics
+from dataclasses import asdict
 from pathlib import Path
 
 from tts.metrics.collector import KV_BLOCKS, summarize_problems
@@ -171,17 +172,17 @@ def write_summary(store: RunStore, names: list[str], step_logs: dict[str, dict])
         old = store.summary().get("variants", {})
     except (FileNotFoundError, ValueError):
         pass
+    by_variant = {name: [r for r in records if r.get("variant", "") == name] for name in names}
     summaries = {}
-    for name in names:
-        mine = [r for r in records if r.get("variant", "") == name]
+    for name, mine in by_variant.items():
         log = step_logs.get(name) or {k: v for k, v in old.get(name, {}).items() if k in ("generator", "verifier", KV_BLOCKS)}
         summaries[name] = variant_summary(mine, log or None, variant_wall(mine, name) or None)
-    models = cost_models(summaries)
+    models = cost_models(summaries)  # on every variant's steps: bounds need them all first
     concurrency = int((store.saved_config().get("bench") or {}).get("concurrency") or 1)
-    for name in names:
-        add_bounds(summaries[name], [r for r in records if r.get("variant", "") == name], models, concurrency)
+    for name, mine in by_variant.items():
+        add_bounds(summaries[name], mine, models, concurrency)
     summary = {"variants": summaries, "baseline": names[0],
-               "cost_model": {m: (cm.to_dict() if cm else None) for m, cm in models.items()}}
+               "cost_model": {m: (asdict(cm) if cm else None) for m, cm in models.items()}}
     if len(names) > 1:
         for name in names:
             summaries[name]["same_candidates"] = same_candidates(records, names[0], name)
