@@ -66,7 +66,17 @@ def eval_(target: Annotated[Optional[str], typer.Argument(help="A run folder to 
         from tts.cli_support import regrade
 
         raise typer.Exit(regrade(Path(target)))
+    if target and _looks_like_path(target):  # not an override: a run folder that is not there
+        what = "not a folder" if Path(target).exists() else "no such run folder"
+        typer.secho(f"error: {target}: {what} (give a tts run folder, or Hydra overrides such as "
+                    "dataset=aime24)", fg="red", err=True)
+        raise typer.Exit(2)
     _run(config_name, ([target] if target else []) + list(overrides or []), multirun, cfg, resume)
+
+
+def _looks_like_path(arg: str) -> bool:
+    """A path, not a Hydra override: no `=`, and a path separator or a leading `.`."""
+    return "=" not in arg and ("/" in arg or os.sep in arg or arg.startswith("."))
 
 
 @app.command("profile-memory")

@@ -4,15 +4,21 @@ math-verify's own timeouts use ``signal.alarm``, which breaks in threads. Gradin
 therefore runs in worker processes; the parent waits with ``future.result(timeout)``
 and, when a task overruns, kills the pool's workers and starts a fresh pool.
 
-Workers are started with the "spawn" method, which re-imports the main script in
-each worker: a script that grades at top level needs an ``if __name__ == "__main__":``
-guard (console scripts and ``python -m`` modules are fine).
+How workers start (`start_method`): with "fork" where that is safe, i.e. on POSIX in a
+process that has loaded neither torch nor vLLM and runs no other Python thread. A forked
+worker does not re-import the main script, so a plain script that calls ``grade_answer``
+at top level, without an ``if __name__ == "__main__":`` guard, grades once and is not run
+again in every worker. Elsewhere (a process running vLLM or torch, whose threads make
+``fork`` unsafe; or a platform without ``fork``) workers start with "spawn", which
+re-imports the main script in each worker: there a script that grades at top level needs
+that guard (console scripts such as ``tts`` and ``python -m`` modules are fine).
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -40,6 +46,18 @@ def num_workers() -> int:
     return int(value)
 
 
+_THREADED_LIBS = ("torch", "vllm")  # loaded: their native threads make fork unsafe
+
+
+def start_method() -> str:
+    """"fork" where it is safe (POSIX, no torch or vLLM loaded, no other Python thread),
+    else "spawn" (module docstring)."""
+    safe = ("fork" in multiprocessing.get_all_start_methods()
+            and not any(name in sys.modules for name in _THREADED_LIBS)
+            and threading.active_count() == 1)
+    return "fork" if safe else "spawn"
+
+
 def _start_pool() -> ProcessPoolExecutor:
     """Start a pool and wait until its workers run.
 
@@ -47,8 +65,9 @@ def _start_pool() -> ProcessPoolExecutor:
     never counts against a grading timeout.
     """
     workers = num_workers()
+    method = start_method()
     pool = ProcessPoolExecutor(
-        max_workers=workers, mp_context=multiprocessing.get_context("spawn"), initializer=init_worker
+        max_workers=workers, mp_context=multiprocessing.get_context(method), initializer=init_worker
     )
     try:
         pings = [pool.submit(ready) for _ in range(workers)]
@@ -56,17 +75,17 @@ def _start_pool() -> ProcessPoolExecutor:
             ping.result(timeout=_STARTUP_TIMEOUT_S)
     except (BrokenProcessPool, TimeoutError) as error:
         _kill(pool)
+        hint = ('Workers use the "spawn" start method here (torch or vLLM is loaded), which '
+                're-imports the main script: guard its top-level code with '
+                '`if __name__ == "__main__":`, and do not run it from stdin.') if method == "spawn" else ""
         raise RuntimeError(
-            "grading worker processes failed to start (their error is printed above). "
-            'Workers use the "spawn" start method, which re-imports the main script: '
-            'guard its top-level code with `if __name__ == "__main__":`, and do not '
-            "run it from stdin."
+            f"grading worker processes failed to start (their error is printed above). {hint}"
         ) from error
     return pool
 
 
 def get_pool() -> ProcessPoolExecutor:
-    """Return the module-level pool, starting it (spawn context) on first use."""
+    """Return the module-level pool, starting it (`start_method`) on first use."""
     global _POOL
     with _LOCK:
         if _POOL is None:

@@ -31,7 +31,7 @@ def test_default_config_composes_to_the_schema():
     ("optim.lookahead=true", "optim.lookahead: needs optim.speculative=true"),
     ("memory.block_size=16", "memory.block_size: 16 is not a multiple of 32"),
     ("logger.mode=loud", "logger.mode: valid choices: online, offline, disabled"),
-    ("generator.sampler=gumbel", "expected one of [position, vllm]"),
+    ("generator.sampler=gumbel", "expected one of [auto, position, vllm]"),
     ("optim.lookahead_scope=some", "expected one of [auto, all, kept]"),
 ])
 def test_bad_config_names_field_and_choices(override, needle):
@@ -107,7 +107,7 @@ def test_help_imports_nothing_heavy():
     assert out.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("sampler,mode", [("position", "context"), ("vllm", "stream")])
+@pytest.mark.parametrize("sampler,mode", [("position", "context"), ("vllm", "stream"), ("auto", "context")])
 def test_fake_generator_follows_the_sampler(sampler, mode):
     """The fake backend's sampling modes are the two samplers' semantics."""
     from tts.backends.factory import Backends, static_split
@@ -116,7 +116,7 @@ def test_fake_generator_follows_the_sampler(sampler, mode):
     cfg = validate(compose("config", ["generator.backend=fake", "verifier.backend=fake",
                                       f"generator.sampler={sampler}"]))
     gen, _ = Backends(cfg).get(*static_split(cfg))
-    assert gen.sampling == mode and gen.resumable_sampling == (sampler == "position")
+    assert gen.sampling == mode and gen.resumable_sampling == (mode == "context")
 
 
 def test_optim_overrides_apply_to_every_compare_variant():

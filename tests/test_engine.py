@@ -81,6 +81,20 @@ def test_concurrency_one_runs_problems_in_turn():
     assert [o.problem.id for o in outs] == ["a", "b"]
 
 
+def test_fresh_cache_per_problem_makes_a_problem_independent_of_the_one_before():
+    """A problem started on empty prefix caches records what it records when run alone,
+    cached tokens included; without the reset it inherits the one before's prefixes."""
+    def metrics(fresh, problems):
+        outs, *_ = run(answering, problems=problems, concurrency=1, fresh_cache_per_problem=fresh)
+        o = outs[-1]
+        return o.metrics.gen_cached_tokens, sorted(b.text for b in o.candidates)
+
+    alone = metrics(True, ("b",))
+    assert metrics(True, ("a", "b")) == alone
+    after = metrics(False, ("a", "b"))
+    assert after[1] == alone[1] and after[0] > alone[0]  # same tree, the system prompt was cached
+
+
 def candidates(outs):
     return [[(b.text, b.scores) for b in o.candidates] for o in outs]
 

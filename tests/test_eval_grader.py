@@ -234,8 +234,10 @@ def test_run_batch_crashing_task_is_isolated_and_gets_timeout() -> None:
 
 
 def test_unguarded_script_gets_a_clear_start_up_error(tmp_path: Path) -> None:
+    """With torch loaded the workers must spawn, which re-runs the main script: an
+    unguarded one gets a start-up error that says what to do."""
     script = tmp_path / "unguarded.py"
-    script.write_text('from eval import grade_answer\nprint(grade_answer("x+1", "1+x"))\n')
+    script.write_text('import torch\nfrom eval import grade_answer\nprint(grade_answer("x+1", "1+x"))\n')
     repo = Path(__file__).parents[1]
     done = subprocess.run(
         [sys.executable, str(script)], cwd=repo, env={"PYTHONPATH": str(repo), "PATH": "/usr/bin:/bin"},
@@ -274,3 +276,26 @@ def test_a_long_bare_answer_is_still_an_answer() -> None:
     vector = "\\begin{pmatrix} 16/49 \\\\ 48/49 \\\\ 24/49 \\end{pmatrix}"
     assert select_answer(vector) == vector
     assert grade_answer(vector, vector).reason == "correct"
+
+
+def test_a_script_without_a_main_guard_grades_once(tmp_path: Path) -> None:
+    """A plain script that grades at top level, as other tools call it: the grading workers
+    do not re-run it (they fork where no torch or vLLM is loaded), so it prints once."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "from eval import grade_answer\n"
+        "from eval.pool import start_method\n"
+        "print('RUN', start_method(), flush=True)\n"
+        "print('VERDICT', grade_answer('1/2', 'so \\\\boxed{0.5}').correct, flush=True)\n")
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240,
+                          cwd=tmp_path, env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["RUN fork", "VERDICT True"]
+
+
+def test_spawn_is_kept_where_fork_is_unsafe(monkeypatch) -> None:
+    import eval.pool as pool
+
+    monkeypatch.setitem(sys.modules, "torch", sys.modules.get("torch") or object())
+    assert pool.start_method() == "spawn"

@@ -3,6 +3,11 @@
 Invariants checked on the real outputs: each beam's text is its steps' concatenation,
 token counts match the tokenizer, scores lie in [0, 1], selections respect the policy,
 every record is complete. Also the benchmark path (`run_bench`) end to end.
+
+The models run in the dtype `auto` gives this host (bf16 where the CPU has it, else
+float32), except where a test asserts exact equality of trees or records: those pin
+float32 (`EXACT`), the only dtype in which a row's logits do not depend on the batch or
+the prefix cache. `test_bf16_search_is_a_valid_search` runs bf16 explicitly.
 """
 
 import json
@@ -23,6 +28,7 @@ pytestmark = [pytest.mark.vllm,
 TINY = ["logger=none", "search.n=4", "search.beam_width=2", "search.max_iterations=2",
         "generator.step_max_tokens=12", "generator.max_total_tokens=36", "memory.kv_cache_gib=0.25",
         "memory.generator_max_num_seqs=8", "memory.verifier_max_num_seqs=8"]
+EXACT = ["generator.dtype=float32", "verifier.dtype=float32"]
 ALGOS = ["beam", "dvts", "best_of_n", "self_consistency", "dynamic_branching", "varying_granularity"]
 
 
@@ -113,7 +119,7 @@ def test_run_on_speculation_keeps_the_baseline_tree_with_position_sampling(backe
     baseline. (The same run with `generator.sampler=vllm` ends with other candidates: the
     run-on tokens come from another random stream.)"""
     common = ["search.max_iterations=4", "optim.eos_at_depth_limit=false", "generator.step_max_tokens=40",
-              "generator.max_total_tokens=160"]
+              "generator.max_total_tokens=160", *EXACT]
     _, base = engine_for(backends, "optim=baseline", *common)
     expected, _ = final_candidates(base, "What is 10 - 4?")
     _, spec = engine_for(backends, "optim=PMS", "optim.roofline_memory=false", "optim.spec_truncate_ratio=0",
@@ -121,6 +127,30 @@ def test_run_on_speculation_keeps_the_baseline_tree_with_position_sampling(backe
     got, m = final_candidates(spec, "What is 10 - 4?")
     assert spec.gen.resumable_sampling and m.spec_used > 0
     assert got == expected
+
+
+@pytest.mark.parametrize("dtype, position", [("float32", True), ("bfloat16", False)])
+def test_auto_sampler_is_position_only_where_logits_are_exact(backends, dtype, position):
+    _, engine = engine_for(backends, f"generator.dtype={dtype}", "generator.sampler=auto")
+    assert engine.gen.resumable_sampling is position
+    assert engine.gen.llm.llm_engine.model_config.dtype == getattr(__import__("torch"), dtype)
+
+
+def test_bf16_search_is_a_valid_search(backends):
+    """PMS in bf16, explicitly (so a float32 host runs the bf16 path too): every final path
+    is its steps, scores are probabilities, speculation is accounted for, nothing is left
+    running. Exact trees are not asserted: bf16 logits move with the batch."""
+    cfg, engine = engine_for(backends, "optim=PMS", "optim.roofline_memory=false", "generator.dtype=bfloat16",
+                             "verifier.dtype=bfloat16", "search.max_iterations=3", "optim.eos_at_depth_limit=false")
+    out = next(iter(engine.run([ProblemInput("b1", "What is 10 - 4?")])))
+    assert len(out.candidates) == cfg.search.n
+    for beam in out.candidates:
+        assert beam.text == "".join(s.text for s in beam.steps)
+        assert beam.num_tokens <= cfg.generator.max_total_tokens
+        assert all(s is not None and 0.0 <= s <= 1.0 for s in beam.scores)
+    m = out.metrics
+    assert m.spec_generated > 0 and 0 <= m.spec_used <= m.spec_generated
+    assert engine.gen.num_unfinished() == 0
 
 
 def test_decoupled_engine_on_real_vllm(backends):
@@ -206,3 +236,41 @@ def test_missing_model_folder_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope"):
         Backends(cfg).get(*static_split(cfg))
 
+
+
+def _without_timing(record: dict) -> dict:
+    """A record less what the clock decides (seconds, rates, and completion times)."""
+    timing = ("_s", "goodput", "per_s", "per_min", "completion")
+    metrics = {k: v for k, v in record["metrics"].items() if not any(t in k for t in timing)}
+    candidates = [{k: v for k, v in c.items() if k != "completed_at"} for c in record["candidates"]]
+    return {**{k: v for k, v in record.items() if k not in ("metrics", "variant_wall_s")},
+            "metrics": metrics, "candidates": candidates}
+
+
+def test_killed_and_resumed_run_repeats_the_uninterrupted_records(tmp_path):
+    """float32, concurrency 1: a run killed during its second problem and resumed in a fresh
+    engine has the uninterrupted run's records, timing aside. Each problem starts on empty
+    prefix caches (bench.fresh_cache_per_problem), so the re-run problem sees what it saw
+    the first time."""
+    args = TINY + EXACT + ["dataset.first_k=2", "search.max_iterations=3", f"bench.results_dir={tmp_path}"]
+    whole = RunStore(run_bench(compose("config", args + ["bench.run_name=whole"]))).records()
+    killed = run_bench(compose("config", args + ["bench.run_name=killed"]))
+    lines = (killed / "records.jsonl").read_text().splitlines(keepends=True)
+    (killed / "records.jsonl").write_text(lines[0] + lines[1][: len(lines[1]) // 2])  # torn mid-write
+    resumed = RunStore(run_bench(compose("config", args + ["bench.run_name=killed", "bench.resume=true"]))).records()
+    assert len(whole) == len(resumed) == 2
+    assert [_without_timing(r) for r in resumed] == [_without_timing(r) for r in whole]
+    assert whole[1]["metrics"]["gen_cached_tokens"] == resumed[1]["metrics"]["gen_cached_tokens"]
+
+
+def test_ceiling_benchmark_times_every_path_on_equal_work(tmp_path):
+    cfg = compose("ceiling", ["logger=none", "dataset=embedded", "ceiling.batches=[1,3]", "ceiling.new_tokens=6",
+                              "ceiling.repeats=1", f"bench.results_dir={tmp_path}", "bench.run_name=c"])
+    summary = json.loads((run_bench(cfg) / "summary.json").read_text())
+    rows = summary["ceiling"]
+    assert [(r["batch"], r["sampler"]) for r in rows] == [(1, "vllm"), (1, "position"), (3, "vllm"), (3, "position")]
+    for r in rows:
+        assert r["raw_tok_s"] > 0 and r["engine_tok_s"] > 0
+        assert r["ratio"] == pytest.approx(r["engine_tok_s"] / r["raw_tok_s"])  # one repeat: the ratio of the two
+    assert summary["host"]["dtype"]["generator"] in ("bfloat16", "float32")
+    assert "| batch | raw tok/s |" in summary["ceiling_table_md"]

@@ -63,3 +63,44 @@ def test_a_uniform_at_the_top_never_runs_off_the_vocabulary() -> None:
     logits = torch.tensor([[0.0, 0.0, -math.inf]])
     got = sample_rows(logits, torch.ones(1), torch.ones(1), torch.tensor([1.0 - 2 ** -53], dtype=torch.float64))
     assert got.tolist() == [1]
+
+
+def test_vectorised_uniforms_are_the_scalar_function() -> None:
+    import numpy as np
+
+    from tts.backends.position_sampling import position_uniforms
+
+    seeds = [0, 1, 5, 2**31 - 1, 2**40 + 3, 2**64 - 1]
+    positions = [0, 1, 17, 4096, 2**20, 123456]
+    got = position_uniforms(np.array(seeds, dtype=np.uint64), np.array(positions, dtype=np.int64))
+    assert got.tolist() == [position_uniform(s, p) for s, p in zip(seeds, positions)]
+
+
+def test_a_large_vocabulary_is_searched_block_by_block_exactly() -> None:
+    """Vocabularies of several blocks, one not a multiple of the block: the draws follow the
+    softmax, land only on tokens of positive probability, and a row's token is the same
+    alone as in a batch."""
+    torch.manual_seed(0)
+    vocab = 1000  # 4 blocks of 256, the last one short
+    logits = torch.randn(vocab) * 2
+    logits[::7] = float("-inf")  # masked tokens, some at block edges
+    n = 20000
+    tokens = sample_rows(logits.expand(n, -1).clone(), torch.full((n,), 0.9), torch.ones(n), stratified(n))
+    freq = torch.bincount(tokens, minlength=vocab).double() / n
+    expected = torch.softmax(logits.double() / 0.9, dim=-1)
+    assert (freq[::7] == 0).all()
+    assert (freq - expected).abs().max() < 2e-3
+    batch = torch.randn(9, vocab)
+    u = torch.rand(9, dtype=torch.float64)
+    together = sample_rows(batch.clone(), torch.full((9,), 0.7), torch.full((9,), 0.95), u)
+    alone = [sample_rows(batch[i:i + 1].clone(), torch.tensor([0.7]), torch.tensor([0.95]), u[i:i + 1]).item()
+             for i in range(9)]
+    assert together.tolist() == alone
+
+
+def test_sampling_in_place_gives_the_same_tokens() -> None:
+    logits = torch.randn(5, 700)
+    u = torch.rand(5, dtype=torch.float64)
+    args = (torch.full((5,), 0.8), torch.ones(5), u)
+    copy = sample_rows(logits, *args)
+    assert torch.equal(sample_rows(logits.clone(), *args, nucleus=False, inplace=True), copy)

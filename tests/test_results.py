@@ -183,6 +183,66 @@ def test_regrade_rebuilds_summary(tmp_path):
     assert json.loads((path / "summary.json").read_text())["variants"]["baseline"]["num_problems"] == 3
 
 
+def test_eval_of_a_run_killed_during_its_first_record_is_a_clear_error(tmp_path):
+    """`kill -9` mid-write can leave records.jsonl holding only a torn line: `tts eval`
+    names the file and the way on (--resume) instead of crashing; with whole records before
+    the torn line it re-grades those."""
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    path = bench(tmp_path)
+    lines = (path / RECORDS).read_text().splitlines(keepends=True)
+    (path / RECORDS).write_text(lines[0][:50])
+    result = CliRunner().invoke(app, ["eval", str(path)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "holds no complete record" in result.output and "--resume" in result.output
+    (path / RECORDS).write_text(lines[0] + lines[1][:50])
+    result = CliRunner().invoke(app, ["eval", str(path)])
+    assert result.exit_code == 0, result.output
+    assert json.loads((path / "summary.json").read_text())["variants"]["baseline"]["num_problems"] == 1
+
+
+@pytest.mark.parametrize("arg", ["/no/such/folder", "./missing-run", "results/nope"])
+def test_eval_of_a_missing_run_folder_says_so(arg):
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    result = CliRunner().invoke(app, ["eval", arg])
+    assert result.exit_code == 2
+    assert f"{arg}: no such run folder" in result.output and "extraneous input" not in result.output
+
+
+def test_every_run_records_its_host(tmp_path):
+    from tts.results.host import host_line
+
+    path = bench(tmp_path)
+    host = json.loads((path / "summary.json").read_text())["host"]
+    assert host["dtype"] == {"generator": "fake", "verifier": "fake"} and host["sampler"] == "position"
+    assert host["cores"] >= 1 and host["threads"] >= 1 and isinstance(host["native_bf16"], bool)
+    assert host["cpu_model"] and host["torch"]
+    line = host_line(host)
+    assert line.startswith(f"host: {host['cpu_model']} (") and "dtype generator fake" in line
+
+
+def test_report_warns_when_hosts_or_dtypes_differ(tmp_path):
+    from tts.report import write_report
+
+    a, b = bench(tmp_path, name="a"), bench(tmp_path, name="b")
+    same = json.loads((write_report([str(a), str(b)], out=tmp_path / "r1").parent / "report.json").read_text())
+    assert same["host_warnings"] == []
+    summary = json.loads((b / "summary.json").read_text())
+    summary["host"]["dtype"]["generator"] = "bfloat16"
+    summary["host"]["cpu_model"] = "Another CPU"
+    (b / "summary.json").write_text(json.dumps(summary))
+    report = write_report([str(a), str(b)], out=tmp_path / "r2")
+    warnings = json.loads((report.parent / "report.json").read_text())["host_warnings"]
+    assert any(w.startswith("cpu_model differs") for w in warnings)
+    assert any(w.startswith("dtype differs") for w in warnings)
+    assert "different hosts or dtypes" in report.read_text()
+
+
 def test_run_completes_when_wandb_is_unavailable(tmp_path, monkeypatch):
     import wandb
 

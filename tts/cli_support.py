@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from dataclasses import dataclass
@@ -86,6 +87,15 @@ def run_jobs(jobs: list[Job]) -> int:
 
 
 def _with_progress(fn, cfg: DictConfig) -> Path:
+    if cfg.bench.mode == "ceiling":
+        from tts.benchmarks.ceiling import run_ceiling
+
+        with console.status("ceiling: timing raw vLLM and the engine's generator path") as status:
+            return run_ceiling(cfg, progress=lambda b: status.update(f"ceiling: batch {b} done"))
+    return _run_search(fn, cfg)
+
+
+def _run_search(fn, cfg: DictConfig) -> Path:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from tts.runner import load_problems_for, variant_optims
@@ -110,8 +120,16 @@ def _with_progress(fn, cfg: DictConfig) -> Path:
 def print_summary(path: Path) -> None:
     from tts.results.store import RunStore
 
+    from tts.results.host import host_line
+
     summary = RunStore(path).summary()
     out = Console()
+    line = host_line(summary.get("host"))
+    out.print(line, soft_wrap=True, highlight=False, markup=False)
+    if "ceiling" in summary:
+        out.print(summary["ceiling_table_md"], soft_wrap=True, highlight=False, markup=False)
+        out.print(f"results: {path}", soft_wrap=True)
+        return
     table = Table(title="tts bench summary")
     names = list(summary["variants"])
     table.add_column("metric")
@@ -128,7 +146,8 @@ def print_summary(path: Path) -> None:
         table.add_row(k, *[("-" if v is None else f"{v:.3g}" if isinstance(v, float) else str(v)) for v in vals])
     out.print(table)
     if "ratio_table_md" in summary:
-        out.print(summary["ratio_table_md"])
+        out.print(line, soft_wrap=True, highlight=False, markup=False)
+        out.print(summary["ratio_table_md"], soft_wrap=True, highlight=False, markup=False)
     out.print(f"results: {path}", soft_wrap=True)
 
 
@@ -142,7 +161,16 @@ def regrade(path: Path) -> int:
     if not (path / RECORDS).exists():
         console.print(f"[red]error:[/red] {path} has no {RECORDS}: not a tts run folder")
         return 2
-    records = store.records()
+    try:
+        records = store.records()  # a torn last line (a kill mid-write) is left out, as --resume does
+    except ValueError as err:  # a malformed line elsewhere: named with its file and line
+        console.print(f"[red]error:[/red] {escape(str(err))}")
+        return 2
+    if not records:
+        console.print(f"[red]error:[/red] {escape(str(path / RECORDS))} holds no complete record to "
+                      "grade (a run killed before its first record was whole); `tts bench "
+                      f"bench.run_name={escape(path.name)} --resume` continues it")
+        return 2
     for r in records:
         r.update(grade_candidates(r["gold"], r["candidates"]))
     (path / RECORDS).write_text("".join(__import__("json").dumps(r) + "\n" for r in records))
@@ -172,6 +200,10 @@ def run_report(runs: list[Path], baseline: str | None, out: Path | None) -> int:
     except ReportError as err:
         console.print(f"[red]error:[/red] {escape(str(err))}")
         return 2
+    warnings = json.loads((path.parent / "report.json").read_text()).get("host_warnings") or []
+    for warning in warnings:
+        console.print(f"[yellow]warning:[/yellow] runs from different hosts or dtypes, ratios do "
+                      f"not compare: {escape(warning)}")
     Console().print(f"report written to {path}")
     return 0
 

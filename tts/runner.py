@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tts.backends.factory import Backends, read_prompt, static_split
 from tts.config.compose import CONF_DIR, ConfigError, preset_optims, to_yaml, validate
-from tts.config.schema import BackendKind, Config, EngineKind, OptimConfig
+from tts.config.schema import BackendKind, BenchMode, Config, EngineKind, OptimConfig
 from tts.engine.base import EngineOptions, ProblemInput
 from tts.engine.sync import SyncEngine
 from tts.memory.thrash import attach_counters, detach_counters
@@ -76,7 +76,7 @@ def engine_options(cfg: Config, optim: OptimConfig) -> EngineOptions:
         spec_truncate_ratio=optim.spec_truncate_ratio,
         spec_truncate_std=optim.spec_truncate_std, spec_branches=optim.spec_branches,
         temperature=cfg.generator.temperature,
-        top_p=cfg.generator.top_p)
+        top_p=cfg.generator.top_p, fresh_cache_per_problem=cfg.bench.fresh_cache_per_problem)
 
 
 def spec_batch_cap(cfg: Config, optim: OptimConfig) -> int:
@@ -121,9 +121,34 @@ def build_engine(cfg: Config, optim: OptimConfig, backends: Backends):
     return engine
 
 
+def resolved_dtypes(cfg: Config) -> dict[str, str]:
+    """The dtype each model runs in (`dtype: auto` resolved for this host)."""
+    from tts.backends.vllm_engine import read_hf_config, resolve_dtype
+    from tts.models.cache import resolve_model
+
+    out = {}
+    for role, model in (("generator", cfg.generator), ("verifier", cfg.verifier)):
+        if model.backend is BackendKind.fake:
+            out[role] = "fake"
+        else:
+            out[role] = resolve_dtype(model.dtype, read_hf_config(resolve_model(model.model)))
+    return out
+
+
+def run_host(cfg: Config) -> dict:
+    """This run's host, with its models' dtypes and the generator's sampler."""
+    from tts.backends.factory import resolve_sampler
+    from tts.results.host import host_info
+
+    return host_info(resolved_dtypes(cfg), resolve_sampler(cfg).value)
+
+
 def run_bench(cfg_node: DictConfig, progress: Callable | None = None) -> Path:
     """Run the configured benchmark; returns the results folder."""
     cfg: Config = validate(cfg_node)
+    if cfg.bench.mode is BenchMode.ceiling:
+        from tts.benchmarks.ceiling import run_ceiling
+        return run_ceiling(cfg_node)
     problems = load_problems_for(cfg)
     if not problems:
         raise ConfigError("dataset: the subset selects no problems")
@@ -136,6 +161,7 @@ def run_bench(cfg_node: DictConfig, progress: Callable | None = None) -> Path:
             raise ConfigError(f"--resume: {store.path} was run with other settings ({'; '.join(changed)}); "
                               "resume with the same ones, or choose another bench.run_name")
     store.write_config(to_yaml(cfg_node))
+    host = run_host(cfg)
     done = store.done_keys() if cfg.bench.resume else set()
     logger = RunLogger(cfg.logger.wandb, cfg.logger.mode, cfg.logger.project, cfg.logger.entity,
                        list(cfg.logger.tags), store.path,
@@ -174,7 +200,7 @@ def run_bench(cfg_node: DictConfig, progress: Callable | None = None) -> Path:
                 detach_counters(counters)
     finally:
         backends.close()
-    summary, plots = write_summary(store, [n for n, _ in variants], step_logs)
+    summary, plots = write_summary(store, [n for n, _ in variants], step_logs, host)
     logger.log_summary(summary, {"records": _table_rows(store.records())}, plots)
     logger.finish()
     return store.path

@@ -35,6 +35,7 @@ class GenRequest:
     seed: int
     temperature: float = 0.8
     top_p: float = 1.0
+    ignore_eos: bool = False  # run to max_tokens (benchmarks that need equal work per path)
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,12 @@ class Generator(ABC):
     def set_limits(self, batch_cap: int | None = None) -> None:
         """Change the batch cap between steps (memory allocation policy); optional."""
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix, so that what runs next does not depend on what ran
+        before; False when it cannot now (requests still hold blocks). Optional: a backend
+        without a prefix cache has nothing to forget."""
+        return True
+
     def close(self) -> None:
         """Free the model; optional."""
 
@@ -168,6 +175,10 @@ class Verifier(ABC):
 
     def set_limits(self, batch_cap: int | None = None) -> None:
         """Change the batch cap between calls (memory allocation policy); optional."""
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (see `Generator.reset_prefix_cache`); optional."""
+        return True
 
     def close(self) -> None:
         """Free the model; optional."""

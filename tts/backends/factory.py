@@ -39,42 +39,62 @@ def static_split(cfg: Config) -> tuple[EngineSpec, EngineSpec]:
             EngineSpec(total - gen, cfg.memory.verifier_max_num_seqs))
 
 
+def resolve_sampler(cfg: Config) -> Sampler:
+    """The sampler the generator really uses: `generator.sampler`, with `auto` resolved to
+    `position` where the generator's logits are exact (float32, or batch-invariant kernels:
+    `vllm_engine.exact_logits`) and to vLLM's own sampler where they are not (bf16). The
+    fake backend is exact: `auto` is `position` there."""
+    g = cfg.generator
+    if g.sampler is not Sampler.auto:
+        return g.sampler
+    if g.backend is BackendKind.fake:
+        return Sampler.position
+    from tts.backends.vllm_engine import exact_logits, read_hf_config
+    from tts.models.cache import resolve_model
+
+    exact = exact_logits(g.dtype, read_hf_config(resolve_model(g.model)))
+    return Sampler.position if exact else Sampler.vllm
+
+
 class Backends:
-    """Owns the two backends of a run; rebuilds an engine only when its spec changes."""
+    """Owns the two backends of a run; rebuilds an engine only when its spec, model, dtype
+    or sampler changes."""
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
-        self._gen: tuple[EngineSpec, Generator] | None = None
-        self._ver: tuple[EngineSpec, Verifier] | None = None
+        self._gen: tuple[tuple, Generator] | None = None
+        self._ver: tuple[tuple, Verifier] | None = None
 
     def get(self, gen_spec: EngineSpec, ver_spec: EngineSpec | None) -> tuple[Generator, Verifier | None]:
-        if self._gen is None or self._gen[0] != gen_spec:
+        g, v = self.cfg.generator, self.cfg.verifier
+        gen_key = (gen_spec, g.model, g.backend, g.dtype, g.sampler)
+        if self._gen is None or self._gen[0] != gen_key:
             self._close(self._gen)
             self._gen = None  # a failed build must not leave the closed engine behind
-            self._gen = (gen_spec, self._make_generator(gen_spec))
+            self._gen = (gen_key, self._make_generator(gen_spec))
         else:
             reset_prefix_cache(self._gen[1])
         if ver_spec is None:
             return self._gen[1], None
-        if self._ver is None or self._ver[0] != ver_spec:
+        ver_key = (ver_spec, v.model, v.backend, v.dtype, v.adapter)
+        if self._ver is None or self._ver[0] != ver_key:
             self._close(self._ver)
             self._ver = None
-            self._ver = (ver_spec, self._make_verifier(ver_spec))
+            self._ver = (ver_key, self._make_verifier(ver_spec))
         else:
             reset_prefix_cache(self._ver[1])
         return self._gen[1], self._ver[1]
 
     def _make_generator(self, spec: EngineSpec) -> Generator:
         g = self.cfg.generator
+        position = resolve_sampler(self.cfg) is Sampler.position
         if g.backend is BackendKind.fake:
             from tts.backends.fake import FakeGenerator
             # the fake's two modes are the two samplers' semantics
-            return FakeGenerator(batch_cap=spec.max_num_seqs,
-                                 sampling="context" if g.sampler is Sampler.position else "stream")
+            return FakeGenerator(batch_cap=spec.max_num_seqs, sampling="context" if position else "stream")
         from tts.backends.vllm_generator import VllmGenerator, sampler_engine_kwargs
         # the longest sequence: a long problem prompt, the path, and a step of speculation
         longest = PROMPT_ROOM + g.max_total_tokens + 2 * g.step_max_tokens
-        position = g.sampler is Sampler.position
         llm = self._llm(g.model, g.dtype, spec, longest, sampler_engine_kwargs(position))
         return VllmGenerator(llm, resumable_sampling=position)
 
@@ -119,8 +139,6 @@ class Backends:
         self._gen = self._ver = None
 
 
-def reset_prefix_cache(backend) -> None:
+def reset_prefix_cache(backend: Generator | Verifier) -> None:
     """Forget cached prefixes so that the next variant starts cold, like the first."""
-    llm = getattr(backend, "llm", None)
-    if llm is not None:
-        llm.reset_prefix_cache()
+    backend.reset_prefix_cache()

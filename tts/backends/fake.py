@@ -104,6 +104,12 @@ class FakeGenerator(Generator):
     def eos_token_id(self) -> int:
         return EOS_ID
 
+    def reset_prefix_cache(self) -> bool:
+        if self._queue:
+            return False  # like vLLM: not while requests hold blocks
+        self._cache.clear()
+        return True
+
     @property
     def batch_cap(self) -> int:
         return self._cap

@@ -136,6 +136,19 @@ def resolve_dtype(dtype: str, config: dict[str, Any]) -> str:
     return name
 
 
+def batch_invariant_kernels() -> bool:
+    """True when vLLM runs its batch-invariant kernels (`VLLM_BATCH_INVARIANT=1`, GPU only):
+    then a row's logits do not depend on the batch, in any dtype."""
+    return os.environ.get("VLLM_BATCH_INVARIANT", "0") not in ("", "0") and has_cuda()
+
+
+def exact_logits(dtype: str, config: dict[str, Any]) -> bool:
+    """Whether a row's logits are the same whatever the batch and the prefix cache: float32
+    on CPU (tested), or batch-invariant kernels; not bf16/fp16, whose matmul and attention
+    reductions change with the batch's shape."""
+    return resolve_dtype(dtype, config) == "float32" or batch_invariant_kernels()
+
+
 def has_cuda() -> bool:
     """True when torch sees a CUDA device (torch imported here, lazily)."""
     import torch

@@ -131,11 +131,14 @@ class VllmGenerator(Generator):
             raise ValueError(f"request_id: {request.request_id!r} is already running")
         if request.max_tokens < 1:
             raise ValueError(f"max_tokens: {request.max_tokens} must be >= 1")
-        params = SamplingParams(
-            max_tokens=request.max_tokens, temperature=request.temperature,
-            top_p=request.top_p, seed=request.seed, output_kind=RequestOutputKind.DELTA,
-            detokenize=False, skip_special_tokens=True,
-        )
+        kwargs = dict(max_tokens=request.max_tokens, temperature=request.temperature,
+                      top_p=request.top_p, seed=request.seed, output_kind=RequestOutputKind.DELTA,
+                      detokenize=False, skip_special_tokens=True, ignore_eos=request.ignore_eos)
+        if self.resumable_sampling:
+            from tts.backends.vllm_sampling import position_params
+            params = position_params(**kwargs)
+        else:
+            params = SamplingParams(**kwargs)
         prompt = token_prompt(self._llm, list(request.prompt_token_ids))
         self._engine.add_request(request.request_id, prompt, params)
         self._live[request.request_id] = _Live(num_prompt_tokens=len(request.prompt_token_ids))
@@ -179,9 +182,9 @@ class VllmGenerator(Generator):
         if batch_cap is not None:
             self._probe.set_batch_cap(batch_cap)
 
-    def reset_prefix_cache(self) -> None:
+    def reset_prefix_cache(self) -> bool:
         """Drop the engine's cached prefixes (between the variants of a comparison)."""
-        self._llm.reset_prefix_cache()
+        return bool(self._llm.reset_prefix_cache())
 
     def close(self) -> None:
         self.abort(list(self._live))

@@ -6,43 +6,88 @@ first sampled token. A request that runs on past a step boundary, or a fresh req
 resumes from part of a step, therefore samples other tokens than the request the baseline
 sends for that step, and every speculative step that is reused changes the search tree.
 
-`PositionSampler` replaces the randomness, not the distribution: each seeded, non-greedy
-row draws one uniform number from a hash of (seed, absolute position), where the position
-is the prompt length plus the tokens generated so far, and takes the token at that point of
-the cumulative distribution of softmax(logits / temperature) (restricted to the top-p
-nucleus when top_p < 1). That is an exact sample of the distribution vLLM samples from; it
-then leaves that token as the only finite logit, so vLLM's own sampler (temperature, top-p,
-its own random draw) can only pick it. The token is a function of (seed, position, logits):
-a request resumed from any prefix of its own output, or run on past a step boundary, with
-the same seed, samples what the uninterrupted request would, up to the batch-dependent
-rounding of the logits themselves.
+`PositionSampler` replaces the randomness, not the distribution: each row it owns draws one
+uniform number from a hash of (seed, absolute position), where the position is the prompt
+length plus the tokens generated so far, and takes the token at that point of the
+cumulative distribution of softmax(logits / temperature) (restricted to the top-p nucleus
+when top_p < 1): an exact sample of the distribution vLLM samples from.
+
+When it holds, and when it does not: the token is a function of (seed, position, logits).
+A request resumed from any prefix of its own output, or run on past a step boundary,
+samples what the uninterrupted request would *if its logits are the same*. They are in
+float32 on CPU (tested), and with batch-invariant kernels (vLLM's `VLLM_BATCH_INVARIANT=1`
+on a GPU). In bf16 (every GPU's default, and CPUs with AVX512-BF16 or AMX) the logits
+depend on the batch's shape and on what the prefix cache served, so a resumed request
+drifts from the uninterrupted one after some tokens: exactness is gone, and with it the
+reason to pay for this sampler. Hence `generator.sampler=auto` (the default) picks this
+sampler only where the generator runs float32 or batch-invariant kernels, and vLLM's own
+elsewhere (`resolve_sampler`).
+
+How it plugs in, at no cost to vLLM's own path:
+- A request opts in through `SamplingParams.extra_args[EXTRA_KEY] = [seed, temperature,
+  top_p]` (`position_params` builds it) and is sent to vLLM as *greedy* (temperature 0):
+  this processor leaves its token as the row's maximum, so vLLM's sampler only takes an
+  argmax for it instead of its own seeded random draw, which for seeded rows loops over a
+  per-request generator in Python. Requests without the key are vLLM's as usual.
+- The rows' parameters live in arrays rebuilt only when the batch changes; each step reads
+  the rows' output lengths (a C-level `map(len)` over vLLM's live output lists), hashes the
+  positions with numpy (`position_uniforms`) and samples all rows in one vectorised float32
+  pass (`sample_rows`). On a GPU the only host-to-device traffic per step is the rows'
+  uniforms, one small non-blocking copy from pinned memory; nothing syncs.
 
 The position is read from vLLM's live list of the request's output tokens, which is
 current before each forward pass with synchronous scheduling (`make_llm` sets
-`async_scheduling=False`; with asynchronous scheduling it could lag one token).
-Greedy rows (temperature 0) and rows without a seed are left to vLLM. Logprobs that vLLM
-returns come from the raw logits (its default `raw_logprobs` mode), so they are unchanged.
-Enabled by `generator.sampler=position` (the default); `vllm` keeps vLLM's own sampler.
+`async_scheduling=False`; with asynchronous scheduling it could lag one token). Logprobs
+that vLLM returns come from the raw logits (its default `raw_logprobs` mode), so they are
+unchanged.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
-from tts.backends.position_sampling import position_uniform, sample_rows
+from tts.backends.position_sampling import position_uniforms, sample_rows
 
+EXTRA_KEY = "tts_position_sampling"
 _EPS = 1e-5  # vLLM's own threshold for greedy sampling
+_MASK64 = (1 << 64) - 1
+_WINNER = 1e30  # the sampled token's logit: above every other row value, finite (no NaN downstream)
 
 
-def _position_sampled(params: SamplingParams) -> bool:
-    """Seeded and not greedy: the rows this sampler decides."""
-    return params.seed is not None and params.temperature >= _EPS
+def position_params(*, max_tokens: int, seed: int, temperature: float, top_p: float = 1.0,
+                    **kwargs: Any) -> SamplingParams:
+    """SamplingParams for a position-sampled request (greedy for vLLM, the real sampling
+    parameters in `extra_args`); a greedy request keeps vLLM's sampling. Sampling options
+    this sampler cannot honour (top-k, min-p, penalties) are refused here, before vLLM's
+    greedy normalisation would silently drop them."""
+    real = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, **kwargs)
+    if temperature < _EPS:
+        return real
+    _refuse_unsupported(real)
+    extra = dict(kwargs.pop("extra_args", None) or {})
+    extra[EXTRA_KEY] = [int(seed), float(temperature), float(top_p)]
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, extra_args=extra, **kwargs)
+
+
+def _refuse_unsupported(p: SamplingParams) -> None:
+    unsupported = {"top_k": p.top_k not in (-1, 0), "min_p": p.min_p > 0,
+                   "repetition_penalty": p.repetition_penalty != 1.0,
+                   "presence_penalty": p.presence_penalty != 0.0,
+                   "frequency_penalty": p.frequency_penalty != 0.0}
+    bad = [name for name, on in unsupported.items() if on]
+    if bad:
+        raise VLLMValidationError(
+            f"position sampling (generator.sampler=position) supports temperature and top_p "
+            f"only; this request sets {', '.join(bad)} (use generator.sampler=vllm)",
+            parameter=bad[0])
 
 
 @dataclass
@@ -53,64 +98,103 @@ class _Row:
     prompt_len: int
     output_ids: list[int]  # vLLM's live list of the request's generated tokens
 
-    @property
-    def position(self) -> int:
-        return self.prompt_len + len(self.output_ids)
-
 
 class PositionSampler(LogitsProcessor):
-    """vLLM logits processor: position-keyed sampling for seeded requests (module doc)."""
+    """vLLM logits processor: position-keyed sampling for the requests that ask for it
+    (module doc)."""
 
-    def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool) -> None:
+    def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
+        self.device = device
         self.rows: dict[int, _Row] = {}
+        self._pin = bool(is_pin_memory) and device.type != "cpu"
+        self._winner = torch.tensor(_WINNER, dtype=torch.float32, device=device)
+        self._rebuild()
 
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:
-        """Seeded sampling here is temperature and top-p only: a request that asks for more
-        would silently lose it (the row leaves vLLM one finite logit), so it is refused."""
-        if not _position_sampled(sampling_params):
+        """Position sampling is temperature and top-p only: a request that asks for more
+        would silently lose it, so it is refused."""
+        spec = (sampling_params.extra_args or {}).get(EXTRA_KEY)
+        if spec is None:
             return
         p = sampling_params
-        unsupported = {"top_k": p.top_k not in (-1, 0), "min_p": p.min_p > 0,
-                       "repetition_penalty": p.repetition_penalty != 1.0,
-                       "presence_penalty": p.presence_penalty != 0.0,
-                       "frequency_penalty": p.frequency_penalty != 0.0}
-        bad = [name for name, on in unsupported.items() if on]
-        if bad:
-            raise VLLMValidationError(
-                f"position sampling (generator.sampler=position) supports temperature and top_p "
-                f"only; this request sets {', '.join(bad)} (use generator.sampler=vllm)",
-                parameter=bad[0])
+        if not (isinstance(spec, (list, tuple)) and len(spec) == 3):
+            raise VLLMValidationError(f"extra_args[{EXTRA_KEY!r}] must be [seed, temperature, top_p], "
+                                      f"got {spec!r}", parameter="extra_args")
+        _, temperature, top_p = spec
+        if not (temperature >= _EPS and 0.0 < top_p <= 1.0):
+            raise VLLMValidationError(f"position sampling needs temperature > 0 and top_p in (0, 1], "
+                                      f"got {temperature}, {top_p}", parameter="extra_args")
+        if p.temperature >= _EPS:
+            raise VLLMValidationError("position sampling: send the request greedy (temperature 0) "
+                                      "with its temperature in extra_args (see position_params)",
+                                      parameter="temperature")
+        _refuse_unsupported(p)
 
     @classmethod
     def new_row(cls, params: SamplingParams, prompt_ids: list[int] | None,
                 output_ids: list[int]) -> _Row | None:
-        if not _position_sampled(params):
+        spec = (params.extra_args or {}).get(EXTRA_KEY)
+        if spec is None:
             return None
         if prompt_ids is None:
             raise ValueError("position sampling needs token-id prompts (prompt_token_ids)")
-        return _Row(int(params.seed), float(params.temperature), float(params.top_p),
-                    len(prompt_ids), output_ids)
+        seed, temperature, top_p = spec
+        return _Row(int(seed) & _MASK64, float(temperature), float(top_p), len(prompt_ids), output_ids)
 
     def is_argmax_invariant(self) -> bool:
-        return False  # it decides the token: it must run before temperature and top-p
+        return False  # it decides the token: it must run before vLLM's sampling
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
-        process_dict_updates(self.rows, batch_update, self.new_row)
+        if process_dict_updates(self.rows, batch_update, self.new_row):
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        """The rows as arrays (host) and tensors (device), made when the batch changes."""
+        index = sorted(self.rows)
+        rows = [self.rows[i] for i in index]
+        self._outputs = [r.output_ids for r in rows]
+        self._seeds = np.array([r.seed for r in rows], dtype=np.uint64)
+        self._prompt_lens = np.array([r.prompt_len for r in rows], dtype=np.int64)
+        self._index_max = index[-1] if index else -1
+        # rows 0..k-1 in order: when they are the whole batch, the logits are sampled in place
+        self._leading = index == list(range(len(index)))
+        dev = self.device
+        self._index = torch.tensor(index, dtype=torch.long, device=dev)
+        self._temps = torch.tensor([r.temperature for r in rows], dtype=torch.float32, device=dev)
+        self._top_ps = torch.tensor([r.top_p for r in rows], dtype=torch.float32, device=dev)
+        self._nucleus = any(r.top_p < 1.0 for r in rows)
+        self._uniforms = torch.empty(len(rows), dtype=torch.float32, pin_memory=self._pin)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        index = [i for i in self.rows if i < logits.shape[0]]
-        if not index:
+        if not self._outputs:
             return logits
-        rows = [self.rows[i] for i in index]
-        idx = torch.tensor(index, dtype=torch.long, device=logits.device)
-        tokens = sample_rows(
-            logits.index_select(0, idx),
-            torch.tensor([r.temperature for r in rows], device=logits.device),
-            torch.tensor([r.top_p for r in rows], device=logits.device),
-            torch.tensor([position_uniform(r.seed, r.position) for r in rows],
-                         dtype=torch.float64, device=logits.device),
-        )
-        logits.index_fill_(0, idx, float("-inf"))
-        logits[idx, tokens] = 0.0
+        if self._index_max >= logits.shape[0]:  # not every row has logits this step
+            return self._apply_subset(logits)
+        lengths = np.fromiter(map(len, self._outputs), dtype=np.int64, count=len(self._outputs))
+        uniforms = self._uniforms
+        uniforms.numpy()[:] = position_uniforms(self._seeds, self._prompt_lens + lengths)
+        if self._pin:
+            uniforms = uniforms.to(self.device, non_blocking=True)
+        whole = self._leading and len(self._outputs) == logits.shape[0]
+        rows = logits if whole else logits.index_select(0, self._index)
+        tokens = sample_rows(rows, self._temps, self._top_ps, uniforms, nucleus=self._nucleus,
+                             inplace=True)
+        logits.index_put_((self._index, tokens), self._winner)
+        return logits
+
+    def _apply_subset(self, logits: torch.Tensor) -> torch.Tensor:
+        """The rare step where some owned rows have no logits: sample the others only."""
+        keep = [k for k, i in enumerate(self._index.tolist()) if i < logits.shape[0]]
+        if not keep:
+            return logits
+        outputs = [self._outputs[k] for k in keep]
+        lengths = np.fromiter(map(len, outputs), dtype=np.int64, count=len(outputs))
+        sel = torch.tensor(keep, dtype=torch.long, device=self.device)
+        uniforms = torch.from_numpy(position_uniforms(self._seeds[keep], self._prompt_lens[keep] + lengths))
+        index = self._index.index_select(0, sel)
+        tokens = sample_rows(logits.index_select(0, index), self._temps.index_select(0, sel),
+                             self._top_ps.index_select(0, sel), uniforms.to(self.device),
+                             nucleus=self._nucleus, inplace=True)
+        logits.index_put_((index, tokens), self._winner)
         return logits

@@ -156,9 +156,9 @@ class VllmVerifier(Verifier):
         if batch_cap is not None:
             self._probe.set_batch_cap(batch_cap)
 
-    def reset_prefix_cache(self) -> None:
+    def reset_prefix_cache(self) -> bool:
         """Drop the engine's cached prefixes (between the variants of a comparison)."""
-        self._llm.reset_prefix_cache()
+        return bool(self._llm.reset_prefix_cache())
 
     def close(self) -> None:
         shutdown_llm(self._llm)

@@ -46,13 +46,22 @@ class Sampler(str, enum.Enum):
     """How a seeded generator request draws its random numbers.
 
     position: from (seed, absolute position), so a request resumed from part of its output,
-    or run on past a step boundary, samples what a fresh request with that seed would
-    (speculative steps are reused exactly; `tts.backends.vllm_sampling`).
+    or run on past a step boundary, samples what a fresh request with that seed would, as
+    long as its logits are the same: in float32, or with batch-invariant kernels
+    (speculative steps are then reused exactly; `tts.backends.vllm_sampling`).
     vllm: vLLM's own per-request generator, started at the request's first sampled token.
+    auto: position where the generator runs float32 (or vLLM's batch-invariant kernels),
+    vllm elsewhere (bf16: the logits move with the batch, so exactness cannot hold).
     """
 
+    auto = "auto"
     position = "position"
     vllm = "vllm"
+
+
+class BenchMode(str, enum.Enum):
+    search = "search"  # run the search variants over the problems (the default)
+    ceiling = "ceiling"  # time the generator path against raw vLLM (tts.benchmarks.ceiling)
 
 
 class EngineKind(str, enum.Enum):
@@ -100,7 +109,7 @@ class GeneratorConfig:
     dtype: str = "auto"
     temperature: float = 0.8
     top_p: float = 1.0
-    sampler: Sampler = Sampler.position  # see Sampler: position keeps speculation exact
+    sampler: Sampler = Sampler.auto  # see Sampler: position where exactness can hold
     step_max_tokens: int = 96  # a step ends at "\n\n", EOS, or this many tokens
     max_total_tokens: int = 768  # per path, prompt excluded; the path completes at this length
     system_prompt_file: str = "step_by_step.txt"  # under conf/prompts/, or an absolute path
@@ -283,6 +292,7 @@ class LoggerConfig:
 class BenchConfig:
     """How a run is driven and where it writes."""
 
+    mode: BenchMode = BenchMode.search
     concurrency: int = 1  # problems in flight; 1 = latency mode, more = throughput mode
     seed: int = 0
     run_name: str | None = None  # folder name under results/; null: generated
@@ -292,6 +302,11 @@ class BenchConfig:
     # `optim.KEY=VALUE` applied on top of every `compare` preset; filled from the command
     # line's `optim.*` overrides when `compare` is set (see tts.config.compose)
     optim_overrides: list[str] = field(default_factory=list)
+    # a problem that starts with none in flight (every problem at concurrency 1) starts on
+    # empty prefix caches, so its record does not depend on what ran before it, in bf16 too:
+    # a resumed run, or one problem re-run alone, repeats the uninterrupted run's record.
+    # Costs the re-prefill of the shared system prompt once per problem.
+    fresh_cache_per_problem: bool = True
 
     def __post_init__(self) -> None:
         _require(self.concurrency >= 1, "bench.concurrency", "must be >= 1")
@@ -320,6 +335,30 @@ class ProfileConfig:
     max_iterations: int | None = 6
 
 
+_CEILING_SAMPLERS = ("vllm", "position")
+
+
+@dataclass
+class CeilingConfig:
+    """`bench.mode=ceiling` (`tts bench --config-name=ceiling`): the generator path timed
+    against raw `vllm.LLM.generate` on the same requests (the dataset's first problem as
+    the prompt, distinct seeds, EOS ignored so every path does equal work)."""
+
+    batches: list[int] = field(default_factory=lambda: [1, 16, 64])  # requests run together
+    new_tokens: int = 96  # tokens each request generates (EOS ignored)
+    samplers: list[str] = field(default_factory=lambda: list(_CEILING_SAMPLERS))  # engine paths
+    repeats: int = 3  # timed runs of each path per batch; medians are reported
+
+    def __post_init__(self) -> None:
+        _require(bool(self.batches) and all(b >= 1 for b in self.batches), "ceiling.batches",
+                 "must be a non-empty list of batch sizes >= 1")
+        _require(self.new_tokens >= 1, "ceiling.new_tokens", "must be >= 1")
+        _require(self.repeats >= 1, "ceiling.repeats", "must be >= 1")
+        bad = [x for x in self.samplers if x not in _CEILING_SAMPLERS]
+        _require(bool(self.samplers) and not bad, "ceiling.samplers",
+                 f"{bad or 'empty'}: valid choices: {', '.join(_CEILING_SAMPLERS)}")
+
+
 @dataclass
 class Config:
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)
@@ -332,6 +371,7 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
+    ceiling: CeilingConfig = field(default_factory=CeilingConfig)
 
 
 GROUPS: dict[str, type] = {

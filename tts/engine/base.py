@@ -56,6 +56,10 @@ class EngineOptions:
     spec_branches: bool = False  # speculate child k's step with child k's seed (exact)
     temperature: float = 0.8
     top_p: float = 1.0
+    # a problem that starts with none in flight starts on empty prefix caches: its result
+    # then does not depend on what ran before it (bf16 logits change with what the cache
+    # served), so a resumed run or a problem re-run alone repeats it
+    fresh_cache_per_problem: bool = False
 
 
 @dataclass
@@ -81,6 +85,14 @@ class EngineBase:
         self.scoring = ScoringPhase(verifier, self.cache)
         self.ordering: Ordering = make_ordering(options.ordering, options.seed)
         self.gen_log, self.ver_log = StepLog(), StepLog()
+
+    def _fresh_caches(self) -> None:
+        """Empty both models' prefix caches before a problem that starts alone (option
+        `fresh_cache_per_problem`); the caller has released every request first."""
+        if self.opts.fresh_cache_per_problem:
+            self.gen.reset_prefix_cache()
+            if self.scoring.verifier is not None:
+                self.scoring.verifier.reset_prefix_cache()
 
     def _start(self, p: ProblemInput) -> _Live:
         prompt = tuple(self.gen.encode_prompt(p.problem, self.system_prompt))

@@ -177,6 +177,8 @@ class DecoupledEngine(SpeculationMixin, EngineBase):
 
     def _admit(self) -> None:
         p = self._queue.popleft()
+        if not self._lives and not self._running:  # nothing in flight: start it cold
+            self._fresh_caches()
         item = self._start(p)
         live = _DLive(item.input, item.search, item.metrics, item.rng, order=next(self._order))
         jobs = self.ordering.order(self._jobs(live), lambda j: j.beam)

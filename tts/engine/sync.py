@@ -66,6 +66,9 @@ class SyncEngine(EngineBase):
         try:
             while queue or live:
                 while queue and len(live) < self.opts.concurrency:
+                    if not live:  # nothing in flight: start it cold (fresh_cache_per_problem)
+                        self.phase.release()
+                        self._fresh_caches()
                     live.append(self._start(queue.popleft()))
                 self._iterate(live)
                 finished = [x for x in live if x.search.done]

@@ -15,6 +15,7 @@ from typing import Any
 from tts.report.plots import COLUMN_PLOTS, plot_memory_split
 from tts.report.sources import ReportError, RunData, load_runs
 from tts.report.tables import Column, build_columns, config_table, metric_rows, resolve_baseline
+from tts.results.host import host_differences, host_line
 from tts.results.summary import format_table
 
 REPORT_MD = "report.md"
@@ -78,7 +79,12 @@ def render_markdown(runs: list[RunData], columns: list[Column], baseline: str | 
                     rows: list[dict], plots: dict[str, Path | None]) -> str:
     """The whole report.md: runs, headline metrics with ratios, key config, plots."""
     parts = ["# tts report", "", f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')}.", "", "## Runs", ""]
-    parts += [f"- `{r.name}`: {r.source}" + ("" if r.variants else " (memory profile only)") for r in runs]
+    parts += [f"- `{r.name}`: {r.source}" + ("" if r.variants else " (memory profile only)")
+              + (f"; {host_line(r.host)}" if r.variants else "") for r in runs]
+    warnings = host_warnings(runs)
+    if warnings:
+        parts += ["", "**Warning: these runs come from different hosts or dtypes; their ratios do not "
+                  "compare.**", ""] + [f"- {w}" for w in warnings]
     if columns:
         names = [c.name for c in columns]
         parts += ["", "## Headline metrics", "",
@@ -91,6 +97,12 @@ def render_markdown(runs: list[RunData], columns: list[Column], baseline: str | 
     if len(missing) == len(runs):
         parts += ["_No memory profile (`profile.json` from `tts profile-memory`) among these runs._", ""]
     return "\n".join(parts)
+
+
+def host_warnings(runs: list[RunData]) -> list[str]:
+    """What differs between the hosts (CPU, bf16/AMX, GPU, dtypes) of the runs with results."""
+    return host_differences({r.name: r.host for r in runs if r.variants}) if len(
+        [r for r in runs if r.variants]) > 1 else []
 
 
 def _metric_table(rows: list[dict], names: list[str], baseline: str) -> str:
@@ -107,6 +119,8 @@ def _report_json(runs: list[RunData], columns: list[Column], baseline: str | Non
         "runs": {r.name: r.source for r in runs},
         "columns": [{"name": c.name, "run": c.run.name, "variant": c.variant} for c in columns],
         "baseline": baseline,
+        "hosts": {r.name: r.host for r in runs if r.variants},
+        "host_warnings": host_warnings(runs),
         "rows": rows,
         "plots": {title: p.name for title, p in plots.items() if p},
     }

