@@ -96,6 +96,10 @@ def test_a_large_vocabulary_is_searched_block_by_block_exactly() -> None:
     alone = [sample_rows(batch[i:i + 1].clone(), torch.tensor([0.7]), torch.tensor([0.95]), u[i:i + 1]).item()
              for i in range(9)]
     assert together.tolist() == alone
+    # a row without top-p draws the same token whether or not another row uses top-p
+    mixed = sample_rows(batch.clone(), torch.full((9,), 0.7), torch.tensor([1.0] * 8 + [0.5]), u)
+    plain = sample_rows(batch.clone(), torch.full((9,), 0.7), torch.ones(9), u)
+    assert mixed[:8].tolist() == plain[:8].tolist()
 
 
 def test_sampling_in_place_gives_the_same_tokens() -> None:
@@ -103,4 +107,41 @@ def test_sampling_in_place_gives_the_same_tokens() -> None:
     u = torch.rand(5, dtype=torch.float64)
     args = (torch.full((5,), 0.8), torch.ones(5), u)
     copy = sample_rows(logits, *args)
-    assert torch.equal(sample_rows(logits.clone(), *args, nucleus=False, inplace=True), copy)
+    assert torch.equal(sample_rows(logits.clone(), *args, nucleus_rows=torch.empty(0, dtype=torch.long),
+                                   inplace=True), copy)
+
+
+def test_the_vllm_processor_samples_its_rows_and_leaves_the_others() -> None:
+    """PositionSampler without an engine: rows that asked for position sampling get the
+    token `sample_rows` draws at their (seed, position), as the row's maximum (vLLM sees
+    them as greedy); a plain row is left alone; a step with fewer logit rows samples those."""
+    pytest.importorskip("vllm")
+    import numpy as np
+    from vllm import SamplingParams
+    from vllm.v1.sample.logits_processor import BatchUpdate
+
+    from tts.backends.position_sampling import position_uniforms
+    from tts.backends.vllm_sampling import PositionSampler, position_params
+
+    proc = PositionSampler(None, torch.device("cpu"), False)
+    outs = [[5, 6], [], [1]]
+    params = [position_params(max_tokens=4, seed=3, temperature=0.7),
+              SamplingParams(max_tokens=4, seed=9, temperature=0.7),
+              position_params(max_tokens=4, seed=8, temperature=1.3, top_p=0.9)]
+    assert params[0].temperature == 0.0 and params[2].temperature == 0.0  # greedy for vLLM
+    proc.update_state(BatchUpdate(batch_size=3, removed=[], moved=[],
+                                  added=[(i, p, [0] * 10, o) for i, (p, o) in enumerate(zip(params, outs))]))
+    logits = torch.randn(3, 600)
+    before = logits.clone()
+    proc.apply(logits)
+    u = position_uniforms(np.array([3, 8], dtype=np.uint64), np.array([12, 11]))
+    want = sample_rows(before[[0, 2]], torch.tensor([0.7, 1.3]), torch.tensor([1.0, 0.9]), torch.from_numpy(u))
+    assert logits[[0, 2]].argmax(dim=-1).tolist() == want.tolist()
+    assert torch.equal(logits[1], before[1])
+    outs[0].append(7)  # the row grew by a token: its next draw is at the next position
+    short = torch.randn(2, 600)  # row 2 has no logits this step
+    first = short[0].clone()
+    proc.apply(short)
+    u0 = position_uniforms(np.array([3], dtype=np.uint64), np.array([13]))
+    assert short[0].argmax().item() == sample_rows(first[None], torch.tensor([0.7]), torch.ones(1),
+                                                   torch.from_numpy(u0)).item()

@@ -44,16 +44,17 @@ def position_uniforms(seeds: np.ndarray, positions: np.ndarray) -> np.ndarray:
 
 
 def sample_rows(logits: torch.Tensor, temperatures: torch.Tensor, top_ps: torch.Tensor,
-                uniforms: torch.Tensor, nucleus: bool | None = None,
+                uniforms: torch.Tensor, nucleus_rows: torch.Tensor | None = None,
                 inplace: bool = False) -> torch.Tensor:
     """Inverse-CDF sampling, one row per uniform: the index of the token whose cumulative
-    probability under softmax(logits / T), restricted to the top-p nucleus, first exceeds u
-    (in vocabulary order; in descending-probability order under top-p). Only tokens of
-    positive probability are ever returned.
+    probability under softmax(logits / T) first exceeds u, in vocabulary order; for a row
+    with top_p < 1, restricted to its top-p nucleus and in descending-probability order.
+    Only tokens of positive probability are ever returned, and a row's token depends on its
+    own logits, temperature, top-p and uniform only, never on the other rows.
 
-    `nucleus` says whether any row has top_p < 1 (None: read it from `top_ps`, a host
-    sync on a GPU). `inplace` lets the float32 `logits` be overwritten with the row's
-    unnormalised probabilities (the caller's scratch), saving a copy of the batch.
+    `nucleus_rows` are the rows with top_p < 1 (None: found from `top_ps`, a host sync on a
+    GPU). `inplace` lets float32 `logits` be overwritten with the rows' unnormalised
+    probabilities (the caller's scratch), saving a copy of the batch.
     """
     x = logits if logits.dtype == torch.float32 else logits.float()
     temps = temperatures.to(x.device, torch.float32)[:, None]
@@ -61,19 +62,24 @@ def sample_rows(logits: torch.Tensor, temperatures: torch.Tensor, top_ps: torch.
     # exp((x - max) / T): softmax's numerator, every value in [0, 1]; in place on a copy
     probs = x.sub_(top) if inplace or x is not logits else x.sub(top)
     probs = probs.div_(temps).exp_()
-    if nucleus is None:
-        nucleus = bool((top_ps < 1.0).any())
-    order = None
-    if nucleus:
-        probs, order = probs.sort(dim=-1, descending=True)
-        cumulative = probs.cumsum(dim=-1)
-        above = cumulative - probs  # mass strictly above each token
-        limit = top_ps.to(probs.device, torch.float32)[:, None] * cumulative[:, -1:]
-        probs = probs.masked_fill(above >= limit, 0.0)  # rows with top_p = 1 keep every token
-    idx = _search(probs, uniforms.to(probs.device, torch.float32))
-    if order is not None:
-        idx = order.gather(-1, idx[:, None]).squeeze(-1)
-    return idx
+    u = uniforms.to(probs.device, torch.float32)
+    tokens = _search(probs, u)
+    if nucleus_rows is None:
+        nucleus_rows = (top_ps < 1.0).nonzero().squeeze(-1).to(probs.device)
+    if nucleus_rows.numel():
+        tokens[nucleus_rows] = _nucleus(probs[nucleus_rows], top_ps.to(probs.device)[nucleus_rows],
+                                        u[nucleus_rows])
+    return tokens
+
+
+def _nucleus(probs: torch.Tensor, top_ps: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Top-p rows: the smallest set of most probable tokens whose mass reaches top_p,
+    searched in descending-probability order."""
+    probs, order = probs.sort(dim=-1, descending=True)
+    cumulative = probs.cumsum(dim=-1)
+    above = cumulative - probs  # mass strictly above each token
+    probs = probs.masked_fill(above >= top_ps.to(torch.float32)[:, None] * cumulative[:, -1:], 0.0)
+    return order.gather(-1, _search(probs, uniforms)[:, None]).squeeze(-1)
 
 
 def _search(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

@@ -156,6 +156,7 @@ class PositionSampler(LogitsProcessor):
         self._outputs = [r.output_ids for r in rows]
         self._seeds = np.array([r.seed for r in rows], dtype=np.uint64)
         self._prompt_lens = np.array([r.prompt_len for r in rows], dtype=np.int64)
+        self._index_host = index
         self._index_max = index[-1] if index else -1
         # rows 0..k-1 in order: when they are the whole batch, the logits are sampled in place
         self._leading = index == list(range(len(index)))
@@ -163,38 +164,37 @@ class PositionSampler(LogitsProcessor):
         self._index = torch.tensor(index, dtype=torch.long, device=dev)
         self._temps = torch.tensor([r.temperature for r in rows], dtype=torch.float32, device=dev)
         self._top_ps = torch.tensor([r.top_p for r in rows], dtype=torch.float32, device=dev)
-        self._nucleus = any(r.top_p < 1.0 for r in rows)
+        self._nucleus = torch.tensor([k for k, r in enumerate(rows) if r.top_p < 1.0], dtype=torch.long,
+                                     device=dev)
         self._uniforms = torch.empty(len(rows), dtype=torch.float32, pin_memory=self._pin)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if not self._outputs:
             return logits
-        if self._index_max >= logits.shape[0]:  # not every row has logits this step
-            return self._apply_subset(logits)
-        lengths = np.fromiter(map(len, self._outputs), dtype=np.int64, count=len(self._outputs))
-        uniforms = self._uniforms
-        uniforms.numpy()[:] = position_uniforms(self._seeds, self._prompt_lens + lengths)
+        if self._index_max >= logits.shape[0]:  # rare: not every owned row has logits this step
+            keep = [k for k, i in enumerate(self._index_host) if i < logits.shape[0]]
+            return self._sample(logits, keep) if keep else logits
+        return self._sample(logits, None)
+
+    def _sample(self, logits: torch.Tensor, keep: list[int] | None) -> torch.Tensor:
+        """Sample the owned rows (`keep`: positions among them; None: all) and leave each
+        one's token as its row's maximum."""
+        outputs, seeds, prompt_lens = self._outputs, self._seeds, self._prompt_lens
+        index, temps, top_ps, uniforms = self._index, self._temps, self._top_ps, self._uniforms
+        nucleus = self._nucleus
+        if keep is not None:
+            outputs, seeds, prompt_lens = [outputs[k] for k in keep], seeds[keep], prompt_lens[keep]
+            sel = torch.tensor(keep, dtype=torch.long, device=self.device)
+            index, temps, top_ps = index[sel], temps[sel], top_ps[sel]
+            nucleus = torch.tensor([n for n, k in enumerate(keep) if self.rows[self._index_host[k]].top_p < 1.0],
+                                   dtype=torch.long, device=self.device)
+            uniforms = uniforms[: len(keep)]
+        lengths = np.fromiter(map(len, outputs), dtype=np.int64, count=len(outputs))
+        uniforms.numpy()[:] = position_uniforms(seeds, prompt_lens + lengths)
         if self._pin:
             uniforms = uniforms.to(self.device, non_blocking=True)
-        whole = self._leading and len(self._outputs) == logits.shape[0]
-        rows = logits if whole else logits.index_select(0, self._index)
-        tokens = sample_rows(rows, self._temps, self._top_ps, uniforms, nucleus=self._nucleus,
-                             inplace=True)
-        logits.index_put_((self._index, tokens), self._winner)
-        return logits
-
-    def _apply_subset(self, logits: torch.Tensor) -> torch.Tensor:
-        """The rare step where some owned rows have no logits: sample the others only."""
-        keep = [k for k, i in enumerate(self._index.tolist()) if i < logits.shape[0]]
-        if not keep:
-            return logits
-        outputs = [self._outputs[k] for k in keep]
-        lengths = np.fromiter(map(len, outputs), dtype=np.int64, count=len(outputs))
-        sel = torch.tensor(keep, dtype=torch.long, device=self.device)
-        uniforms = torch.from_numpy(position_uniforms(self._seeds[keep], self._prompt_lens[keep] + lengths))
-        index = self._index.index_select(0, sel)
-        tokens = sample_rows(logits.index_select(0, index), self._temps.index_select(0, sel),
-                             self._top_ps.index_select(0, sel), uniforms.to(self.device),
-                             nucleus=self._nucleus, inplace=True)
+        whole = keep is None and self._leading and len(outputs) == logits.shape[0]
+        rows = logits if whole else logits.index_select(0, index)
+        tokens = sample_rows(rows, temps, top_ps, uniforms, nucleus_rows=nucleus, inplace=True)
         logits.index_put_((index, tokens), self._winner)
         return logits
