@@ -202,8 +202,9 @@ def run_report(runs: list[Path], baseline: str | None, out: Path | None) -> int:
         return 2
     warnings = json.loads((path.parent / "report.json").read_text()).get("host_warnings") or []
     for warning in warnings:
-        console.print(f"[yellow]warning:[/yellow] runs from different hosts or dtypes, ratios do "
-                      f"not compare: {escape(warning)}")
+        what = ("cannot tell whether the hosts match" if warning.endswith("host not recorded")
+                else "runs from different hosts or dtypes, ratios do not compare")
+        console.print(f"[yellow]warning:[/yellow] {what}: {escape(warning)}")
     Console().print(f"report written to {path}")
     return 0
 

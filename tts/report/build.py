@@ -83,8 +83,8 @@ def render_markdown(runs: list[RunData], columns: list[Column], baseline: str | 
               + (f"; {host_line(r.host)}" if r.variants else "") for r in runs]
     warnings = host_warnings(runs)
     if warnings:
-        parts += ["", "**Warning: these runs come from different hosts or dtypes; their ratios do not "
-                  "compare.**", ""] + [f"- {w}" for w in warnings]
+        parts += ["", "**Warning: these runs come from different hosts or dtypes, or one has no recorded "
+                  "host; ratios across hosts do not compare.**", ""] + [f"- {w}" for w in warnings]
     if columns:
         names = [c.name for c in columns]
         parts += ["", "## Headline metrics", "",
