@@ -69,15 +69,48 @@ def build_record(outcome, gold: str, variant: str, extra: dict | None = None) ->
     }
 
 
+ACCURACY_KEYS = tuple(f"acc_{m}" for m in METHODS) + ("pass@n",)
+
+
+def correctness(record: dict, key: str) -> bool | None:
+    """Whether the record's answer is right under an accuracy key (`acc_<method>` or
+    `pass@n`); None where the record has no verdict for it (an unscored method)."""
+    if key == "pass@n":
+        return bool(record.get("pass@n"))
+    value = record.get("correct", {}).get(key.removeprefix("acc_"))
+    return None if value is None else bool(value)
+
+
 def accuracy_summary(records: list[dict]) -> dict:
-    """Mean correctness per selection method and pass@N over records."""
-    out: dict[str, float] = {}
+    """Mean correctness per selection method and pass@N over records, each with its 95%
+    Wilson interval (`<key>_ci`, [low, high])."""
+    from eval.statistics import proportion_interval
+
+    out: dict = {}
     if not records:
         return out
-    for method in METHODS:
-        flags = [r["correct"][method] for r in records if method in r.get("correct", {})]
+    for key in ACCURACY_KEYS:
+        flags = [f for f in (correctness(r, key) for r in records) if f is not None]
         if flags:
-            out[f"acc_{method}"] = sum(flags) / len(flags)
-    out["pass@n"] = sum(bool(r.get("pass@n")) for r in records) / len(records)
+            out[key] = sum(flags) / len(flags)
+            out[f"{key}_ci"] = list(proportion_interval(sum(flags), len(flags)))
     out["num_graded"] = len(records)
+    return out
+
+
+def paired_accuracy(baseline: list[dict], variant: list[dict]) -> dict:
+    """Per accuracy key, the variant against the baseline over the problems both answered
+    (`eval.statistics.paired_comparison`: difference, its 95% paired bootstrap interval,
+    discordant counts, exact McNemar p-value)."""
+    from eval.statistics import paired_comparison
+
+    base = {r["problem_id"]: r for r in baseline}
+    out = {}
+    for key in ACCURACY_KEYS:
+        pairs = [(correctness(base[r["problem_id"]], key), correctness(r, key))
+                 for r in variant if r["problem_id"] in base]
+        pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+        result = paired_comparison([a for a, _ in pairs], [b for _, b in pairs])
+        if result is not None:
+            out[key] = result.to_dict()
     return out

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tts.metrics.collector import KV_BLOCKS, summarize_problems
 from tts.metrics.cost_model import COST, CostModel, CostSums, fit, work_bounds
-from tts.results.records import accuracy_summary
+from tts.results.records import accuracy_summary, paired_accuracy
 from tts.results.store import RunStore
 
 # (summary key, label, higher is better)
@@ -109,8 +109,39 @@ def add_bounds(summary: dict, records: list[dict], models: dict[str, CostModel |
         summary["problems_per_min_bound"] = 60.0 * len(records) / summary["wall_bound_s"]
 
 
+ACCURACY_LABELS = {"acc_majority": "majority", "acc_weighted": "weighted", "acc_prm_max": "PRM-max",
+                   "pass@n": "pass@N"}
+
+
+def accuracy_rows(summaries: dict[str, dict], baseline: str) -> list[dict]:
+    """Text rows: each variant's accuracy with its 95% interval, and each variant's paired
+    difference against the first variant of its own run (`paired`, see
+    `tts.results.records.paired_accuracy`) with its interval and McNemar p-value."""
+    rows = []
+    for key, label in ACCURACY_LABELS.items():
+        if not any(f"{key}_ci" in s for s in summaries.values()):
+            continue
+        row = {"metric": f"accuracy ({label}), 95% interval", "higher_is_better": True}
+        for name, s in summaries.items():
+            ci = s.get(f"{key}_ci")
+            row[name] = f"{s[key]:.3f} [{ci[0]:.3f}, {ci[1]:.3f}] of {s.get('num_graded', '?')}" if ci else None
+        rows.append(row)
+    for key, label in ACCURACY_LABELS.items():
+        if not any(key in (s.get("paired") or {}) for s in summaries.values()):
+            continue
+        row = {"metric": f"accuracy ({label}): paired difference vs the run's first variant, 95% interval, "
+                         "exact McNemar p", "higher_is_better": True}
+        for name, s in summaries.items():
+            p = (s.get("paired") or {}).get(key)
+            row[name] = (f"{p['diff']:+.3f} [{p['diff_low']:+.3f}, {p['diff_high']:+.3f}], "
+                         f"{p['only_variant']}:{p['only_baseline']} discordant, p={p['mcnemar_p']:.3g}") if p else None
+        rows.append(row)
+    return rows
+
+
 def ratio_table(summaries: dict[str, dict], baseline: str) -> list[dict]:
-    """One row per metric: each variant's value and its ratio to the baseline's."""
+    """One row per metric: each variant's value and its ratio to the baseline's; then the
+    accuracy intervals and paired tests (`accuracy_rows`)."""
     base = summaries[baseline]
     rows = []
     for key, label, higher in RATIO_METRICS:
@@ -123,7 +154,7 @@ def ratio_table(summaries: dict[str, dict], baseline: str) -> list[dict]:
             if name != baseline and value is not None and base.get(key):
                 row[f"{name}/{baseline}"] = value / base[key]
         rows.append(row)
-    return rows
+    return rows + accuracy_rows(summaries, baseline)
 
 
 def format_table(rows: list[dict], names: list[str], baseline: str) -> str:
@@ -190,6 +221,8 @@ def write_summary(store: RunStore, names: list[str], step_logs: dict[str, dict],
     if len(names) > 1:
         for name in names:
             summaries[name]["same_candidates"] = same_candidates(records, names[0], name)
+            if name != names[0]:
+                summaries[name]["paired"] = paired_accuracy(by_variant[names[0]], by_variant[name])
         rows = ratio_table(summaries, names[0])
         summary["ratios"] = rows
         summary["ratio_table_md"] = format_table(rows, names, names[0])

@@ -1,0 +1,82 @@
+"""Accuracy as statistics: intervals on each variant, and paired tests between variants.
+
+"The optimisations change speed, not accuracy" is a claim about many problems; a point
+accuracy over a handful says little. So every accuracy comes with a 95% interval, and a
+comparison of two variants over the same problems with the paired difference and a test:
+
+- `proportion_interval`: Wilson score interval of k correct out of n (scipy's
+  `binomtest(...).proportion_ci(method="wilson")`), sensible at 0/n and n/n too.
+- `paired_comparison`: for the problems both variants answered, the difference in
+  accuracy (variant minus baseline) with a 95% paired bootstrap interval over problems
+  (scipy's `bootstrap(paired=True)`, percentile method, a fixed seed so that re-running the
+  summary gives the same numbers), the discordant counts (b: only the variant right, c:
+  only the baseline right) and the exact McNemar p-value: the two-sided binomial test of
+  b against b + c at 1/2 (scipy's `binomtest`), 1.0 when no problem is discordant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+CONFIDENCE = 0.95
+_BOOTSTRAP_RESAMPLES = 4000
+_BOOTSTRAP_SEED = 20241124
+
+
+def proportion_interval(k: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+    """Wilson score interval for k successes out of n; None for n = 0."""
+    if n <= 0:
+        return None
+    from scipy.stats import binomtest
+
+    ci = binomtest(int(k), int(n)).proportion_ci(confidence_level=confidence, method="wilson")
+    return float(ci.low), float(ci.high)
+
+
+@dataclass(frozen=True)
+class PairedComparison:
+    """A variant against the baseline over the problems both answered."""
+
+    n: int  # problems in common
+    baseline_acc: float
+    acc: float
+    diff: float  # acc - baseline_acc
+    diff_low: float  # 95% paired bootstrap interval of the difference
+    diff_high: float
+    only_variant: int  # discordant: the variant right, the baseline wrong (b)
+    only_baseline: int  # discordant: the baseline right, the variant wrong (c)
+    mcnemar_p: float  # exact (binomial) McNemar test on the discordant problems
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def paired_comparison(baseline: Sequence[bool], variant: Sequence[bool],
+                      confidence: float = CONFIDENCE) -> PairedComparison | None:
+    """Paired difference, interval and exact McNemar test of `variant` against `baseline`,
+    two lists of per-problem correctness in the same problem order; None when empty."""
+    if len(baseline) != len(variant):
+        raise ValueError(f"paired comparison: {len(baseline)} baseline and {len(variant)} variant "
+                         "problems; pass the problems both answered, in the same order")
+    n = len(baseline)
+    if n == 0:
+        return None
+    import numpy as np
+    from scipy.stats import binomtest, bootstrap
+
+    x, y = np.asarray(baseline, dtype=float), np.asarray(variant, dtype=float)
+    b = int(np.sum((y == 1) & (x == 0)))
+    c = int(np.sum((x == 1) & (y == 0)))
+    diff = float(y.mean() - x.mean())
+    if b + c == 0:  # every problem concordant: no evidence of any difference, nothing to resample
+        low = high = diff
+        p = 1.0
+    else:
+        res = bootstrap((x, y), lambda a, v, axis=-1: np.mean(v - a, axis=axis), paired=True,
+                        vectorized=True, confidence_level=confidence, n_resamples=_BOOTSTRAP_RESAMPLES,
+                        method="percentile", rng=np.random.default_rng(_BOOTSTRAP_SEED))
+        low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
+        p = float(binomtest(b, b + c, 0.5).pvalue)
+    return PairedComparison(n=n, baseline_acc=float(x.mean()), acc=float(y.mean()), diff=diff,
+                            diff_low=low, diff_high=high, only_variant=b, only_baseline=c, mcnemar_p=p)

@@ -1,0 +1,66 @@
+"""Accuracy statistics: Wilson intervals, the paired difference and the exact McNemar test,
+checked against values computed by hand, and their place in a run's summary."""
+
+import json
+import math
+
+import pytest
+
+from eval.statistics import paired_comparison, proportion_interval
+
+
+def wilson(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return centre - half, centre + half
+
+
+@pytest.mark.parametrize("k, n", [(3, 10), (0, 10), (10, 10), (37, 120), (1, 1)])
+def test_wilson_interval_is_the_textbook_one(k: int, n: int) -> None:
+    low, high = proportion_interval(k, n)
+    want = wilson(k, n)
+    assert low == pytest.approx(max(0.0, want[0]), abs=1e-9) and high == pytest.approx(min(1.0, want[1]), abs=1e-9)
+    assert proportion_interval(0, 0) is None
+
+
+def test_mcnemar_is_the_exact_binomial_test_on_the_discordant_problems() -> None:
+    # 6 problems only the variant got right, 3 only the baseline: p = 2 P(X <= 3 | 9, 1/2)
+    base = [False] * 6 + [True] * 3 + [True] * 10 + [False] * 31
+    var = [True] * 6 + [False] * 3 + [True] * 10 + [False] * 31
+    r = paired_comparison(base, var)
+    assert (r.n, r.only_variant, r.only_baseline) == (50, 6, 3)
+    assert r.mcnemar_p == pytest.approx(2 * sum(math.comb(9, i) for i in range(4)) / 2 ** 9)
+    assert r.diff == pytest.approx(3 / 50) and r.acc == pytest.approx(16 / 50)
+    assert r.diff_low < r.diff < r.diff_high and -1 <= r.diff_low and r.diff_high <= 1
+    assert paired_comparison(base, var) == r  # seeded: the summary is reproducible
+
+
+def test_a_large_paired_difference_is_significant_and_none_is_not() -> None:
+    base = [False] * 40 + [True] * 10
+    var = [True] * 30 + [False] * 10 + [True] * 10
+    r = paired_comparison(base, var)
+    assert r.mcnemar_p < 1e-6 and r.diff_low > 0.3
+    same = paired_comparison(base, base)
+    assert (same.diff, same.diff_low, same.diff_high, same.mcnemar_p) == (0.0, 0.0, 0.0, 1.0)
+    assert paired_comparison([], []) is None
+    with pytest.raises(ValueError, match="same order"):
+        paired_comparison([True], [True, False])
+
+
+def test_a_comparison_summary_carries_intervals_and_paired_tests(tmp_path) -> None:
+    from tts.config.compose import compose
+    from tts.runner import run_bench
+
+    cfg = compose("config", ["generator=fake", "verifier=fake", "logger=none", "dataset.first_k=6", "search.n=4",
+                             "search.beam_width=2", "search.max_iterations=3", "bench.compare=[baseline,PMS]",
+                             f"bench.results_dir={tmp_path}", "bench.run_name=s"])
+    summary = json.loads((run_bench(cfg) / "summary.json").read_text())
+    base, pms = summary["variants"]["baseline"], summary["variants"]["PMS"]
+    low, high = base["acc_majority_ci"]
+    assert low <= base["acc_majority"] <= high and base["num_graded"] == 6
+    paired = pms["paired"]["acc_majority"]
+    assert paired["n"] == 6 and paired["diff"] == pytest.approx(pms["acc_majority"] - base["acc_majority"])
+    assert 0.0 <= paired["mcnemar_p"] <= 1.0 and "paired" not in base
+    table = summary["ratio_table_md"]
+    assert "accuracy (majority), 95% interval" in table and "exact McNemar p" in table
