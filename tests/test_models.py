@@ -296,6 +296,98 @@ def test_pull_checks_sha256(
     assert list(tmp_cache.iterdir()) == []
 
 
+# A model split over part wheels, with pip itself (offline: --no-index, a local folder of
+# wheels): pip checks each wheel's hash, assembly checks each part's size, then the file.
+PARTS = (b"GGUF" + b"x" * 300, b"y" * 200, b"z" * 100)
+
+
+def _write_wheel(folder: Path, index: int, payload: bytes) -> Path:
+    name = f"tts_test_part{index}"
+    path = folder / f"{name}-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as wheel:
+        wheel.writestr(f"{name}/data/part{index:02d}.bin", payload)
+        wheel.writestr(f"{name}-1.0.dist-info/METADATA",
+                       f"Metadata-Version: 2.1\nName: tts-test-part{index}\nVersion: 1.0\n")
+        wheel.writestr(f"{name}-1.0.dist-info/WHEEL",
+                       "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        wheel.writestr(f"{name}-1.0.dist-info/RECORD", "")
+    return path
+
+
+@pytest.fixture
+def parted(tmp_path: Path, tmp_cache: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[ModelSpec, Path]:
+    """A registry model in three part wheels served from a local folder (no network)."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    paths = [_write_wheel(wheels, i, chunk) for i, chunk in enumerate(PARTS, start=1)]
+    parts = tuple(GgufPart(f"tts-test-part{i}", "1.0", f"tts_test_part{i}/data/part{i:02d}.bin",
+                           wheel_sha256=hashlib.sha256(p.read_bytes()).hexdigest(), size=len(chunk))
+                  for i, (p, chunk) in enumerate(zip(paths, PARTS), start=1))
+    spec = ModelSpec("parted", "test/parted", "generator", "llama", None, "pypi-gguf", 0.001,
+                     pypi_package="tts-test-part1", pypi_version="1.0", gguf_file="parted.gguf",
+                     gguf_parts=parts, gguf_sha256=hashlib.sha256(b"".join(PARTS)).hexdigest(),
+                     gguf_size=sum(map(len, PARTS)))
+    monkeypatch.setitem(registry.REGISTRY, "parted", spec)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
+    monkeypatch.setattr(convert, "convert_gguf",
+                        lambda src, name, out: _fake_complete(out, marker=False)
+                        if (src / name).read_bytes() == b"".join(PARTS) else pytest.fail("wrong assembly"))
+    monkeypatch.setattr(convert, "verify_folder", lambda folder: {"eos_token_id": 2})
+    monkeypatch.setattr(convert, "library_versions", lambda: {})
+    return spec, wheels
+
+
+def test_parts_are_downloaded_hash_checked_and_assembled(parted, tmp_cache: Path) -> None:
+    said: list[str] = []
+    path = provision.pull("parted", progress=said.append)
+    assert cache.is_present("parted")
+    assert json.loads((path / MARKER_FILE).read_text())["gguf_sha256"] == parted[0].gguf_sha256
+    assert any("sha256 checked by pip" in line for line in said) and any("3 chunks" in line for line in said)
+    assert any("holds bfloat16" in line and "`dtype: auto` runs" in line for line in said)
+    assert provision.pull("parted", progress=said.append) == path  # a second call does nothing
+    assert said[-1].endswith("is already present at " + str(path))
+
+
+def test_a_corrupt_part_is_named_and_nothing_is_kept(parted, tmp_cache: Path) -> None:
+    spec, wheels = parted
+    _write_wheel(wheels, 2, b"y" * 199 + b"!")  # same name and size, other bytes
+    with pytest.raises(ProvisionError, match="tts-test-part2") as err:
+        provision.pull("parted", progress=lambda _: None)
+    assert "hash" in str(err.value).lower()
+    assert not tmp_cache.exists() or list(tmp_cache.iterdir()) == []
+
+
+def test_a_missing_part_is_named(parted, tmp_cache: Path) -> None:
+    spec, wheels = parted
+    (wheels / "tts_test_part3-1.0-py3-none-any.whl").unlink()
+    with pytest.raises(ProvisionError, match="tts-test-part3"):
+        provision.pull("parted", progress=lambda _: None)
+    assert not tmp_cache.exists() or list(tmp_cache.iterdir()) == []
+
+
+def test_a_short_part_is_named_before_hashing(parted, tmp_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without wheel hashes (pip cannot check them), each part's size still names the bad one."""
+    spec, wheels = parted
+    unhashed = dataclasses.replace(spec, gguf_parts=tuple(dataclasses.replace(p, wheel_sha256=None)
+                                                          for p in spec.gguf_parts))
+    monkeypatch.setitem(registry.REGISTRY, "parted", unhashed)
+    _write_wheel(wheels, 2, b"y" * 150)
+    with pytest.raises(ProvisionError, match=r"part 2 \(tts-test-part2==1.0.*150 bytes, not the expected 200"):
+        provision.pull("parted", progress=lambda _: None)
+    assert not tmp_cache.exists() or list(tmp_cache.iterdir()) == []
+
+
+def test_the_qwen_coder_models_are_registered_part_by_part() -> None:
+    for key, count, size in (("qwen2.5-coder-1.5b-instruct", 22, 1_117_320_768),
+                             ("qwen2.5-coder-0.5b-instruct", 6, 491_400_064)):
+        spec = registry.get_spec(key)
+        assert len(spec.gguf_parts) == count and spec.gguf_size == size
+        assert all(p.wheel_sha256 and p.size for p in spec.gguf_parts)
+        assert sum(p.size for p in spec.gguf_parts) == size
+        assert "declare no licence" in spec.license and spec.prm_adapter == "judge"
+
+
 # ---------------------------------------------------------------- the real default model
 
 

@@ -216,13 +216,14 @@ def print_models() -> None:
     table = Table(title="tts models")
     # the key is what users type: never cut; paths go below the table, one per line
     table.add_column("key", no_wrap=True, min_width=max((len(str(m.get("key", ""))) for m in models), default=3))
-    for col in ("role", "adapter", "source", "present", "needs"):
+    cols = ("role", "adapter", "source", "size", "license", "present", "needs")
+    for col in cols:
         table.add_column(col, overflow="fold")
     for m in models:
-        table.add_row(*(str(m.get(c, "")) for c in ("key", "role", "adapter", "source", "present", "needs")))
+        table.add_row(*(str(m.get(c, "")) for c in ("key", *cols)))
     out = Console()
     if not out.is_terminal:  # piped or captured: rich's 80-column default folds every cell
-        out = Console(width=120)
+        out = Console(width=160)
     out.print(table)
     for m in models:
         out.print(f"{m.get('key')}: {m.get('path')}", soft_wrap=True, highlight=False)

@@ -12,7 +12,8 @@ def list_models() -> list[dict[str, Any]]:
     """One row per registry model, in registry order.
 
     Keys: ``key``, ``hf_id``, ``role``, ``family``, ``adapter`` (PRM adapter or None),
-    ``source`` ("pypi-gguf" or "hub"), ``params_b``, ``present`` (bool), ``path`` (the cache
+    ``source`` ("pypi-gguf" or "hub"), ``params_b``, ``present`` (bool), ``size`` (parameters,
+    and the download for a PyPI model), ``license`` (the licence note), ``path`` (the cache
     folder, as a string, whether or not it exists) and ``needs``: "-" when present, else
     "pypi" (``tts models pull <key>`` fetches it) or "hub" (a manual hub download).
     """
@@ -31,8 +32,19 @@ def list_models() -> list[dict[str, Any]]:
                 "source": spec.source,
                 "params_b": spec.params_b,
                 "present": present,
+                "size": _size(spec),
+                "license": spec.license or "see the hub model card",
                 "path": str(path),
                 "needs": needs,
             }
         )
     return rows
+
+
+def _size(spec) -> str:
+    text = f"{spec.params_b:g}B params"
+    if spec.gguf_size:
+        text += f", {spec.gguf_size / 1e9:.2f} GB GGUF"
+    if len(spec.gguf_parts) > 1:
+        text += f" in {len(spec.gguf_parts)} wheels"
+    return text

