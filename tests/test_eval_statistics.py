@@ -64,3 +64,35 @@ def test_a_comparison_summary_carries_intervals_and_paired_tests(tmp_path) -> No
     assert 0.0 <= paired["mcnemar_p"] <= 1.0 and "paired" not in base
     table = summary["ratio_table_md"]
     assert "accuracy (majority), 95% interval" in table and "exact McNemar p" in table
+
+
+def test_search_variants_join_the_comparison_on_the_same_problems(tmp_path) -> None:
+    """`bench.search_variants` adds best-of-N and self-consistency (baseline engine, the run's
+    N) to the compared variants: same problems, paired against the first variant."""
+    from tts.config.compose import compose
+    from tts.results.store import RunStore
+    from tts.runner import run_bench
+
+    cfg = compose("config", ["generator=fake", "verifier=fake", "logger=none", "dataset.first_k=3", "search.n=4",
+                             "search.beam_width=2", "search.max_iterations=3", "bench.compare=[baseline,PMS]",
+                             "bench.search_variants=[best_of_n,self_consistency]",
+                             f"bench.results_dir={tmp_path}", "bench.run_name=v"])
+    path = run_bench(cfg)
+    records = RunStore(path).records()
+    names = ["baseline", "PMS", "best_of_n", "self_consistency"]
+    assert [r["variant"] for r in records[::3]] == names
+    assert all(len(r["candidates"]) == 4 for r in records)
+    sc = [r for r in records if r["variant"] == "self_consistency"]
+    assert all(c["score"] is None for r in sc for c in r["candidates"])  # no verifier: majority only
+    summary = json.loads((path / "summary.json").read_text())
+    assert list(summary["variants"]) == names
+    assert summary["variants"]["self_consistency"]["paired"]["acc_majority"]["n"] == 3
+
+
+def test_an_unknown_search_variant_names_the_choices() -> None:
+    from tts.config.compose import ConfigError, compose, validate
+    from tts.runner import run_variants
+
+    cfg = validate(compose("config", ["generator=fake", "verifier=fake", "bench.search_variants=[bon]"]))
+    with pytest.raises(ConfigError, match="unknown search preset 'bon'; valid choices: beam, best_of_n"):
+        run_variants(cfg)

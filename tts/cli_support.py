@@ -98,11 +98,11 @@ def _with_progress(fn, cfg: DictConfig) -> Path:
 def _run_search(fn, cfg: DictConfig) -> Path:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from tts.runner import load_problems_for, variant_optims
+    from tts.runner import load_problems_for, run_variants
     from tts.config.compose import validate
 
     conf = validate(cfg)
-    total = len(load_problems_for(conf)) * len(variant_optims(conf))
+    total = len(load_problems_for(conf)) * len(run_variants(conf))
     tokens, start = [0], time.perf_counter()
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(),

@@ -6,6 +6,7 @@ process, over the same problems with the same seeds, sharing the loaded models.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tts.backends.factory import Backends, read_prompt, static_split
 from tts.config.compose import CONF_DIR, ConfigError, preset_optims, to_yaml, validate
-from tts.config.schema import BackendKind, BenchMode, Config, EngineKind, OptimConfig
+from tts.config.schema import BackendKind, BenchMode, Config, EngineKind, OptimConfig, SearchConfig
 from tts.engine.base import EngineOptions, ProblemInput
 from tts.engine.sync import SyncEngine
 from tts.memory.thrash import attach_counters, detach_counters
@@ -51,6 +52,23 @@ def variant_optims(cfg: Config) -> list[tuple[str, OptimConfig]]:
     if not cfg.bench.compare:
         return [(_preset_name(cfg.optim), cfg.optim)]
     return preset_optims(list(cfg.bench.compare), list(cfg.bench.optim_overrides))
+
+
+def run_variants(cfg: Config) -> list[tuple[str, OptimConfig, SearchConfig]]:
+    """Every variant the run compares, in order: (name, optim, search). The optim variants
+    (`variant_optims`) search with `cfg.search`; then each `bench.search_variants` preset
+    runs on the baseline engine at `cfg.search.n`."""
+    from tts.config.compose import preset_searches
+
+    out = [(name, optim, cfg.search) for name, optim in variant_optims(cfg)]
+    if cfg.bench.search_variants:
+        baseline = preset_optims(["baseline"], [])[0][1]
+        taken = {name for name, _, _ in out}
+        for name, search in preset_searches(list(cfg.bench.search_variants), cfg.search.n):
+            if name in taken:
+                raise ConfigError(f"bench.search_variants: {name!r} is also an optim variant's name")
+            out.append((name, baseline, search))
+    return out
 
 
 def _preset_name(optim: OptimConfig) -> str:
@@ -93,9 +111,13 @@ def spec_batch_cap(cfg: Config, optim: OptimConfig) -> int:
     return max(1, round(device_profile(cfg).ridge_point * shape.dtype_bytes / 2))
 
 
-def build_engine(cfg: Config, optim: OptimConfig, backends: Backends):
-    """The engine for one variant, on backends sized for it."""
+def build_engine(cfg: Config, optim: OptimConfig, backends: Backends, search: SearchConfig | None = None):
+    """The engine for one variant (searching with `search`, default `cfg.search`), on
+    backends sized for it."""
     from tts.memory.planner import plan_memory
+
+    if search is not None and search != cfg.search:
+        cfg = dataclasses.replace(cfg, search=search)
 
     # M needs real model shapes; the fake backend has none, so it keeps the static split
     roofline = optim.roofline_memory and cfg.generator.backend is BackendKind.vllm
@@ -152,8 +174,8 @@ def run_bench(cfg_node: DictConfig, progress: Callable | None = None) -> Path:
     problems = load_problems_for(cfg)
     if not problems:
         raise ConfigError("dataset: the subset selects no problems")
-    variants = variant_optims(cfg)
-    hint = f"{cfg.search.algorithm.value}-n{cfg.search.n}-" + "-vs-".join(n for n, _ in variants)
+    variants = run_variants(cfg)
+    hint = f"{cfg.search.algorithm.value}-n{cfg.search.n}-" + "-vs-".join(n for n, _, _ in variants)
     store = RunStore.create(cfg.bench.results_dir, cfg.bench.run_name, cfg.bench.resume, hint)
     if cfg.bench.resume:  # records made with other settings must not be mixed in
         changed = store.config_changes(OmegaConf.to_container(cfg_node, resolve=True))
@@ -171,11 +193,11 @@ def run_bench(cfg_node: DictConfig, progress: Callable | None = None) -> Path:
     step_logs: dict[str, dict] = store.step_logs() if cfg.bench.resume else {}
     backends = Backends(cfg)
     try:
-        for name, optim in variants:
+        for name, optim, search in variants:
             todo = [p for p in problems if (name, p.id) not in done]
             if not todo:
                 continue
-            engine = build_engine(cfg, optim, backends)
+            engine = build_engine(cfg, optim, backends, search)
             inputs = [ProblemInput(p.id, p.problem) for p in todo]
             # the variant's wall clock, carried across a resume by the records themselves
             start = time.perf_counter() - variant_wall(store.records(), name)
@@ -200,7 +222,7 @@ def run_bench(cfg_node: DictConfig, progress: Callable | None = None) -> Path:
                 detach_counters(counters)
     finally:
         backends.close()
-    summary, plots = write_summary(store, [n for n, _ in variants], step_logs, host)
+    summary, plots = write_summary(store, [n for n, _, _ in variants], step_logs, host)
     logger.log_summary(summary, {"records": _table_rows(store.records())}, plots)
     logger.finish()
     return store.path

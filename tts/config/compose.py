@@ -89,6 +89,26 @@ def preset_optims(names: list[str], overrides: list[str]) -> list:
     return out
 
 
+def preset_searches(names: list[str], n: int) -> list:
+    """(name, SearchConfig) of each `conf/search` preset in `names`, at `n` paths; a
+    ConfigError names an unknown preset with the choices."""
+    from tts.config.schema import SearchConfig
+
+    out = []
+    for name in names:
+        path = CONF_DIR / "search" / f"{name}.yaml"
+        if not path.exists():
+            valid = sorted(p.stem for p in (CONF_DIR / "search").glob("*.yaml"))
+            raise ConfigError(f"bench.search_variants: unknown search preset {name!r}; valid choices: "
+                              f"{', '.join(valid)}")
+        try:
+            merged = OmegaConf.merge(OmegaConf.structured(SearchConfig), OmegaConf.load(path), {"n": n})
+            out.append((name, OmegaConf.to_object(merged)))
+        except Exception as err:
+            raise ConfigError(f"bench.search_variants: {name!r} at n={n}: {explain(err)}") from err
+    return out
+
+
 def validate(cfg: DictConfig):
     """Instantiate the dataclass schemas (running each `__post_init__`)."""
     try:

@@ -302,6 +302,10 @@ class BenchConfig:
     # `optim.KEY=VALUE` applied on top of every `compare` preset; filled from the command
     # line's `optim.*` overrides when `compare` is set (see tts.config.compose)
     optim_overrides: list[str] = field(default_factory=list)
+    # more variants: the baseline engine with each `conf/search` preset at this run's
+    # search.n (e.g. [best_of_n, self_consistency]), on the same problems and seeds: what the
+    # tree search adds over sampling N paths, in the same accuracy table and paired tests
+    search_variants: list[str] = field(default_factory=list)
     # a problem that starts with none in flight (every problem at concurrency 1) starts on
     # empty prefix caches, so its record does not depend on what ran before it, in bf16 too:
     # a resumed run, or one problem re-run alone, repeats the uninterrupted run's record.

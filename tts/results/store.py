@@ -59,7 +59,8 @@ class RunStore:
         old, new = _flatten(saved), _flatten(config)
         skip = ("bench.resume", "logger.", "dataset.first_k", "dataset.random_k", "dataset.ids", "dataset.levels")
         return [f"{k}: {old[k]!r} -> {new[k]!r}" for k in sorted(old.keys() & new.keys())
-                if old[k] != new[k] and not k.startswith(skip) and k != "bench.compare"]
+                if old[k] != new[k] and not k.startswith(skip)
+                and k not in ("bench.compare", "bench.search_variants")]
 
     def saved_config(self) -> dict:
         """The run's `config.yaml` as a dict ({} when there is none)."""
