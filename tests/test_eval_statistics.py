@@ -96,3 +96,5 @@ def test_an_unknown_search_variant_names_the_choices() -> None:
     cfg = validate(compose("config", ["generator=fake", "verifier=fake", "bench.search_variants=[bon]"]))
     with pytest.raises(ConfigError, match="unknown search preset 'bon'; valid choices: beam, best_of_n"):
         run_variants(cfg)
+    one = validate(compose("config", ["generator=fake", "verifier=fake", "bench.search_variants=[self_consistency@1]"]))
+    assert [(name, search.n) for name, _, search in run_variants(one)] == [("baseline", 8), ("self_consistency@1", 1)]

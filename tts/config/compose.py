@@ -90,22 +90,27 @@ def preset_optims(names: list[str], overrides: list[str]) -> list:
 
 
 def preset_searches(names: list[str], n: int) -> list:
-    """(name, SearchConfig) of each `conf/search` preset in `names`, at `n` paths; a
-    ConfigError names an unknown preset with the choices."""
+    """(name, SearchConfig) of each `conf/search` preset in `names`, at `n` paths, or at the
+    paths a `NAME@K` entry gives (`self_consistency@1`: one sample, the single-sample
+    reference); a ConfigError names an unknown preset with the choices."""
     from tts.config.schema import SearchConfig
 
     out = []
-    for name in names:
+    for entry in names:
+        name, _, k = entry.partition("@")
         path = CONF_DIR / "search" / f"{name}.yaml"
         if not path.exists():
             valid = sorted(p.stem for p in (CONF_DIR / "search").glob("*.yaml"))
             raise ConfigError(f"bench.search_variants: unknown search preset {name!r}; valid choices: "
-                              f"{', '.join(valid)}")
+                              f"{', '.join(valid)} (optionally NAME@N for N paths)")
+        if k and not k.isdigit():
+            raise ConfigError(f"bench.search_variants: {entry!r}: after @ comes the number of paths")
         try:
-            merged = OmegaConf.merge(OmegaConf.structured(SearchConfig), OmegaConf.load(path), {"n": n})
-            out.append((name, OmegaConf.to_object(merged)))
+            merged = OmegaConf.merge(OmegaConf.structured(SearchConfig), OmegaConf.load(path),
+                                     {"n": int(k) if k else n})
+            out.append((entry, OmegaConf.to_object(merged)))
         except Exception as err:
-            raise ConfigError(f"bench.search_variants: {name!r} at n={n}: {explain(err)}") from err
+            raise ConfigError(f"bench.search_variants: {entry!r} at n={k or n}: {explain(err)}") from err
     return out
 
 
