@@ -439,3 +439,32 @@ def test_bf16_judge_scores_agree_within_tolerance(bf16_ver) -> None:
     assert bf16_ver.reset_prefix_cache()
     cold, _ = bf16_ver.score(requests)  # the same cache state and batch as the first: exact
     assert [x for s in cold for x in s] == flat
+
+
+@pytest.mark.parametrize("version, ok", [("0.32.0", True), ("0.32.3", True), ("0.33.1", False), ("0.3.2", False)])
+def test_another_vllm_version_is_refused_before_loading(model_path: str, monkeypatch, version: str, ok: bool) -> None:
+    """The engine hooks into vLLM 0.32 internals: another minor version is a clear error
+    naming both versions, before any weight loads (TTS_ALLOW_ANY_VLLM=1 lets it through)."""
+    import vllm
+
+    from tts.backends.vllm_engine import make_llm
+    from tts.backends.vllm_version import UnsupportedVllmError
+
+    class Loaded(Exception):
+        pass
+
+    def load(**_):
+        raise Loaded
+
+    monkeypatch.setattr(vllm, "__version__", version)
+    monkeypatch.setattr(vllm, "LLM", load)
+    monkeypatch.delenv("TTS_ALLOW_ANY_VLLM", raising=False)
+    if ok:
+        with pytest.raises(Loaded):
+            make_llm(model_path, **ENGINE)
+        return
+    with pytest.raises(UnsupportedVllmError, match=rf"vLLM {version} is installed, but tts supports vLLM 0\.32\.x"):
+        make_llm(model_path, **ENGINE)
+    monkeypatch.setenv("TTS_ALLOW_ANY_VLLM", "1")
+    with pytest.raises(Loaded):
+        make_llm(model_path, **ENGINE)

@@ -74,12 +74,13 @@ def print_config(jobs: list[Job]) -> None:
 
 def run_jobs(jobs: list[Job]) -> int:
     """Run each job with a progress bar; print its summary table. Exit code 0 or 2."""
+    from tts.backends.vllm_version import UnsupportedVllmError
     from tts.runner import run_bench
 
     for job in jobs:
         try:
             path = _with_progress(run_bench, job.cfg)
-        except (ValueError, FileExistsError, FileNotFoundError) as err:
+        except (ValueError, FileExistsError, FileNotFoundError, UnsupportedVllmError) as err:
             console.print(f"[red]error:[/red] {escape(str(err))}")
             return 2
         print_summary(path)
@@ -181,12 +182,13 @@ def regrade(path: Path) -> int:
 
 
 def run_profile(jobs: list[Job], calibrate: bool) -> int:
+    from tts.backends.vllm_version import UnsupportedVllmError
     from tts.memory.profile import profile_memory
 
     for job in jobs:
         try:
             profile_memory(job.cfg, calibrate=calibrate, console=Console())
-        except (ValueError, FileNotFoundError) as err:
+        except (ValueError, FileNotFoundError, UnsupportedVllmError) as err:
             console.print(f"[red]error:[/red] {escape(str(err))}")
             return 2
     return 0

@@ -195,6 +195,10 @@ def make_llm(
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     import vllm
 
+    from tts.backends.vllm_version import check_vllm_version
+
+    check_vllm_version()  # before any weight loads: a clear error, not a failure deep in vLLM
+
     kwargs: dict[str, Any] = dict(
         model=str(Path(model_path).expanduser()), tokenizer=str(Path(model_path).expanduser()),
         dtype=dtype, seed=seed, block_size=block_size, max_num_seqs=max_num_seqs,

@@ -22,13 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 from tts.backends.base import StepStats
 from tts.backends.vllm_engine import find_scheduler
+from tts.backends.vllm_version import SUPPORTED_VLLM
 
 if TYPE_CHECKING:  # pragma: no cover
     import vllm
 
 logger = logging.getLogger(__name__)
 
-TESTED_VLLM_VERSIONS: tuple[str, ...] = ("0.32",)
+TESTED_VLLM_VERSIONS: tuple[str, ...] = (SUPPORTED_VLLM,)  # one place: tts.backends.vllm_version
 _SCHEDULER_ATTRS: tuple[str, ...] = (
     "schedule", "get_request_counts", "kv_cache_manager", "max_num_running_reqs",
     "max_num_scheduled_tokens",

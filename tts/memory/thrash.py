@@ -41,13 +41,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tts.backends.vllm_engine import find_scheduler
+from tts.backends.vllm_version import SUPPORTED_VLLM
 
 if TYPE_CHECKING:  # pragma: no cover
     import vllm
 
 logger = logging.getLogger(__name__)
 
-TESTED_VLLM_VERSIONS: tuple[str, ...] = ("0.32",)
+TESTED_VLLM_VERSIONS: tuple[str, ...] = (SUPPORTED_VLLM,)  # one place: tts.backends.vllm_version
 _POOL_METHODS = ("get_cached_block", "_insert_block_hash", "_maybe_evict_cached_block",
                  "reset_prefix_cache", "cached_block_hash_to_block", "hash_block_size")
 _MANAGER_METHODS = ("get_computed_blocks", "record_prefix_cache_stats", "block_pool")
