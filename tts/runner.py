@@ -165,12 +165,15 @@ def run_host(cfg: Config) -> dict:
     return host_info(resolved_dtypes(cfg), resolve_sampler(cfg).value)
 
 
-def run_bench(cfg_node: DictConfig, progress: Callable | None = None) -> Path:
-    """Run the configured benchmark; returns the results folder."""
+def run_bench(cfg_node: DictConfig, progress: Callable | None = None,
+              on_folder: Callable[[Path], None] | None = None) -> Path:
+    """Run the configured benchmark; returns the results folder. `on_folder(path)` is called
+    once the folder exists, before any model loads (the CLI sends library output to a log
+    file there)."""
     cfg: Config = validate(cfg_node)
     if cfg.bench.mode is BenchMode.ceiling:
         from tts.benchmarks.ceiling import run_ceiling
-        return run_ceiling(cfg_node)
+        return run_ceiling(cfg_node, on_folder=on_folder)
     problems = load_problems_for(cfg)
     if not problems:
         raise ConfigError("dataset: the subset selects no problems")
@@ -183,6 +186,8 @@ def run_bench(cfg_node: DictConfig, progress: Callable | None = None) -> Path:
             raise ConfigError(f"--resume: {store.path} was run with other settings ({'; '.join(changed)}); "
                               "resume with the same ones, or choose another bench.run_name")
     store.write_config(to_yaml(cfg_node))
+    if on_folder:
+        on_folder(store.path)
     host = run_host(cfg)
     done = store.done_keys() if cfg.bench.resume else set()
     logger = RunLogger(cfg.logger.wandb, cfg.logger.mode, cfg.logger.project, cfg.logger.entity,

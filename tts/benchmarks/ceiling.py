@@ -29,7 +29,7 @@ from omegaconf import DictConfig
 RAW = "raw"
 
 
-def run_ceiling(cfg_node: DictConfig, progress=None) -> Path:
+def run_ceiling(cfg_node: DictConfig, progress=None, on_folder=None) -> Path:
     """Run the ceiling benchmark the config describes; returns the results folder."""
     from omegaconf import OmegaConf
 
@@ -55,6 +55,8 @@ def run_ceiling(cfg_node: DictConfig, progress=None) -> Path:
     dtype = resolve_dtype(g.dtype, hf)
     store = RunStore.create(cfg.bench.results_dir, cfg.bench.run_name, False, f"ceiling-{dtype}")
     store.write_config(to_yaml(cfg_node))
+    if on_folder:
+        on_folder(store.path)
     host = host_info({"generator": dtype})
 
     batch = max(c.batches)
