@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.vllm,
                                  reason="default model not pulled (tts models pull smollm2-135m-instruct)")]
 
 TINY = ["logger=none", "search.n=2", "search.beam_width=2", "search.max_iterations=2", "generator.step_max_tokens=12",
-        "generator.max_total_tokens=36", "dataset.first_k=1", "memory.kv_cache_gib=0.25"]
+        "generator.max_total_tokens=36", "dataset.first_k=1"]
 LIBRARY_LINE = re.compile(r"\b(INFO|WARNING)\b|MainProcess|Loading safetensors|NUMA binding|wandb:")
 
 

@@ -62,11 +62,40 @@ def plan_memory(cfg: Config, optim: OptimConfig) -> tuple[EngineSpec, EngineSpec
     if split is None:
         raise ValueError(f"memory.kv_cache_gib={cfg.memory.kv_cache_gib}: too small to hold one generator "
                          "and one verifier sequence; raise it")
+    gen_kv, ver_kv = _with_floors(cfg, split.generator_kv_bytes, split.verifier_kv_bytes)
     # The engines' slots (vLLM's max_num_seqs, fixed at start) must hold every batch cap a
     # re-plan can choose (`RuntimeAllocator`: at most one per beam in flight); the cap the
     # split chose for the peak workload is set when the engine is built (`initial_caps`).
-    return (EngineSpec(split.generator_kv_bytes, max(split.generator_max_seqs, beams, 1)),
-            EngineSpec(split.verifier_kv_bytes, max(split.verifier_max_seqs, beams, 1)))
+    return (EngineSpec(gen_kv, max(split.generator_max_seqs, beams, 1)),
+            EngineSpec(ver_kv, max(split.verifier_max_seqs, beams, 1)))
+
+
+def _with_floors(cfg: Config, gen_kv: int, ver_kv: int) -> tuple[int, int]:
+    """The split, with each engine raised to the KV vLLM needs to start at all (one longest
+    sequence, plus its null block), taken from the other's share: a small workload's split
+    can give an engine less than that. ValueError when the budget cannot hold both."""
+    from tts.backends.factory import PROMPT_ROOM
+    from tts.backends.vllm_engine import kv_bytes_per_token, read_hf_config
+    from tts.models.cache import resolve_model
+
+    g = cfg.generator
+    longest = PROMPT_ROOM + g.max_total_tokens + 2 * g.step_max_tokens
+    block = cfg.memory.block_size
+    blocks = -(-longest // block) + 1
+
+    def floor(model: str, dtype: str) -> int:
+        return blocks * block * kv_bytes_per_token(read_hf_config(resolve_model(model)), dtype)
+
+    gen_floor, ver_floor = floor(g.model, g.dtype), floor(cfg.verifier.model, cfg.verifier.dtype)
+    total = gen_kv + ver_kv
+    if total < gen_floor + ver_floor:
+        raise ValueError(f"memory.kv_cache_gib={cfg.memory.kv_cache_gib}: {total} bytes cannot hold one "
+                         f"sequence of {longest} tokens in each engine ({gen_floor} + {ver_floor} bytes); raise it")
+    if gen_kv < gen_floor:
+        gen_kv, ver_kv = gen_floor, total - gen_floor
+    if ver_kv < ver_floor:
+        gen_kv, ver_kv = total - ver_floor, ver_floor
+    return gen_kv, ver_kv
 
 
 def initial_caps(cfg: Config) -> tuple[int, int]:
