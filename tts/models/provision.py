@@ -53,10 +53,7 @@ def pull(key: str, force: bool = False, progress: Progress | None = None) -> Pat
         say(f"{spec.key} is already present at {dest}")
         return dest
     if spec.source == "hub":
-        raise ProvisionError(
-            f"Model {spec.key!r} ({spec.hf_id}) must come from the Hugging Face Hub; tts "
-            f"cannot pull it. Download it with {hub_download_hint(spec.hf_id)}."
-        )
+        return pull_hub(spec.hf_id, dest, force=force, say=say, key=spec.key)
     root = cache_dir()
     root.mkdir(parents=True, exist_ok=True)
     _remove_stale_work_dirs(root, spec.key)
@@ -101,6 +98,73 @@ def pull(key: str, force: bool = False, progress: Progress | None = None) -> Pat
         shutil.rmtree(work, ignore_errors=True)
     say(f"{spec.key} ready at {dest} ({time.monotonic() - started:.0f} s)")
     return dest
+
+
+def hub_offline() -> bool:
+    """Whether the Hugging Face Hub is switched off (`HF_HUB_OFFLINE`, as huggingface_hub reads it)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
+
+
+def hub_folder(hf_id: str) -> Path:
+    """The cache folder of a hub model that is not in the registry."""
+    return cache_dir() / "hub" / hf_id.replace("/", "--")
+
+
+def pull_hub(hf_id: str, dest: Path, force: bool = False, say: Progress | None = None,
+             key: str | None = None) -> Path:
+    """Download hub model `hf_id` into `dest` with huggingface_hub (its own progress bars),
+    check that its config and tokenizer load and its weights are there, mark it complete
+    and rename it into place atomically. Offline (`HF_HUB_OFFLINE=1`) it fails at once,
+    naming the model and the setting. Idempotent like `pull`."""
+    say = say or _stderr
+    name = f"{key!r} ({hf_id})" if key else f"{hf_id!r} (not a local folder, so taken as a Hugging Face Hub id)"
+    if not force and not folder_problems(dest):
+        say(f"{key or hf_id} is already present at {dest}")
+        return dest
+    if hub_offline():
+        raise ProvisionError(
+            f"Model {name} must be downloaded from the Hugging Face Hub, but HF_HUB_OFFLINE is set: "
+            f"unset HF_HUB_OFFLINE (and log in with `hf auth login` for gated models), or download it "
+            f"elsewhere with {hub_download_hint(hf_id)}.")
+    from huggingface_hub import snapshot_download
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{dest.name}.pull-{os.getpid()}-", dir=dest.parent))
+    started = time.monotonic()
+    try:
+        out = work / "model"
+        say(f"Downloading {hf_id} from the Hugging Face Hub (huggingface_hub)")
+        try:
+            snapshot_download(repo_id=hf_id, local_dir=str(out),
+                              allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken"])
+        except Exception as err:  # no network, no such repo, gated without a login
+            raise ProvisionError(f"Could not download {name} from the Hugging Face Hub "
+                                 f"({type(err).__name__}: {err})") from err
+        say("Verifying: config, tokenizer and weights load")
+        facts = _check_hub_folder(out)
+        marker = {"key": key, "hf_id": hf_id, "source": "hub", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                  "download_seconds": round(time.monotonic() - started, 1), **facts}
+        (out / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")
+        _make_readable(out)
+        _install(out, dest, work, force, say)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    say(f"{key or hf_id} ready at {dest} ({time.monotonic() - started:.0f} s)")
+    return dest
+
+
+def _check_hub_folder(folder: Path) -> dict:
+    """Config and tokenizer load, weights are there (the publisher's weights: no forward pass,
+    which for a 7B model would take the machine's memory)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    missing = folder_problems(folder, require_marker=False)
+    if missing:
+        raise ProvisionError(f"the downloaded folder {folder} lacks {', '.join(missing)}")
+    config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    return {"model_type": config.model_type, "architectures": list(config.architectures or []),
+            "eos_token_id": tokenizer.eos_token_id}
 
 
 def _pip_download(spec: ModelSpec, dl_dir: Path, dest: Path, say: Progress) -> list[Path]:
