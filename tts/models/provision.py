@@ -89,11 +89,7 @@ def pull(key: str, force: bool = False, progress: Progress | None = None) -> Pat
             "convert_seconds": round(time.monotonic() - started, 1),
             **facts,
         }
-        # Written last, inside the work folder: the rename below publishes a folder that
-        # is complete and verified, or nothing.
-        (out / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")
-        _make_readable(out)
-        _install(out, dest, work, force, say)
+        _publish(out, marker, dest, work, force, say)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     say(f"{spec.key} ready at {dest} ({time.monotonic() - started:.0f} s)")
@@ -144,9 +140,7 @@ def pull_hub(hf_id: str, dest: Path, force: bool = False, say: Progress | None =
         facts = _check_hub_folder(out)
         marker = {"key": key, "hf_id": hf_id, "source": "hub", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                   "download_seconds": round(time.monotonic() - started, 1), **facts}
-        (out / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")
-        _make_readable(out)
-        _install(out, dest, work, force, say)
+        _publish(out, marker, dest, work, force, say)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     say(f"{key or hf_id} ready at {dest} ({time.monotonic() - started:.0f} s)")
@@ -271,6 +265,15 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def _publish(out: Path, marker: dict, dest: Path, work: Path, force: bool, say: Progress) -> None:
+    """Mark the verified folder complete and rename it into place. The marker is written
+    last, inside the work folder: the rename publishes a folder that is complete and
+    verified, or nothing."""
+    (out / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")
+    _make_readable(out)
+    _install(out, dest, work, force, say)
 
 
 def _make_readable(folder: Path) -> None:
