@@ -42,6 +42,14 @@ def _jobs(config_name: str, overrides: list[str] | None, multirun: bool, resume:
 
 def _run(config_name: str, overrides: list[str] | None, multirun: bool, print_cfg: bool, resume: bool,
          verbose: bool = False) -> None:
+    if multirun and not print_cfg and not resume:
+        from tts.hydra_app import uses_hydra_plugins
+
+        if uses_hydra_plugins(list(overrides or [])):  # Hydra's own sweeper and launcher run it
+            from tts.cli_support import run_hydra
+
+            _env_defaults()
+            raise typer.Exit(run_hydra(config_name, list(overrides or [])))
     jobs = _jobs(config_name, overrides, multirun, resume)
     from tts.cli_support import print_config, run_jobs
 

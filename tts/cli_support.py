@@ -104,6 +104,23 @@ def run_jobs(jobs: list[Job], verbose: bool = False) -> int:
     return 0
 
 
+def run_hydra(config_name: str, overrides: list[str]) -> int:
+    """A sweep through Hydra's multirun (`tts.hydra_app`): its launcher runs the jobs."""
+    from tts.hydra_app import run_hydra_multirun
+
+    try:
+        sweep = run_hydra_multirun(config_name, overrides)
+    except (ValueError, FileExistsError, FileNotFoundError) as err:
+        console.print(f"[red]error:[/red] {escape(str(err))}")
+        return 2
+    jobs = sorted(p.parent for p in sweep.glob("*/summary.json"))
+    Console().print(f"sweep: {sweep} ({len(jobs)} jobs)", soft_wrap=True, highlight=False)
+    for job in jobs:
+        Console().print(f"  {job}", soft_wrap=True, highlight=False)
+    Console().print(f"compare them: tts report {' '.join(str(j) for j in jobs)}", soft_wrap=True, highlight=False)
+    return 0
+
+
 def _stop(quiet) -> None:
     if quiet is not None:
         quiet.stop()

@@ -1,0 +1,52 @@
+"""`tts bench -m` through Hydra's own multirun: its launchers run the jobs (tts.hydra_app)."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tts.models.cache import is_present
+
+TTS = str(Path(sys.executable).with_name("tts"))
+FAKE = ["generator=fake", "verifier=fake", "logger=none", "dataset.first_k=1", "--config-name=config"]
+
+
+def sweep(tmp_path: Path, *args: str) -> list[Path]:
+    done = subprocess.run([TTS, "bench", "-m", *args], capture_output=True, text=True, timeout=900, cwd=tmp_path,
+                          env={**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "sweep: results/" in done.stdout
+    return sorted(p.parent for p in tmp_path.glob("results/*-sweep/*/summary.json"))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("hydra_plugins.hydra_joblib_launcher") is None,
+                    reason="hydra-joblib-launcher is not installed (pip install 'tts[joblib]')")
+def test_joblib_launcher_runs_the_jobs_in_parallel_processes(tmp_path: Path) -> None:
+    jobs = sweep(tmp_path, "hydra/launcher=joblib", "search.n=4,8", *FAKE)
+    assert [j.name for j in jobs] == ["0", "1"]
+    meta = [json.loads((j / "job.json").read_text()) for j in jobs]
+    assert [m["overrides"][0] for m in meta] == ["search.n=4", "search.n=8"]
+    assert len({m["pid"] for m in meta}) == 2  # two worker processes
+    ns = [json.loads((j / "summary.json").read_text())["variants"]["baseline"] for j in jobs]
+    assert [len(json.loads((j / "records.jsonl").read_text().splitlines()[0])["candidates"]) for j in jobs] == [4, 8]
+    assert all(n["num_problems"] == 1 for n in ns)
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None,
+                    reason="hydra-submitit-launcher is not installed (pip install 'tts[slurm]')")
+@pytest.mark.skipif(not is_present("smollm2-135m-instruct"), reason="default model not pulled")
+def test_submitit_local_runs_a_real_vllm_job(tmp_path: Path) -> None:
+    """submitit_local is the code path SLURM uses (submitit_slurm), on this machine."""
+    jobs = sweep(tmp_path, "hydra/launcher=submitit_local", "--config-name=config", "logger=none", "search.n=2",
+                 "search.beam_width=2", "search.max_iterations=2", "generator.step_max_tokens=12",
+                 "generator.max_total_tokens=36", "dataset.first_k=1", "search.aggregation=last")
+    assert len(jobs) == 1
+    summary = json.loads((jobs[0] / "summary.json").read_text())
+    assert summary["host"]["dtype"]["generator"] in ("bfloat16", "float32")
+    assert summary["variants"]["baseline"]["num_problems"] == 1
+    assert json.loads((jobs[0] / "job.json").read_text())["pid"] != os.getpid()

@@ -1,0 +1,73 @@
+"""`tts bench -m` through Hydra's own multirun, so Hydra's launchers and sweepers work.
+
+The plain `-m` sweep (`tts.cli_support.compose_jobs`) runs its jobs one after another in
+this process. With a `hydra/launcher=...` or `hydra/sweeper=...` override, the Typer
+command hands its argument list to a Hydra application instead (`run_hydra_multirun`):
+Hydra's sweeper expands the sweep and its launcher runs the jobs, e.g.
+
+- `hydra/launcher=joblib` (`pip install 'tts[joblib]'`): local parallel processes;
+- `hydra/launcher=submitit_slurm` / `submitit_local` (`tts[slurm]`): SLURM jobs, or the
+  same code path on this machine;
+- `hydra/launcher=ray` (`tts[ray]`): a Ray cluster;
+- `hydra/sweeper=optuna` (`hydra-optuna-sweeper`): search a space instead of gridding it.
+
+Each job composes its config exactly as `tts bench` does (`tts.config.compose.compose`,
+with the job's own overrides) and writes its results folder into Hydra's job folder
+`<sweep>/<job number>/`, and `job.json` there when it ends (its overrides, host and pid).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from tts.config.compose import CONF_DIR
+
+
+def uses_hydra_plugins(overrides: list[str]) -> bool:
+    """Whether the overrides choose a Hydra launcher or sweeper (then Hydra runs the sweep)."""
+    return any(o.lstrip("+~").startswith(("hydra/launcher=", "hydra/sweeper=")) for o in overrides)
+
+
+def run_hydra_multirun(config_name: str, overrides: list[str], results_dir: str = "results") -> Path:
+    """Run the sweep with Hydra's multirun; returns the sweep folder."""
+    import hydra
+
+    from tts.config.schema import register_configs
+
+    register_configs()
+    sweep = Path(results_dir) / time.strftime("%Y%m%d-%H%M%S-sweep")
+    argv = [sys.argv[0], "--multirun", *overrides, f"hydra.sweep.dir={sweep}",
+            "hydra.sweep.subdir=${hydra.job.num}",
+            "hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
+    app = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=config_name)(run_job)
+    saved = sys.argv
+    sys.argv = argv
+    try:
+        app()
+    finally:
+        sys.argv = saved
+    return sweep
+
+
+def run_job(_: DictConfig) -> str:
+    """One job of a Hydra multirun: compose as `tts bench` does and run it in the job folder."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from tts.config.compose import compose
+    from tts.runner import run_bench
+
+    hc = HydraConfig.get()
+    folder = Path(hc.runtime.output_dir)
+    mine = [o for o in hc.overrides.task if not o.lstrip("+~").startswith("hydra")]
+    cfg = compose(hc.job.config_name, mine + [f"bench.results_dir='{folder.parent}'", f"bench.run_name='{folder.name}'"])
+    path = run_bench(cfg)
+    (path / "job.json").write_text(json.dumps({"overrides": mine, "job": hc.job.num, "pid": os.getpid(),
+                                               "host": socket.gethostname()}, indent=2))
+    return str(path)
