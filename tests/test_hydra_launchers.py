@@ -34,6 +34,14 @@ def test_joblib_launcher_runs_the_jobs_in_parallel_processes(tmp_path: Path) -> 
     ns = [json.loads((j / "summary.json").read_text())["variants"]["baseline"] for j in jobs]
     assert [len(json.loads((j / "records.jsonl").read_text().splitlines()[0])["candidates"]) for j in jobs] == [4, 8]
     assert all(n["num_problems"] == 1 for n in ns)
+    # the sweep folder's summary across jobs, and a report of the sweep folder compares them
+    from tts.report import write_report
+
+    sweep_dir = jobs[0].parent
+    across = json.loads((sweep_dir / "sweep.json").read_text())
+    assert [j["folder"] for j in across["jobs"]] == ["0", "1"] and across["jobs"][1]["overrides"][0] == "search.n=8"
+    report = json.loads((write_report([str(sweep_dir)], out=tmp_path / "r").parent / "report.json").read_text())
+    assert len(report["runs"]) == 2 and report["host_warnings"] == []
 
 
 @pytest.mark.vllm

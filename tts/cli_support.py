@@ -101,6 +101,13 @@ def run_jobs(jobs: list[Job], verbose: bool = False) -> int:
             if quiet is not None:
                 quiet.close()
         print_summary(path, log=quiet.log_path if quiet else None)
+    if len(jobs) > 1:  # an in-process sweep: its jobs share the sweep folder
+        from tts.results.store import write_sweep_summary
+
+        sweep = path.parent
+        written = write_sweep_summary(sweep)
+        Console().print(f"sweep: {sweep} ({written}); compare the jobs: tts report {sweep}", soft_wrap=True,
+                        highlight=False)
     return 0
 
 
@@ -113,11 +120,15 @@ def run_hydra(config_name: str, overrides: list[str]) -> int:
     except (ValueError, FileExistsError, FileNotFoundError) as err:
         console.print(f"[red]error:[/red] {escape(str(err))}")
         return 2
+    from tts.results.store import write_sweep_summary
+
     jobs = sorted(p.parent for p in sweep.glob("*/summary.json"))
-    Console().print(f"sweep: {sweep} ({len(jobs)} jobs)", soft_wrap=True, highlight=False)
+    summary = write_sweep_summary(sweep)
+    out = Console()
+    out.print(f"sweep: {sweep} ({len(jobs)} jobs; {summary or 'no summary'})", soft_wrap=True, highlight=False)
     for job in jobs:
-        Console().print(f"  {job}", soft_wrap=True, highlight=False)
-    Console().print(f"compare them: tts report {' '.join(str(j) for j in jobs)}", soft_wrap=True, highlight=False)
+        out.print(f"  {job}", soft_wrap=True, highlight=False)
+    out.print(f"compare them: tts report {sweep}", soft_wrap=True, highlight=False)
     return 0
 
 

@@ -47,9 +47,24 @@ def load_runs(specs: list[str]) -> list[RunData]:
     """Load every run; folder names that collide are told apart by their parent folders."""
     if not specs:
         raise ReportError("no runs given: pass one or more result folders or wandb:entity/project/run_id")
-    runs = [load_run(s) for s in specs]
+    runs = [load_run(s) for s in expand_sweeps(specs)]
     _unique_names(runs)
     return runs
+
+
+def expand_sweeps(specs: list[str]) -> list[str]:
+    """A sweep folder (no summary of its own, job folders with one below it) stands for its
+    job folders, in order."""
+    out = []
+    for spec in specs:
+        path = Path(spec)
+        jobs = sorted(p.parent for p in path.glob(f"*/{SUMMARY}")) if path.is_dir() else []
+        if not spec.startswith(WANDB_PREFIX) and jobs and not (path / SUMMARY).exists() \
+                and not (path / PROFILE).exists():
+            out += [str(j) for j in jobs]
+        else:
+            out.append(spec)
+    return out
 
 
 def load_run(spec: str) -> RunData:

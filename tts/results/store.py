@@ -168,3 +168,27 @@ def _jsonable(obj):
     if isinstance(obj, Path):
         return str(obj)
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+SWEEP_SUMMARY = "sweep.json"
+_SWEEP_METRICS = ("precise_goodput", "latency_s_mean", "tokens_per_s", "problems_per_min", "acc_majority",
+                  "acc_majority_ci", "pass@n")
+
+
+def write_sweep_summary(sweep: Path) -> Path | None:
+    """`sweep.json` in a sweep folder: each job folder with a summary, its overrides (from
+    `job.json` or its config) and its variants' headline metrics; None without jobs.
+    `tts report <sweep folder>` compares the job folders."""
+    jobs = []
+    for summary_path in sorted(Path(sweep).glob("*/" + SUMMARY)):
+        folder = summary_path.parent
+        summary = json.loads(summary_path.read_text())
+        meta = json.loads((folder / "job.json").read_text()) if (folder / "job.json").exists() else {}
+        jobs.append({"folder": folder.name, "overrides": meta.get("overrides"), "host": summary.get("host"),
+                     "variants": {name: {k: v.get(k) for k in _SWEEP_METRICS}
+                                  for name, v in summary.get("variants", {}).items()}})
+    if not jobs:
+        return None
+    path = Path(sweep) / SWEEP_SUMMARY
+    path.write_text(json.dumps({"sweep": str(sweep), "jobs": jobs}, indent=2))
+    return path
