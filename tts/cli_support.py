@@ -154,23 +154,36 @@ def _with_progress(fn, cfg: DictConfig, quiet=None) -> Path:
 
 
 def _run_search(fn, cfg: DictConfig, term: Console, on_folder) -> Path:
+    """One progress bar per variant (problems, tokens/s, elapsed and ETA), each started
+    when the variant before it has finished (variants run one after another)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from tts.runner import load_problems_for, run_variants
     from tts.config.compose import validate
+    from tts.runner import load_problems_for, run_variants
 
     conf = validate(cfg)
-    total = len(load_problems_for(conf)) * len(run_variants(conf))
-    tokens, start = [0], time.perf_counter()
+    total = len(load_problems_for(conf))
+    names = [name for name, _, _ in run_variants(conf)]
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(),
                   console=term) as bar:
-        task = bar.add_task("problems", total=total, rate="")
+        tasks = {name: bar.add_task(name, total=total, rate="", start=False) for name in names}
+        bar.start_task(tasks[names[0]])
+        tokens = dict.fromkeys(names, 0)
+        started = {names[0]: time.perf_counter()}
 
         def tick(variant: str, record: dict) -> None:
-            tokens[0] += record["metrics"]["gen_tokens"]
-            rate = tokens[0] / max(1e-9, time.perf_counter() - start)
-            bar.update(task, advance=1, description=f"{variant}", rate=f"{rate:.0f} tok/s")
+            if variant not in started:  # the first record of a variant (after a resume, say)
+                started[variant] = time.perf_counter()
+                bar.start_task(tasks[variant])
+            tokens[variant] += record["metrics"]["gen_tokens"]
+            rate = tokens[variant] / max(1e-9, time.perf_counter() - started[variant])
+            bar.update(tasks[variant], advance=1, rate=f"{rate:.0f} tok/s")
+            if bar.tasks[tasks[variant]].finished:  # the next variant starts now
+                later = names[names.index(variant) + 1:]
+                if later and later[0] not in started:
+                    started[later[0]] = time.perf_counter()
+                    bar.start_task(tasks[later[0]])
 
         return fn(cfg, progress=tick, on_folder=on_folder)
 
