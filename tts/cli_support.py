@@ -168,22 +168,24 @@ def _run_search(fn, cfg: DictConfig, term: Console, on_folder) -> Path:
                   TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(),
                   console=term) as bar:
         tasks = {name: bar.add_task(name, total=total, rate="", start=False) for name in names}
-        bar.start_task(tasks[names[0]])
         tokens = dict.fromkeys(names, 0)
-        started = {names[0]: time.perf_counter()}
+        started: dict[str, float] = {}
+
+        def start(name: str) -> None:
+            if name not in started:
+                started[name] = time.perf_counter()
+                bar.start_task(tasks[name])
 
         def tick(variant: str, record: dict) -> None:
-            if variant not in started:  # the first record of a variant (after a resume, say)
-                started[variant] = time.perf_counter()
-                bar.start_task(tasks[variant])
+            start(variant)  # a no-op but after a resume skipped the variants before it
             tokens[variant] += record["metrics"]["gen_tokens"]
             rate = tokens[variant] / max(1e-9, time.perf_counter() - started[variant])
             bar.update(tasks[variant], advance=1, rate=f"{rate:.0f} tok/s")
-            if bar.tasks[tasks[variant]].finished:  # the next variant starts now
-                later = names[names.index(variant) + 1:]
-                if later and later[0] not in started:
-                    started[later[0]] = time.perf_counter()
-                    bar.start_task(tasks[later[0]])
+            later = names[names.index(variant) + 1:]
+            if bar.tasks[tasks[variant]].finished and later:
+                start(later[0])
+
+        start(names[0])
 
         return fn(cfg, progress=tick, on_folder=on_folder)
 

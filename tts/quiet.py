@@ -26,8 +26,7 @@ class QuietOutput:
     def __init__(self) -> None:
         self.log_path: Path | None = None
         self._saved: tuple[int, int] | None = None
-        # the terminal, whatever fds 1 and 2 point at later
-        self.term_out: TextIO = os.fdopen(os.dup(1), "w", buffering=1)
+        # the terminal's stderr, whatever fd 2 points at later: for the progress display
         self.term_err: TextIO = os.fdopen(os.dup(2), "w", buffering=1)
 
     def start(self, folder: Path) -> None:
@@ -56,11 +55,10 @@ class QuietOutput:
 
     def close(self) -> None:
         self.stop()
-        for stream in (self.term_out, self.term_err):
-            try:
-                stream.close()
-            except OSError:
-                pass
+        try:
+            self.term_err.close()
+        except OSError:
+            pass
 
 
 def wandb_line(folder: Path) -> str | None:

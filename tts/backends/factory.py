@@ -72,8 +72,8 @@ class Backends:
             self._close(self._gen)
             self._gen = None  # a failed build must not leave the closed engine behind
             self._gen = (gen_key, self._make_generator(gen_spec))
-        else:
-            reset_prefix_cache(self._gen[1])
+        else:  # the next variant starts cold, like the first
+            self._gen[1].reset_prefix_cache()
         if ver_spec is None:
             return self._gen[1], None
         ver_key = (ver_spec, v.model, v.backend, v.dtype, v.adapter)
@@ -82,7 +82,7 @@ class Backends:
             self._ver = None
             self._ver = (ver_key, self._make_verifier(ver_spec))
         else:
-            reset_prefix_cache(self._ver[1])
+            self._ver[1].reset_prefix_cache()
         return self._gen[1], self._ver[1]
 
     def _make_generator(self, spec: EngineSpec) -> Generator:
@@ -138,7 +138,3 @@ class Backends:
         self._close(self._ver)
         self._gen = self._ver = None
 
-
-def reset_prefix_cache(backend: Generator | Verifier) -> None:
-    """Forget cached prefixes so that the next variant starts cold, like the first."""
-    backend.reset_prefix_cache()

@@ -66,7 +66,7 @@ class SyncEngine(EngineBase):
         try:
             while queue or live:
                 while queue and len(live) < self.opts.concurrency:
-                    if not live:  # nothing in flight: start it cold (fresh_cache_per_problem)
+                    if not live and self.opts.fresh_cache_per_problem:  # nothing in flight: start it cold
                         self.phase.release()
                         self._fresh_caches()
                     live.append(self._start(queue.popleft()))
