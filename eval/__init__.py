@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     )
     from eval.datasets import load_problems
     from eval.embedded import generate_embedded
-    from eval.extract import extract_boxed
+    from eval.extract import extract_answer, extract_boxed
     from eval.grader import Verdict, grade_answer, grade_many
     from eval.problem import Problem
     from eval.subset import select_subset
@@ -36,6 +36,7 @@ _EXPORTS: dict[str, str] = {
     "weighted_best_of_n": "eval.accuracy",
     "load_problems": "eval.datasets",
     "generate_embedded": "eval.embedded",
+    "extract_answer": "eval.extract",
     "extract_boxed": "eval.extract",
     "Verdict": "eval.grader",
     "grade_answer": "eval.grader",

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from eval._mv_worker import CORRECT, compare
-from eval.extract import extract_boxed
+from eval.extract import extract_boxed, extract_statement
 from eval.normalize import normalize_answer, quick_equal
 from eval.pool import TIMEOUT, run_batch
 
@@ -41,12 +41,16 @@ def select_answer(pred: str) -> str | None:
     """Return the final answer contained in ``pred``, or None.
 
     If ``pred`` contains ``\\boxed``/``\\fbox``, the last box's content (None when it is
-    unclosed). Otherwise a short single-line text (at most 100 characters) is taken
-    as the answer itself (the last ``$...$`` span in it, if any); a longer text or
-    one with a newline is a solution without a final answer, so None.
+    unclosed). Otherwise the last "the answer is X" sentence's answer
+    (`eval.extract.extract_statement`). Otherwise a short single-line text (at most 100
+    characters) is taken as the answer itself (the last ``$...$`` span in it, if any);
+    a longer text or one with a newline is a solution without a final answer, so None.
     """
     if any(marker in pred for marker in _BOX_MARKERS):
         return extract_boxed(pred)
+    stated = extract_statement(pred)
+    if stated is not None:
+        return stated
     text = pred.strip()
     if len(text) > MAX_BARE_ANSWER_CHARS or "\n" in text:
         return None

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from eval import Verdict, extract_boxed, grade_answer, grade_many
+from eval import Verdict, extract_answer, extract_boxed, grade_answer, grade_many
 from eval.grader import equivalent_many, select_answer
 from eval.normalize import as_rational, normalize_answer, quick_equal
 from eval.pool import TIMEOUT, get_pool, run_batch
+from tts.search.tree import has_answer
 
 
 @pytest.mark.parametrize(
@@ -36,6 +37,29 @@ from eval.pool import TIMEOUT, get_pool, run_batch
 )
 def test_extract_boxed(text: str, expected: str | None) -> None:
     assert extract_boxed(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Step 2: 4 + 3 = 7.\n\nThe answer is 7.", "7"),
+        ("The answer is 7.\n\nThe answer is 3.", "3"),  # the last sentence, as for boxes
+        ("So, the answer is indeed 32, which is the same", "32"),
+        ("The answer is 15 marbles.", "15"),  # units after a number are left out
+        ("The answer is 1,000 apples", "1,000"),
+        ("The answer is 8 * 10 = 80.", "80"),  # worked arithmetic: its result
+        ("The final answer is: $\\frac{3}{8}$.", "\\frac{3}{8}"),
+        ("The final answer is (3, 4).", "(3, 4)"),
+        ("answer is -2.5.", "-2.5"),
+        ("The answer is five.", None),  # a word is not taken for an answer
+        ("To find the answer is to add them.", None),
+        ("The answer is $\\boxed{7}$.", "7"),  # a box, when there is one, decides
+        ("The answer is 7. Check: \\boxed{8", None),  # an unclosed box is no answer
+    ],
+)
+def test_extract_answer(text: str, expected: str | None) -> None:
+    assert extract_answer(text) == expected
+    assert has_answer(text) == ("\\boxed" in text or expected is not None)
 
 
 @pytest.mark.parametrize(
@@ -123,6 +147,8 @@ TRICKY: list[tuple[str, str, str]] = [
     ("\\frac{3}{4}", "3/4", "correct"),
     ("5", "Step 1: think.\n\nSo the answer is \\boxed{5", "no_answer"),
     ("5", "Step 1: think.\n\nSo the answer is five.", "no_answer"),
+    ("5", "Step 1: 2 + 3 = 5.\n\nThe answer is 5.", "correct"),
+    ("15", "Step 1: 7 + 8 = 15.\n\nThe answer is 15 marbles.", "correct"),
     ("5", "\\boxed{}", "no_answer"),
     ("5", "\\boxed{???}", "unparsable"),
     ("5", "\\boxed{\\frac{}{}}", "unparsable"),

@@ -98,3 +98,23 @@ def test_an_unknown_search_variant_names_the_choices() -> None:
         run_variants(cfg)
     one = validate(compose("config", ["generator=fake", "verifier=fake", "bench.search_variants=[self_consistency@1]"]))
     assert [(name, search.n) for name, _, search in run_variants(one)] == [("baseline", 8), ("self_consistency@1", 1)]
+
+
+def test_the_greedy_variant_is_one_path_at_temperature_zero() -> None:
+    """`greedy` (conf/search/greedy.yaml) is the single-sample reference: one path at
+    temperature 0, whatever the run's N and generator.temperature; a greedy search with
+    more paths is refused, naming the field."""
+    import dataclasses
+
+    from tts.config.compose import ConfigError, compose, validate
+    from tts.runner import engine_options, run_variants
+
+    cfg = validate(compose("config", ["generator=fake", "verifier=fake", "generator.temperature=0.7",
+                                      "bench.search_variants=[greedy,self_consistency]"]))
+    variants = {name: (optim, search) for name, optim, search in run_variants(cfg)}
+    temps = {name: engine_options(dataclasses.replace(cfg, search=search), optim).temperature
+             for name, (optim, search) in variants.items()}
+    assert temps == {"baseline": 0.7, "greedy": 0.0, "self_consistency": 0.7}
+    assert variants["greedy"][1].n == 1 and variants["self_consistency"][1].n == 8
+    with pytest.raises(ConfigError, match="search.n: n=4 greedy paths"):
+        validate(compose("config", ["generator=fake", "verifier=fake", "search=greedy", "search.n=4"]))

@@ -241,6 +241,7 @@ def _paths(out: Console, path: Path, log: Path | None) -> None:
 
 def regrade(path: Path) -> int:
     """Re-grade a saved run's candidates and rewrite its summary, without generating."""
+    from eval.extract import extract_answer
     from tts.results.records import grade_candidates
     from tts.results.store import RECORDS, RunStore
     from tts.results.summary import write_summary
@@ -260,6 +261,8 @@ def regrade(path: Path) -> int:
                       f"bench.run_name={escape(path.name)} --resume` continues it")
         return 2
     for r in records:
+        for candidate in r["candidates"]:  # extraction may have improved since the run
+            candidate["answer"] = extract_answer(candidate["text"])
         r.update(grade_candidates(r["gold"], r["candidates"]))
     (path / RECORDS).write_text("".join(__import__("json").dumps(r) + "\n" for r in records))
     names = list(dict.fromkeys(r.get("variant", "") for r in records))

@@ -92,7 +92,8 @@ def preset_optims(names: list[str], overrides: list[str]) -> list:
 def preset_searches(names: list[str], n: int) -> list:
     """(name, SearchConfig) of each `conf/search` preset in `names`, at `n` paths, or at the
     paths a `NAME@K` entry gives (`self_consistency@1`: one sample, the single-sample
-    reference); a ConfigError names an unknown preset with the choices."""
+    reference; `greedy`: one path at temperature 0); a ConfigError names an unknown preset
+    with the choices."""
     from tts.config.schema import SearchConfig
 
     out = []
@@ -105,9 +106,11 @@ def preset_searches(names: list[str], n: int) -> list:
                               f"{', '.join(valid)} (optionally NAME@N for N paths)")
         if k and not k.isdigit():
             raise ConfigError(f"bench.search_variants: {entry!r}: after @ comes the number of paths")
+        preset = OmegaConf.load(path)
+        greedy = preset.get("temperature") == 0  # greedy is one path, whatever the run's n
         try:
-            merged = OmegaConf.merge(OmegaConf.structured(SearchConfig), OmegaConf.load(path),
-                                     {"n": int(k) if k else n})
+            merged = OmegaConf.merge(OmegaConf.structured(SearchConfig), preset,
+                                     {"n": int(k) if k else 1 if greedy else n})
             out.append((entry, OmegaConf.to_object(merged)))
         except Exception as err:
             raise ConfigError(f"bench.search_variants: {entry!r} at n={k or n}: {explain(err)}") from err

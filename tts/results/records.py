@@ -6,7 +6,7 @@ each candidate's text and aggregated score.
 
 from __future__ import annotations
 
-from eval import extract_boxed, grade_answer
+from eval import extract_answer, grade_answer
 from eval.accuracy import Candidate, accuracy_curves, majority_vote, pass_at_n, prm_max, weighted_best_of_n
 
 METHODS = ("majority", "weighted", "prm_max")
@@ -17,7 +17,7 @@ def candidate_dicts(outcome) -> list[dict]:
     policy = outcome.policy
     return [{
         "text": beam.text,
-        "answer": extract_boxed(beam.text),
+        "answer": extract_answer(beam.text),
         "score": policy.path_score(beam) if policy.uses_verifier else None,
         "step_scores": list(beam.scores),
         "num_steps": beam.depth,

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import enum
 import itertools
-import re
 from dataclasses import dataclass, field, replace
 
-BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+from eval.extract import has_final_answer
+
 
 
 class StepEnd(str, enum.Enum):
@@ -31,8 +31,9 @@ class BeamState(str, enum.Enum):
 
 
 def has_answer(text: str) -> bool:
-    """The text holds a boxed answer: a step with one completes its path."""
-    return BOXED.search(text) is not None
+    """The text states a final answer (a box, or "The answer is X" as the prompt asks):
+    a step with one completes its path. See `eval.extract.has_final_answer`."""
+    return has_final_answer(text)
 
 
 @dataclass(frozen=True)
