@@ -371,3 +371,16 @@ def test_cost_sums_add_up_across_a_resume_and_bound_each_variant():
     assert "latency_bound_s_mean" not in summaries["b"]  # no records: no bound
     rows = {r["metric"]: r for r in ratio_table(summaries, "a")}
     assert rows["completion latency lower bound, same work (s)"]["a"] == a["latency_bound_s_mean"]
+
+
+@pytest.mark.parametrize("optim", ["baseline", "decoupled"])
+def test_each_search_iteration_reaches_the_progress_display(tmp_path, optim):
+    """`on_iteration(variant, problem, done)` counts each problem's iterations 1, 2, ... up
+    to the count its record keeps (what the progress bar shows on long problems)."""
+    seen: dict[tuple[str, str], list[int]] = {}
+    cfg = compose("config", FAKE + [f"bench.results_dir={tmp_path}", "bench.run_name=it", f"optim={optim}"])
+    path = run_bench(cfg, on_iteration=lambda v, pid, done: seen.setdefault((v, pid), []).append(done))
+    records = RunStore(path).records()
+    assert {(r["variant"], r["problem_id"]) for r in records} == set(seen)
+    for r in records:
+        assert seen[(r["variant"], r["problem_id"])] == list(range(1, r["metrics"]["iterations"] + 1))

@@ -154,8 +154,9 @@ def _with_progress(fn, cfg: DictConfig, quiet=None) -> Path:
 
 
 def _run_search(fn, cfg: DictConfig, term: Console, on_folder) -> Path:
-    """One progress bar per variant (problems, tokens/s, elapsed and ETA), each started
-    when the variant before it has finished (variants run one after another)."""
+    """One progress bar per variant (problems, tokens/s, elapsed and ETA, and the search
+    iteration a long problem is at), each started when the variant before it has finished
+    (variants run one after another)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from tts.config.compose import validate
@@ -166,8 +167,8 @@ def _run_search(fn, cfg: DictConfig, term: Console, on_folder) -> Path:
     names = [name for name, _, _ in run_variants(conf)]
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                  console=term) as bar:
-        tasks = {name: bar.add_task(name, total=total, rate="", start=False) for name in names}
+                  TextColumn("{task.fields[at]}"), console=term) as bar:
+        tasks = {name: bar.add_task(name, total=total, rate="", at="", start=False) for name in names}
         tokens = dict.fromkeys(names, 0)
         started: dict[str, float] = {}
 
@@ -180,14 +181,17 @@ def _run_search(fn, cfg: DictConfig, term: Console, on_folder) -> Path:
             start(variant)  # a no-op but after a resume skipped the variants before it
             tokens[variant] += record["metrics"]["gen_tokens"]
             rate = tokens[variant] / max(1e-9, time.perf_counter() - started[variant])
-            bar.update(tasks[variant], advance=1, rate=f"{rate:.0f} tok/s")
+            bar.update(tasks[variant], advance=1, rate=f"{rate:.0f} tok/s", at="")
             later = names[names.index(variant) + 1:]
             if bar.tasks[tasks[variant]].finished and later:
                 start(later[0])
 
+        def iteration(variant: str, problem_id: str, done: int) -> None:
+            bar.update(tasks[variant], at=f"{problem_id}: iteration {done + 1}")
+
         start(names[0])
 
-        return fn(cfg, progress=tick, on_folder=on_folder)
+        return fn(cfg, progress=tick, on_folder=on_folder, on_iteration=iteration)
 
 
 def print_summary(path: Path, log: Path | None = None) -> None:

@@ -7,6 +7,7 @@ process, over the same problems with the same seeds, sharing the loaded models.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -166,10 +167,13 @@ def run_host(cfg: Config) -> dict:
 
 
 def run_bench(cfg_node: DictConfig, progress: Callable | None = None,
-              on_folder: Callable[[Path], None] | None = None) -> Path:
-    """Run the configured benchmark; returns the results folder. `on_folder(path)` is called
-    once the folder exists, before any model loads (the CLI sends library output to a log
-    file there)."""
+              on_folder: Callable[[Path], None] | None = None,
+              on_iteration: Callable[[str, str, int], None] | None = None) -> Path:
+    """Run the configured benchmark; returns the results folder. `progress(variant, record)`
+    is called as each problem finishes, `on_iteration(variant, problem id, iterations)`
+    after each of a problem's search iterations. `on_folder(path)` is called once the
+    folder exists, before any model loads (the CLI sends library output to a log file
+    there)."""
     cfg: Config = validate(cfg_node)
     if cfg.bench.mode is BenchMode.ceiling:
         from tts.benchmarks.ceiling import run_ceiling
@@ -203,6 +207,8 @@ def run_bench(cfg_node: DictConfig, progress: Callable | None = None,
             if not todo:
                 continue
             engine = build_engine(cfg, optim, backends, search)
+            if on_iteration:
+                engine.on_problem_iteration = functools.partial(on_iteration, name)
             inputs = [ProblemInput(p.id, p.problem) for p in todo]
             # the variant's wall clock, carried across a resume by the records themselves
             start = time.perf_counter() - variant_wall(store.records(), name)

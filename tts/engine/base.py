@@ -85,6 +85,13 @@ class EngineBase:
         self.scoring = ScoringPhase(verifier, self.cache)
         self.ordering: Ordering = make_ordering(options.ordering, options.seed)
         self.gen_log, self.ver_log = StepLog(), StepLog()
+        # progress display: (problem id, iterations done) after each of a problem's iterations
+        self.on_problem_iteration: Callable[[str, int], None] | None = None
+
+    def _count_iteration(self, metrics: ProblemMetrics) -> None:
+        metrics.iterations += 1
+        if self.on_problem_iteration:
+            self.on_problem_iteration(metrics.problem_id, metrics.iterations)
 
     def _fresh_caches(self) -> None:
         """Empty both models' prefix caches before a problem that starts alone (option

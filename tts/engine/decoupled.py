@@ -321,7 +321,7 @@ class DecoupledEngine(SpeculationMixin, EngineBase):
 
     def _select(self, live: _DLive) -> None:
         search, m = live.search, live.metrics
-        m.iterations += 1
+        self._count_iteration(m)
         if live.lengths:
             m.step_tokens_mean.append(sum(live.lengths) / len(live.lengths))
             m.step_tokens_max.append(max(live.lengths))

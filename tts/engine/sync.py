@@ -135,7 +135,7 @@ class SyncEngine(EngineBase):
             mine = [j for j in jobs if j.beam.problem_id == item.input.id]
             m = item.metrics
             m.generator_s += stats.wall_s
-            m.iterations += 1
+            self._count_iteration(m)
             lengths = [len(j.tokens) - j.adopted for j in mine]
             if lengths:
                 m.step_tokens_mean.append(sum(lengths) / len(lengths))
