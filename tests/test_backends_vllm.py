@@ -448,7 +448,7 @@ def test_another_vllm_version_is_refused_before_loading(model_path: str, monkeyp
     import vllm
 
     from tts.backends.vllm_engine import make_llm
-    from tts.backends.vllm_version import UnsupportedVllmError
+    from tts.backends.vllm_internals import UnsupportedVllmError
 
     class Loaded(Exception):
         pass

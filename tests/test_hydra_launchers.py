@@ -15,12 +15,12 @@ TTS = str(Path(sys.executable).with_name("tts"))
 FAKE = ["generator=fake", "verifier=fake", "logger=none", "dataset.first_k=1", "--config-name=config"]
 
 
-def sweep(tmp_path: Path, *args: str) -> list[Path]:
-    done = subprocess.run([TTS, "bench", "-m", *args], capture_output=True, text=True, timeout=900, cwd=tmp_path,
+def sweep(tmp_path: Path, *args: str, command: str = "bench", marker: str = "summary.json") -> list[Path]:
+    done = subprocess.run([TTS, command, "-m", *args], capture_output=True, text=True, timeout=900, cwd=tmp_path,
                           env={**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "sweep: results/" in done.stdout
-    return sorted(p.parent for p in tmp_path.glob("results/*-sweep/*/summary.json"))
+    return sorted(p.parent for p in tmp_path.glob(f"results/*-sweep/*/{marker}"))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("hydra_plugins.hydra_joblib_launcher") is None,
@@ -42,6 +42,22 @@ def test_joblib_launcher_runs_the_jobs_in_parallel_processes(tmp_path: Path) -> 
     assert [j["folder"] for j in across["jobs"]] == ["0", "1"] and across["jobs"][1]["overrides"][0] == "search.n=8"
     report = json.loads((write_report([str(sweep_dir)], out=tmp_path / "r").parent / "report.json").read_text())
     assert len(report["runs"]) == 2 and report["host_warnings"] == []
+
+
+@pytest.mark.skipif(importlib.util.find_spec("hydra_plugins.hydra_joblib_launcher") is None,
+                    reason="hydra-joblib-launcher is not installed (pip install 'tts[joblib]')")
+def test_profile_memory_sweeps_through_the_launcher_too(tmp_path: Path) -> None:
+    """`tts profile-memory -m hydra/launcher=joblib`: one profile per job, in its job folder,
+    and `tts report` of the sweep folder reads every job's profile."""
+    jobs = sweep(tmp_path, "hydra/launcher=joblib", "search.n=2,4", "search.beam_width=2", "profile.num_problems=1",
+                 "profile.splits=[0.3,0.6]", "profile.tight_split=0.3", "profile.loose_split=0.6", *FAKE,
+                 command="profile-memory", marker="profile.json")
+    assert [j.name for j in jobs] == ["0", "1"]
+    assert [json.loads((j / "job.json").read_text())["overrides"][0] for j in jobs] == ["search.n=2", "search.n=4"]
+    from tts.report import write_report
+
+    report = json.loads((write_report([str(jobs[0].parent)], out=tmp_path / "r").parent / "report.json").read_text())
+    assert len(report["runs"]) == 2
 
 
 @pytest.mark.vllm

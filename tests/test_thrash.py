@@ -29,7 +29,7 @@ def _engine(num_blocks: int):
 
 @pytest.fixture(scope="module")
 def tight():
-    from tts.backends.vllm_engine import shutdown_llm
+    from tts.backends.vllm_internals import shutdown_llm
 
     llm = _engine(8)
     yield llm
@@ -38,7 +38,7 @@ def tight():
 
 @pytest.fixture(scope="module")
 def generous():
-    from tts.backends.vllm_engine import shutdown_llm
+    from tts.backends.vllm_internals import shutdown_llm
 
     llm = _engine(40)
     yield llm
@@ -144,7 +144,7 @@ def test_lookups_count_once_per_admission(tight, counter_for):
 
 
 def test_detach_restores_the_engine_and_one_counter_per_pool(tight):
-    from tts.backends.vllm_engine import find_scheduler
+    from tts.backends.vllm_internals import find_scheduler
     from tts.memory.thrash import ThrashCounter
 
     manager = find_scheduler(tight).kv_cache_manager

@@ -82,7 +82,7 @@ def print_config(jobs: list[Job]) -> None:
 def run_jobs(jobs: list[Job], verbose: bool = False) -> int:
     """Run each job with a progress display; print its summary table. Exit code 0 or 2.
     Unless `verbose`, the libraries' output goes to the run's log file (`tts.quiet`)."""
-    from tts.backends.vllm_version import UnsupportedVllmError
+    from tts.backends.vllm_internals import UnsupportedVllmError
     from tts.quiet import QuietOutput
     from tts.runner import run_bench
 
@@ -111,18 +111,20 @@ def run_jobs(jobs: list[Job], verbose: bool = False) -> int:
     return 0
 
 
-def run_hydra(config_name: str, overrides: list[str]) -> int:
-    """A sweep through Hydra's multirun (`tts.hydra_app`): its launcher runs the jobs."""
+def run_hydra(config_name: str, overrides: list[str], task: str = "bench") -> int:
+    """A sweep through Hydra's multirun (`tts.hydra_app`): its launcher runs the jobs
+    (`task`: "bench" or "profile")."""
     from tts.hydra_app import run_hydra_multirun
+    from tts.report.sources import expand_sweeps
 
     try:
-        sweep = run_hydra_multirun(config_name, overrides)
+        sweep = run_hydra_multirun(config_name, overrides, task=task)
     except (ValueError, FileExistsError, FileNotFoundError) as err:
         console.print(f"[red]error:[/red] {escape(str(err))}")
         return 2
     from tts.results.store import write_sweep_summary
 
-    jobs = sorted(p.parent for p in sweep.glob("*/summary.json"))
+    jobs = [Path(j) for j in expand_sweeps([str(sweep)]) if Path(j) != sweep]
     summary = write_sweep_summary(sweep)
     out = Console()
     out.print(f"sweep: {sweep} ({len(jobs)} jobs; {summary or 'no summary'})", soft_wrap=True, highlight=False)
@@ -276,7 +278,7 @@ def regrade(path: Path) -> int:
 
 
 def run_profile(jobs: list[Job], calibrate: bool) -> int:
-    from tts.backends.vllm_version import UnsupportedVllmError
+    from tts.backends.vllm_internals import UnsupportedVllmError
     from tts.memory.profile import profile_memory
 
     for job in jobs:

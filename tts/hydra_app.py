@@ -1,4 +1,5 @@
-"""`tts bench -m` through Hydra's own multirun, so Hydra's launchers and sweepers work.
+"""`tts bench -m` (and `tts eval -m`, `tts profile-memory -m`) through Hydra's own
+multirun, so Hydra's launchers and sweepers work.
 
 The plain `-m` sweep (`tts.cli_support.compose_jobs`) runs its jobs one after another in
 this process. With a `hydra/launcher=...` or `hydra/sweeper=...` override, the Typer
@@ -35,8 +36,11 @@ def uses_hydra_plugins(overrides: list[str]) -> bool:
     return any(o.lstrip("+~").startswith(("hydra/launcher=", "hydra/sweeper=")) for o in overrides)
 
 
-def run_hydra_multirun(config_name: str, overrides: list[str], results_dir: str = "results") -> Path:
-    """Run the sweep with Hydra's multirun; returns the sweep folder."""
+def run_hydra_multirun(config_name: str, overrides: list[str], results_dir: str = "results",
+                       task: str = "bench") -> Path:
+    """Run the sweep with Hydra's multirun; returns the sweep folder. `task`: "bench" (each
+    job runs `tts bench`, or `tts eval`, whose config it composes) or "profile" (each job
+    runs `tts profile-memory`)."""
     import hydra
 
     from tts.config.schema import register_configs
@@ -46,7 +50,8 @@ def run_hydra_multirun(config_name: str, overrides: list[str], results_dir: str 
     argv = [sys.argv[0], "--multirun", *overrides, f"hydra.sweep.dir={sweep}",
             "hydra.sweep.subdir=${hydra.job.num}",
             "hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
-    app = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=config_name)(run_job)
+    job = {"bench": run_job, "profile": run_profile_job}[task]
+    app = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=config_name)(job)
     saved = sys.argv
     sys.argv = argv
     try:
@@ -58,16 +63,32 @@ def run_hydra_multirun(config_name: str, overrides: list[str], results_dir: str 
 
 def run_job(_: DictConfig) -> str:
     """One job of a Hydra multirun: compose as `tts bench` does and run it in the job folder."""
+    from tts.runner import run_bench
+
+    return _in_job_folder(run_bench)
+
+
+def run_profile_job(_: DictConfig) -> str:
+    """One job of a `tts profile-memory` multirun, in the job folder."""
+    from rich.console import Console
+
+    from tts.memory.profile import profile_memory
+
+    return _in_job_folder(lambda cfg: profile_memory(cfg, console=Console()))
+
+
+def _in_job_folder(run) -> str:
+    """Compose the job's config (its own overrides), point its results folder at Hydra's job
+    folder, run it, and leave `job.json` there."""
     from hydra.core.hydra_config import HydraConfig
 
     from tts.config.compose import compose
-    from tts.runner import run_bench
 
     hc = HydraConfig.get()
     folder = Path(hc.runtime.output_dir)
     mine = [o for o in hc.overrides.task if not o.lstrip("+~").startswith("hydra")]
     cfg = compose(hc.job.config_name, mine + [f"bench.results_dir='{folder.parent}'", f"bench.run_name='{folder.name}'"])
-    path = run_bench(cfg)
+    path = Path(run(cfg))
     (path / "job.json").write_text(json.dumps({"overrides": mine, "job": hc.job.num, "pid": os.getpid(),
                                                "host": socket.gethostname()}, indent=2))
     return str(path)

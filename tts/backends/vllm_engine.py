@@ -195,7 +195,7 @@ def make_llm(
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     import vllm
 
-    from tts.backends.vllm_version import check_vllm_version
+    from tts.backends.vllm_internals import check_vllm_version
 
     check_vllm_version()  # before any weight loads: a clear error, not a failure deep in vLLM
 
@@ -247,12 +247,11 @@ def free_gpu_fraction(margin: float = 0.02) -> float:
 
 def kv_cache_info(llm: vllm.LLM) -> KvCacheInfo:
     """The KV cache the running engine actually allocated (blocks, block size, bytes/token)."""
+    from tts.backends.vllm_internals import allocated_blocks
+
     engine = llm.llm_engine
     cache = engine.vllm_config.cache_config
-    num_blocks = cache.num_gpu_blocks
-    scheduler = find_scheduler(llm)
-    if num_blocks is None and scheduler is not None:
-        num_blocks = scheduler.kv_cache_manager.block_pool.num_gpu_blocks
+    num_blocks = allocated_blocks(llm)
     model = engine.model_config
     parallel = engine.vllm_config.parallel_config
     per_token = (2 * model.get_num_layers(parallel) * model.get_num_kv_heads(parallel)
@@ -265,33 +264,3 @@ def _torch_dtype_bytes(cache_dtype: str, model_dtype: Any) -> int:
     if cache_dtype and cache_dtype != "auto":
         return 1 if "fp8" in cache_dtype else _DTYPE_BYTES.get(cache_dtype, 2)
     return int(getattr(model_dtype, "itemsize", 2))
-
-
-def find_scheduler(llm: vllm.LLM) -> Any | None:
-    """The in-process v1 scheduler of `llm`, or None (multiprocess engine, other layout)."""
-    client = getattr(llm.llm_engine, "engine_core", None)
-    core = getattr(client, "engine_core", None)
-    return getattr(core, "scheduler", None)
-
-
-def shutdown_llm(llm: vllm.LLM) -> None:
-    """Stop an in-process engine's core so its memory can be freed once unreferenced."""
-    client = getattr(llm.llm_engine, "engine_core", None)
-    if client is not None and hasattr(client, "shutdown"):
-        client.shutdown()
-
-
-def token_prompt(llm: vllm.LLM, token_ids: list[int]) -> Any:
-    """A token-id prompt ready for `LLMEngine.add_request`.
-
-    vLLM 0.32 deprecates raw prompts there in favour of the renderer's output; older
-    versions take the raw `TokensPrompt`.
-    """
-    from vllm.inputs import TokensPrompt
-
-    prompt = TokensPrompt(prompt_token_ids=token_ids)
-    renderer = getattr(llm.llm_engine, "renderer", None)
-    if renderer is None or not hasattr(renderer, "render_cmpl"):
-        return prompt
-    (rendered,) = renderer.render_cmpl([prompt])
-    return rendered

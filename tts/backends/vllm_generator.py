@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tts.backends.base import FinishReason, GenDelta, Generator, GenRequest, StepStats
-from tts.backends.vllm_engine import (
-    make_llm, shutdown_llm, token_prompt,
-)
+from tts.backends.vllm_engine import make_llm
+from tts.backends.vllm_internals import shutdown_llm, token_prompt
 from tts.backends.vllm_stats import SchedulerProbe
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -51,10 +51,11 @@ import numpy as np
 import torch
 from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
-from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
-from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
 from tts.backends.position_sampling import position_uniforms, sample_rows
+from tts.backends.vllm_internals import logits_processor_api
+
+LogitsProcessor, BatchUpdate, process_dict_updates = logits_processor_api()
 
 EXTRA_KEY = "tts_position_sampling"
 _EPS = 1e-5  # vLLM's own threshold for greedy sampling

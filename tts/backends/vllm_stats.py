@@ -7,9 +7,9 @@ and keeps the last output. Everything else is read from the scheduler after the 
 `running`/`waiting` via `get_request_counts()`, `kv_cache_manager.usage`,
 `max_num_scheduled_tokens`.
 
-This reaches into vLLM internals, so it is enabled only for the vLLM versions listed in
-`TESTED_VLLM_VERSIONS` (checked on 0.32.0) and only when the scheduler has the expected
-shape. Otherwise the probe degrades: running = requests that returned tokens, scheduled
+This reaches into vLLM internals (through `tts.backends.vllm_internals`), so it is enabled
+only on the supported vLLM (`SUPPORTED_VLLM`, 0.32.x) and only when the scheduler has the
+expected shape (`SCHEDULER_ATTRS`). Otherwise the probe degrades: running = requests that returned tokens, scheduled
 tokens = tokens returned, waiting = unfinished - running, KV usage = 0.0 (unknown), and
 the batch cap cannot be changed at run time.
 """
@@ -21,19 +21,22 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from tts.backends.base import StepStats
-from tts.backends.vllm_engine import find_scheduler
-from tts.backends.vllm_version import SUPPORTED_VLLM
+from tts.backends.vllm_internals import (
+    SUPPORTED_VLLM,
+    admission_cap,
+    kv_usage,
+    scheduled_tokens,
+    set_admission_cap,
+    stats_scheduler,
+    token_budget,
+    waiting_requests,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import vllm
 
 logger = logging.getLogger(__name__)
 
-TESTED_VLLM_VERSIONS: tuple[str, ...] = (SUPPORTED_VLLM,)  # one place: tts.backends.vllm_version
-_SCHEDULER_ATTRS: tuple[str, ...] = (
-    "schedule", "get_request_counts", "kv_cache_manager", "max_num_running_reqs",
-    "max_num_scheduled_tokens",
-)
 
 
 class SchedulerProbe:
@@ -46,24 +49,18 @@ class SchedulerProbe:
         self.max_num_seqs: int = int(sched_config.max_num_seqs)
         self._token_cap = int(sched_config.max_num_batched_tokens)
         self._last: Any = None
-        self._scheduler = find_scheduler(llm)
-        version = str(_vllm.__version__)
-        if not version.startswith(TESTED_VLLM_VERSIONS) or not self._has_shape():
+        self._scheduler = stats_scheduler(llm)
+        if self._scheduler is None:
             logger.warning("vLLM %s: scheduler stats degrade to counts from the outputs "
-                           "(tested: %s)", version, ", ".join(TESTED_VLLM_VERSIONS))
-            self._scheduler = None
+                           "(tested: %s.x)", _vllm.__version__, SUPPORTED_VLLM)
             return
-        self._token_cap = int(self._scheduler.max_num_scheduled_tokens)
+        self._token_cap = token_budget(self._scheduler)
         self._wrap_schedule()
 
     @property
     def exact(self) -> bool:
         """True when stats come from the scheduler itself (not derived from outputs)."""
         return self._scheduler is not None
-
-    def _has_shape(self) -> bool:
-        return self._scheduler is not None and all(
-            hasattr(self._scheduler, name) for name in _SCHEDULER_ATTRS)
 
     def _wrap_schedule(self) -> None:
         original = self._scheduler.schedule
@@ -79,8 +76,7 @@ class SchedulerProbe:
     def batch_cap(self) -> int:
         if self._scheduler is None:
             return self.max_num_seqs
-        return int(getattr(self._scheduler, "max_num_active_reqs",
-                           self._scheduler.max_num_running_reqs))
+        return admission_cap(self._scheduler)
 
     def set_batch_cap(self, cap: int) -> None:
         """Admit at most `cap` running requests from the next step on.
@@ -94,11 +90,9 @@ class SchedulerProbe:
         if not 1 <= cap <= self.max_num_seqs:
             raise ValueError(f"batch_cap: {cap} outside [1, max_num_seqs={self.max_num_seqs}] "
                              "(the engine's slots are fixed when it starts)")
-        if self._scheduler is None or not hasattr(self._scheduler, "max_num_active_reqs"):
+        if self._scheduler is None or not set_admission_cap(self._scheduler, cap):
             logger.warning("batch cap cannot be changed on this vLLM; it stays %d",
                            self.batch_cap)
-            return
-        self._scheduler.max_num_active_reqs = cap
 
     def begin_step(self) -> None:
         """Forget the previous step's schedule (a step with no work schedules nothing)."""
@@ -109,14 +103,11 @@ class SchedulerProbe:
         progress) and `num_unfinished` are used only when the probe is degraded."""
         if self._scheduler is None:
             return self._derived(wall_s, produced, num_unfinished)
-        per_request = tuple(int(n) for n in (self._last.num_scheduled_tokens.values()
-                                             if self._last is not None else ()))
-        _, num_waiting = self._scheduler.get_request_counts()
-        usage = float(self._scheduler.kv_cache_manager.usage)
+        per_request = scheduled_tokens(self._last)
         return StepStats(
-            num_running=len(per_request), num_waiting=int(num_waiting),
+            num_running=len(per_request), num_waiting=waiting_requests(self._scheduler),
             num_scheduled_tokens=sum(per_request), batch_cap=self.batch_cap,
-            token_cap=self._token_cap, kv_usage=min(1.0, max(0.0, usage)), wall_s=wall_s,
+            token_cap=self._token_cap, kv_usage=kv_usage(self._scheduler), wall_s=wall_s,
             tokens_per_request=per_request,
         )
 

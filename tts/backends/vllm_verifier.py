@@ -24,9 +24,8 @@ from typing import TYPE_CHECKING, Any
 from tts.backends.adapters import PrmAdapter, PromptSpec, ReadKind, ScoreOutput
 from tts.backends.adapters import adapter_class, make_adapter
 from tts.backends.base import ScoreBatchStats, ScoreRequest, StepStats, Verifier
-from tts.backends.vllm_engine import (
-    make_llm, shutdown_llm, token_prompt,
-)
+from tts.backends.vllm_engine import make_llm
+from tts.backends.vllm_internals import shutdown_llm, token_prompt
 from tts.backends.vllm_stats import SchedulerProbe
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -81,7 +81,7 @@ def run_ceiling(cfg_node: DictConfig, progress=None, on_folder=None) -> Path:
                 progress(b)
     finally:
         gen.close()
-        from tts.backends.vllm_engine import shutdown_llm
+        from tts.backends.vllm_internals import shutdown_llm
         shutdown_llm(raw_llm)
     summary = {"host": host, "ceiling": rows, "ceiling_table_md": format_ceiling(rows),
                "prompt_tokens": len(prompt), "new_tokens": c.new_tokens, "repeats": c.repeats,

@@ -45,7 +45,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from tts.backends.vllm_engine import find_scheduler, has_cuda, kv_cache_info
+from tts.backends.vllm_engine import has_cuda, kv_cache_info
+from tts.backends.vllm_internals import configure_vllm_logging, driver_worker, kv_cache_tensor_bytes
 
 _LOG_WORDS = ("KV cache", "Checkpoint size", "Model loading took", "memory", "GiB")
 
@@ -97,12 +98,7 @@ def apply_vllm_logging() -> None:
     which replaces the handlers of the ``vllm`` logger; applying it beforehand makes that
     a no-op, so a handler added afterwards keeps receiving vLLM's lines.
     """
-    try:
-        from vllm.config.logging import LoggingConfig
-        from vllm.logger import configure_logging_if_needed
-    except ImportError:  # another vLLM layout: capture what can be captured
-        return
-    configure_logging_if_needed(LoggingConfig())
+    configure_vllm_logging()
 
 
 @contextmanager
@@ -121,13 +117,6 @@ def measure_start() -> Iterator[EngineStart]:
     finally:
         start.after, _ = memory_in_use()
         vllm_logger.removeHandler(handler)
-
-
-def _worker(llm: Any) -> Any | None:
-    """The in-process worker (CPUWorker / GPU Worker) of `llm`, or None."""
-    core = getattr(getattr(llm.llm_engine, "engine_core", None), "engine_core", None)
-    driver = getattr(getattr(core, "model_executor", None), "driver_worker", None)
-    return getattr(driver, "worker", driver)
 
 
 def weights_bytes(worker: Any) -> tuple[int | None, str]:
@@ -166,11 +155,9 @@ def engine_breakdown(llm: Any, start: EngineStart | None = None,
                      requested_kv_bytes: int | None = None) -> dict[str, Any]:
     """The memory components of one running engine (see the module docstring)."""
     info = kv_cache_info(llm)
-    scheduler = find_scheduler(llm)
-    kv_config = getattr(scheduler, "kv_cache_config", None)
-    kv_bytes = (sum(int(t.size) for t in kv_config.kv_cache_tensors)
-                if kv_config is not None else info.total_bytes)
-    worker = _worker(llm)
+    kv_bytes = kv_cache_tensor_bytes(llm)
+    kv_bytes = info.total_bytes if kv_bytes is None else kv_bytes
+    worker = driver_worker(llm)
     weights, weights_source = weights_bytes(worker)
     consumed = getattr(worker, "total_consumed", None)
     cache = llm.llm_engine.vllm_config.cache_config

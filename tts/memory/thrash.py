@@ -40,23 +40,21 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tts.backends.vllm_engine import find_scheduler
-from tts.backends.vllm_version import SUPPORTED_VLLM
+from tts.backends.vllm_internals import (
+    BLOCK_POOL_METHODS,
+    KV_MANAGER_METHODS,
+    UnsupportedVllmError,
+    find_scheduler,
+    kv_cache_manager,
+    pool_blocks,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import vllm
 
 logger = logging.getLogger(__name__)
 
-TESTED_VLLM_VERSIONS: tuple[str, ...] = (SUPPORTED_VLLM,)  # one place: tts.backends.vllm_version
-_POOL_METHODS = ("get_cached_block", "_insert_block_hash", "_maybe_evict_cached_block",
-                 "reset_prefix_cache", "cached_block_hash_to_block", "hash_block_size")
-_MANAGER_METHODS = ("get_computed_blocks", "record_prefix_cache_stats", "block_pool")
 COUNTERS = ("lookups", "hits", "misses", "thrash", "thrash_blocks", "evictions", "resets")
-
-
-class UnsupportedVllmError(RuntimeError):
-    """The running vLLM is not a version (or layout) the block-pool hooks were checked on."""
 
 
 @dataclass
@@ -96,7 +94,7 @@ class ThrashCounter:
         """
         counter = cls()
         try:
-            manager = _kv_cache_manager(llm)
+            manager = kv_cache_manager(llm, "block-pool thrash hooks")
         except UnsupportedVllmError as err:
             if strict:
                 raise
@@ -119,7 +117,7 @@ class ThrashCounter:
     @property
     def num_blocks(self) -> int:
         """Blocks in the pool, the null block included."""
-        return 0 if self._pool is None else int(self._pool.num_gpu_blocks)
+        return 0 if self._pool is None else pool_blocks(self._pool)
 
     def counts(self) -> dict[str, int]:
         """The counters (`COUNTERS`) now."""
@@ -138,7 +136,7 @@ class ThrashCounter:
 
     def detach(self) -> None:
         """Remove the hooks (the engine runs on, uncounted); the counts are kept."""
-        for obj, names in ((self._pool, _POOL_METHODS), (self._manager, _MANAGER_METHODS)):
+        for obj, names in ((self._pool, BLOCK_POOL_METHODS), (self._manager, KV_MANAGER_METHODS)):
             for name in names:
                 if obj is not None and name in vars(obj) and callable(vars(obj)[name]) \
                         and getattr(vars(obj)[name], "_tts_thrash_hook", False):
@@ -248,14 +246,14 @@ class BlockUsageTrace:
         (``strict``) or return a trace that records nothing."""
         trace = cls()
         try:
-            manager = _kv_cache_manager(llm)
+            manager = kv_cache_manager(llm, "block-pool thrash hooks")
         except UnsupportedVllmError as err:
             if strict:
                 raise
             logger.warning("KV block trace disabled: %s", err)
             return trace
         scheduler, pool = find_scheduler(llm), manager.block_pool
-        trace.num_blocks = int(pool.num_gpu_blocks)
+        trace.num_blocks = pool_blocks(pool)
         trace._scheduler, trace._previous = scheduler, vars(scheduler).get("schedule")
         original = scheduler.schedule
 
@@ -308,28 +306,3 @@ def _wrap(obj: Any, name: str, hook: Any) -> None:
 
     wrapper._tts_thrash_hook = True  # type: ignore[attr-defined]
     setattr(obj, name, wrapper)
-
-
-def _kv_cache_manager(llm: Any) -> Any:
-    """The v1 `KVCacheManager` of an in-process engine, after the version and shape checks."""
-    import vllm as _vllm
-
-    version = str(_vllm.__version__)
-    if not version.startswith(TESTED_VLLM_VERSIONS):
-        raise UnsupportedVllmError(
-            f"vLLM {version}: block-pool thrash hooks were checked on "
-            f"{', '.join(TESTED_VLLM_VERSIONS)} only")
-    scheduler = find_scheduler(llm)
-    if scheduler is None:
-        raise UnsupportedVllmError(
-            "no in-process scheduler (set VLLM_ENABLE_V1_MULTIPROCESSING=0 before the "
-            "engine starts)")
-    manager = getattr(scheduler, "kv_cache_manager", None)
-    pool = getattr(manager, "block_pool", None)
-    missing = [n for n in _MANAGER_METHODS if not hasattr(manager, n)]
-    missing += [f"block_pool.{n}" for n in _POOL_METHODS if pool is None or not hasattr(pool, n)]
-    if missing:
-        raise UnsupportedVllmError(f"vLLM {version}: the KV cache manager lacks {missing}")
-    if not getattr(manager, "enable_caching", True):
-        raise UnsupportedVllmError("prefix caching is off in this engine: nothing to count")
-    return manager

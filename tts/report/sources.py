@@ -53,18 +53,24 @@ def load_runs(specs: list[str]) -> list[RunData]:
 
 
 def expand_sweeps(specs: list[str]) -> list[str]:
-    """A sweep folder (no summary of its own, job folders with one below it) stands for its
-    job folders, in order."""
+    """A sweep folder (no summary or profile of its own, job folders with one below it)
+    stands for its job folders, in order: `tts bench -m` and `tts profile-memory -m` jobs."""
     out = []
     for spec in specs:
         path = Path(spec)
-        jobs = sorted(p.parent for p in path.glob(f"*/{SUMMARY}")) if path.is_dir() else []
+        jobs = sorted({p.parent for name in (SUMMARY, PROFILE) for p in path.glob(f"*/{name}")},
+                      key=_job_order) if path.is_dir() else []
         if not spec.startswith(WANDB_PREFIX) and jobs and not (path / SUMMARY).exists() \
                 and not (path / PROFILE).exists():
             out += [str(j) for j in jobs]
         else:
             out.append(spec)
     return out
+
+
+def _job_order(folder: Path) -> tuple:
+    """Hydra's job folders are numbered: 2 before 10."""
+    return (0, int(folder.name), "") if folder.name.isdigit() else (1, 0, folder.name)
 
 
 def load_run(spec: str) -> RunData:

