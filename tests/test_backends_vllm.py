@@ -38,7 +38,8 @@ PATH = ScoreRequest("What is 12 + 7?", ("12 + 7 = 19.\n\n", "So the answer is \\
 
 @pytest.fixture(scope="module")
 def model_path() -> str:
-    from tts.models.cache import ModelNotPresentError, resolve_model
+    from tts.models.cache import ModelNotPresentError
+    from tts.models.resolve import resolve_model
 
     try:
         return str(resolve_model("smollm2-135m-instruct"))
@@ -48,7 +49,7 @@ def model_path() -> str:
 
 @pytest.fixture(scope="module")
 def gen(model_path: str):
-    from tts.backends.vllm_generator import VllmGenerator
+    from tts.backends.vllm.generator import VllmGenerator
 
     generator = VllmGenerator.from_model(model_path, **ENGINE)
     yield generator
@@ -57,7 +58,7 @@ def gen(model_path: str):
 
 @pytest.fixture(scope="module")
 def ver(model_path: str, gen):  # gen first: both engines coexist in this process
-    from tts.backends.vllm_verifier import VllmVerifier
+    from tts.backends.vllm.verifier import VllmVerifier
 
     verifier = VllmVerifier.from_model(model_path, adapter="judge", **ENGINE)
     yield verifier
@@ -82,7 +83,7 @@ def tokens(deltas: list[GenDelta]) -> list[int]:
 
 
 def test_generate_streams_what_vllm_generates(gen) -> None:
-    from tts.backends.vllm_sampling import position_params
+    from tts.backends.vllm.sampling import position_params
 
     prompt = tuple(gen.encode_prompt("What is 2+3?", "Be brief."))
     requests = [GenRequest(f"g{i}", prompt, max_tokens=n, seed=i) for i, n in enumerate((4, 6, 8))]
@@ -137,7 +138,7 @@ def test_position_sampling_refuses_what_it_would_drop(gen) -> None:
     from vllm import SamplingParams
     from vllm.exceptions import VLLMValidationError
 
-    from tts.backends.vllm_sampling import position_params
+    from tts.backends.vllm.sampling import position_params
 
     prompt = {"prompt_token_ids": list(gen.encode_prompt("What is 2+3?", "Be brief."))}
     with pytest.raises(VLLMValidationError, match="top_k"):
@@ -163,7 +164,7 @@ def test_position_sampling_draws_the_same_tokens_in_any_batch(gen) -> None:
 
 @pytest.fixture(scope="module")
 def own_sampler_gen(model_path: str, gen):  # closed with the module: closing an engine
-    from tts.backends.vllm_generator import VllmGenerator  # tears down vLLM's global groups
+    from tts.backends.vllm.generator import VllmGenerator  # tears down vLLM's global groups
 
     generator = VllmGenerator.from_model(model_path, position_sampling=False, **ENGINE)
     yield generator
@@ -233,7 +234,7 @@ def test_token_text_and_prompt(gen) -> None:
 
 
 def test_kv_cache_matches_the_budget_check(gen, model_path: str) -> None:
-    from tts.backends.vllm_engine import check_kv_budget, kv_cache_info, read_hf_config
+    from tts.backends.vllm.engine import check_kv_budget, kv_cache_info, read_hf_config
 
     predicted = check_kv_budget(read_hf_config(model_path), kv_cache_bytes=KV_BYTES,
                                 block_size=32, dtype="float32", min_tokens_per_seq=SEQ_TOKENS)
@@ -291,7 +292,7 @@ def test_engines_coexist_and_interleave(gen, ver) -> None:
 def test_kv_budget_too_small_fails_before_loading(model_path: str, monkeypatch) -> None:
     import vllm
 
-    from tts.backends.vllm_engine import make_llm
+    from tts.backends.vllm.engine import make_llm
 
     monkeypatch.setattr(vllm, "LLM", lambda **_: pytest.fail("the model was loaded"))
     with pytest.raises(ValueError, match=r"kv_cache_bytes: 1048576 bytes hold \d+ blocks .*fewer than one sequence"):
@@ -303,8 +304,8 @@ def test_kv_budget_too_small_fails_before_loading(model_path: str, monkeypatch) 
 def test_missing_model_folder_and_unknown_adapter(tmp_path, monkeypatch) -> None:
     import vllm
 
-    from tts.backends.vllm_engine import make_llm
-    from tts.backends.vllm_verifier import VllmVerifier
+    from tts.backends.vllm.engine import make_llm
+    from tts.backends.vllm.verifier import VllmVerifier
 
     monkeypatch.setattr(vllm, "LLM", lambda **_: pytest.fail("the model was loaded"))
     missing = os.fspath(tmp_path / "no-model")
@@ -322,7 +323,7 @@ def test_missing_model_folder_and_unknown_adapter(tmp_path, monkeypatch) -> None
     (False, "auto", None, "float32"),  # no torch_dtype: bf16, then the CPU rule
 ])
 def test_auto_dtype_follows_the_cpu(monkeypatch, native, asked, model_dtype, expected) -> None:
-    from tts.backends import vllm_engine
+    from tts.backends.vllm import engine as vllm_engine
 
     monkeypatch.setattr(vllm_engine, "has_cuda", lambda: False)
     monkeypatch.setattr(vllm_engine, "cpu_has_native_bf16", lambda: native)
@@ -332,7 +333,7 @@ def test_auto_dtype_follows_the_cpu(monkeypatch, native, asked, model_dtype, exp
 
 
 def test_budget_check_leaves_out_vllms_null_block() -> None:
-    from tts.backends.vllm_engine import check_kv_budget
+    from tts.backends.vllm.engine import check_kv_budget
 
     smol = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
             "hidden_size": 576, "torch_dtype": "bfloat16"}
@@ -349,7 +350,7 @@ def test_each_engine_gets_its_planned_kv_bytes_on_gpu_too(monkeypatch) -> None:
     """The static or roofline split is what each engine gets, on a GPU as on the CPU:
     vLLM's `kv_cache_memory_bytes` is the lever, and its start-up check gets the fraction
     of the device free then (no GPU here: `has_cuda` and the free fraction are simulated)."""
-    from tts.backends import vllm_engine
+    from tts.backends.vllm import engine as vllm_engine
     from tts.backends.factory import Backends, static_split
     from tts.config.compose import compose, validate
 
@@ -387,7 +388,7 @@ def _bf16_or_skip(build):
 
 @pytest.fixture(scope="module")
 def bf16_gen(model_path: str, gen):
-    from tts.backends.vllm_generator import VllmGenerator
+    from tts.backends.vllm.generator import VllmGenerator
 
     generator = _bf16_or_skip(lambda: VllmGenerator.from_model(model_path, **BF16))
     yield generator
@@ -396,7 +397,7 @@ def bf16_gen(model_path: str, gen):
 
 @pytest.fixture(scope="module")
 def bf16_ver(model_path: str, gen):
-    from tts.backends.vllm_verifier import VllmVerifier
+    from tts.backends.vllm.verifier import VllmVerifier
 
     verifier = _bf16_or_skip(lambda: VllmVerifier.from_model(model_path, adapter="judge", **BF16))
     yield verifier
@@ -408,7 +409,7 @@ def test_bf16_repeats_exactly_from_the_same_cache_and_batch(bf16_gen, position: 
     """bf16 logits depend on the batch and on what the cache served, not on chance: the
     same requests, from an empty prefix cache, give the same tokens again. This is what
     makes a problem started on fresh caches (bench.fresh_cache_per_problem) repeatable."""
-    from tts.backends.vllm_engine import kv_cache_info
+    from tts.backends.vllm.engine import kv_cache_info
 
     assert kv_cache_info(bf16_gen.llm).bytes_per_token == 2 * 30 * 3 * 64 * 2
     bf16_gen.resumable_sampling = position
@@ -447,8 +448,8 @@ def test_another_vllm_version_is_refused_before_loading(model_path: str, monkeyp
     naming both versions, before any weight loads (TTS_ALLOW_ANY_VLLM=1 lets it through)."""
     import vllm
 
-    from tts.backends.vllm_engine import make_llm
-    from tts.backends.vllm_internals import UnsupportedVllmError
+    from tts.backends.vllm.engine import make_llm
+    from tts.backends.vllm.internals import UnsupportedVllmError
 
     class Loaded(Exception):
         pass

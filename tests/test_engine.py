@@ -62,14 +62,7 @@ def test_continuous_batching_step_stats_full_while_waiting():
     cfg = SearchConfig(n=4, beam_width=2, max_iterations=2)
     eng = SyncEngine(gen, FakeVerifier(), lambda: make_policy(cfg, 30, 300), "sys", EngineOptions(concurrency=3))
     seen = []
-    orig = gen.step
-
-    def spy():
-        deltas, stats = orig()
-        seen.append(stats)
-        return deltas, stats
-
-    gen.step = spy
+    gen.add_step_observer(lambda deltas, stats, wall_s: seen.append(stats))
     list(eng.run([ProblemInput(p, p) for p in ("a", "b", "c")]))
     waiting_steps = [s for s in seen if s.num_waiting > 0]
     assert waiting_steps and all(s.num_running == 8 for s in waiting_steps)
@@ -479,14 +472,7 @@ def test_counters_of_problems_in_flight_add_up_to_the_backends():
 
     gen = FakeGenerator(endless, batch_cap=6)
     produced = []
-    real_step = gen.step
-
-    def step():
-        deltas, stats = real_step()
-        produced.extend(len(d.new_token_ids) for d in deltas)
-        return deltas, stats
-
-    gen.step = step
+    gen.add_step_observer(lambda deltas, stats, wall_s: produced.extend(len(d.new_token_ids) for d in deltas))
     ver = FakeVerifier()
     cfg = SearchConfig(n=4, beam_width=2, max_iterations=3)
     eng = SyncEngine(gen, ver, lambda: make_policy(cfg, 30, 300), "sys",
@@ -536,3 +522,24 @@ def test_score_cache_counts_a_lookahead_score_used_once_per_problem():
     assert cache.lookahead_hits_by_problem == {"a": 1}
     cache.drop_problem("b")
     assert cache.get("b", ("t1", "t2")) is None and cache.lookahead_hits == 1
+
+
+def test_backend_observers_see_every_call_until_removed():
+    """`add_step_observer` / `add_score_observer`: the instrumentation hook of the backend
+    contract (the profile sweep's meter uses it); nothing wraps a backend's methods."""
+    from tts.backends.base import GenRequest, ScoreRequest
+
+    gen, ver = FakeGenerator(endless_script, batch_cap=4), FakeVerifier()
+    steps, calls = [], []
+    remove = gen.add_step_observer(lambda deltas, stats, wall_s: steps.append((len(deltas), wall_s >= 0)))
+    ver.add_score_observer(lambda stats, wall_s: calls.append(stats.num_requests))
+    gen.add(GenRequest("r", tuple(gen.encode_prompt("p", "")), max_tokens=3, seed=1))
+    while gen.num_unfinished():
+        gen.step()
+    assert steps == [(1, True)] * 3
+    remove()
+    gen.add(GenRequest("s", tuple(gen.encode_prompt("p", "")), max_tokens=2, seed=1))
+    gen.step()
+    assert len(steps) == 3 and gen.llm is None and ver.llm is None
+    ver.score([ScoreRequest("p", ("a\n\n", "b"), (0, 1))])
+    assert len(calls) == 1 and calls[0] >= 1

@@ -4,7 +4,7 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from tts.memory.calibrate import calibrate_cpu, total_memory_gb, write_profile
+from tts.profiling.calibrate import calibrate_cpu, total_memory_gb, write_profile
 from tts.memory.device import DeviceProfile, available_devices, device_from_dict, load_device
 
 SHIPPED = ["a100", "cpu", "h100", "h200", "rtx4090"]

@@ -12,13 +12,13 @@ import re
 import pytest
 from rich.console import Console
 
-from tts.backends.vllm_engine import dtype_bytes
+from tts.backends.vllm.engine import dtype_bytes
 from tts.config.compose import compose
 from tts.memory.allocator import Workload, evaluate_allocation, search_allocation
 from tts.memory.device import load_device
-from tts.memory.profile import FRACTIONS, profile_memory, static_sweep, sweep_table
-from tts.memory.profile_model import modelled_sweep
-from tts.memory.profile_sweep import workload_overrides
+from tts.profiling.verb import FRACTIONS, profile_memory, static_sweep, sweep_table
+from tts.profiling.modelled import modelled_sweep
+from tts.profiling.sweep import workload_overrides
 from tts.memory.roofline import ModelShape
 from tts.models.cache import is_present
 from tts.report.plots import split_sweep
@@ -144,7 +144,7 @@ class _Lines(logging.Handler):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from tts.memory.profile_breakdown import apply_vllm_logging
+    from tts.backends.vllm.memory_breakdown import apply_vllm_logging
 
     apply_vllm_logging()  # vLLM's first engine would re-apply it and drop our handler
     handler = _Lines()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tts.models import cache, convert, listing, provision, registry
+from tts.models import cache, convert, listing, provision, registry, resolve
 from tts.models.cache import MARKER_FILE, ModelNotPresentError
 from tts.models.provision import ProvisionError
 from tts.models.registry import GgufPart, ModelSpec
@@ -110,18 +110,18 @@ def test_cache_dir_env_and_fallback(tmp_cache: Path, monkeypatch: pytest.MonkeyP
 
 
 def test_resolve_existing_directory(tmp_path: Path) -> None:
-    assert cache.resolve_model(str(tmp_path)) == tmp_path.resolve()
+    assert resolve.resolve_model(str(tmp_path)) == tmp_path.resolve()
 
 
 def test_resolve_missing_pypi_key_says_pull(tmp_cache: Path) -> None:
     with pytest.raises(ModelNotPresentError, match=f"tts models pull {DEFAULT_KEY}"):
-        cache.resolve_model(DEFAULT_KEY)
+        resolve.resolve_model(DEFAULT_KEY)
 
 
 def test_resolve_missing_hub_key_gives_download_command(tmp_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelNotPresentError) as err:
-        cache.resolve_model("math-shepherd-mistral-7b-prm")
+        resolve.resolve_model("math-shepherd-mistral-7b-prm")
     assert "hf download peiyi9979/math-shepherd-mistral-7b-prm" in str(err.value)
     assert "hub" in str(err.value)
 
@@ -129,7 +129,7 @@ def test_resolve_missing_hub_key_gives_download_command(tmp_cache: Path, monkeyp
 def test_resolve_nonexistent_path_is_named(tmp_path: Path) -> None:
     missing = tmp_path / "no" / "such-model"
     with pytest.raises(ModelNotPresentError) as err:
-        cache.resolve_model(str(missing))
+        resolve.resolve_model(str(missing))
     assert str(missing) in str(err.value)
     assert DEFAULT_KEY in str(err.value)  # lists the valid keys too
 
@@ -138,13 +138,13 @@ def test_resolve_file_is_rejected(tmp_path: Path) -> None:
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
     with pytest.raises(ModelNotPresentError, match="not a model folder"):
-        cache.resolve_model(str(gguf))
+        resolve.resolve_model(str(gguf))
 
 
 def test_resolve_present_key(tmp_cache: Path) -> None:
     folder = _fake_complete(tmp_cache / DEFAULT_KEY)
-    assert cache.resolve_model(DEFAULT_KEY) == folder
-    assert cache.resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct") == folder
+    assert resolve.resolve_model(DEFAULT_KEY) == folder
+    assert resolve.resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct") == folder
 
 
 def test_is_present_needs_marker(tmp_cache: Path) -> None:
@@ -410,7 +410,7 @@ def test_a_hub_id_as_the_model_is_resolved_through_the_hub(tmp_cache: Path, monk
                                                           name: str) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelNotPresentError, match=f"{re.escape(name)}.*HF_HUB_OFFLINE"):
-        cache.resolve_model(name)
+        resolve.resolve_model(name)
 
 
 def test_online_hub_pull_uses_huggingface_hub_and_is_idempotent(tmp_cache: Path,
@@ -428,12 +428,12 @@ def test_online_hub_pull_uses_huggingface_hub_and_is_idempotent(tmp_cache: Path,
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot)
     monkeypatch.setattr(provision, "_check_hub_folder", lambda folder: {"model_type": "llama"})
     said: list[str] = []
-    path = cache.resolve_model("someorg/some-model")
+    path = resolve.resolve_model("someorg/some-model")
     assert path == provision.hub_folder("someorg/some-model") and calls == ["someorg/some-model"]
     assert json.loads((path / MARKER_FILE).read_text())["hf_id"] == "someorg/some-model"
     assert provision.pull("qwen2.5-math-1.5b-instruct", progress=said.append) == cache.local_path(
         "qwen2.5-math-1.5b-instruct")
-    assert cache.resolve_model("someorg/some-model") == path and len(calls) == 2  # present: no download
+    assert resolve.resolve_model("someorg/some-model") == path and len(calls) == 2  # present: no download
     assert [p.name for p in tmp_cache.iterdir() if p.name.startswith(".")] == []  # no work folder left
 
 

@@ -121,7 +121,7 @@ def test_the_vllm_processor_samples_its_rows_and_leaves_the_others() -> None:
     from vllm.v1.sample.logits_processor import BatchUpdate
 
     from tts.backends.position_sampling import position_uniforms
-    from tts.backends.vllm_sampling import PositionSampler, position_params
+    from tts.backends.vllm.sampling import PositionSampler, position_params
 
     proc = PositionSampler(None, torch.device("cpu"), False)
     outs = [[5, 6], [], [1]]

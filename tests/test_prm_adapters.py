@@ -24,7 +24,8 @@ SYSTEM_HEADER = ("<|im_start|>system\nYou check solutions to math problems one s
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from tts.models.cache import ModelNotPresentError, resolve_model
+    from tts.models.cache import ModelNotPresentError
+    from tts.models.resolve import resolve_model
 
     try:
         path = resolve_model("smollm2-135m-instruct")

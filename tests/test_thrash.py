@@ -19,8 +19,8 @@ BLOCK_BYTES = 32 * 23040  # one 32-token block of SmolLM2-135M in bf16
 
 
 def _engine(num_blocks: int):
-    from tts.backends.vllm_engine import make_llm
-    from tts.models.cache import resolve_model
+    from tts.backends.vllm.engine import make_llm
+    from tts.models.resolve import resolve_model
 
     return make_llm(str(resolve_model("smollm2-135m-instruct")), kv_cache_bytes=num_blocks * BLOCK_BYTES,
                     gpu_memory_utilization=None, block_size=32, max_num_seqs=4,
@@ -29,7 +29,7 @@ def _engine(num_blocks: int):
 
 @pytest.fixture(scope="module")
 def tight():
-    from tts.backends.vllm_internals import shutdown_llm
+    from tts.backends.vllm.internals import shutdown_llm
 
     llm = _engine(8)
     yield llm
@@ -38,7 +38,7 @@ def tight():
 
 @pytest.fixture(scope="module")
 def generous():
-    from tts.backends.vllm_internals import shutdown_llm
+    from tts.backends.vllm.internals import shutdown_llm
 
     llm = _engine(40)
     yield llm
@@ -65,7 +65,7 @@ def run(llm, ids: list[int]) -> list[int]:
 
 @pytest.fixture
 def counter_for():
-    from tts.memory.thrash import ThrashCounter
+    from tts.backends.vllm.thrash import ThrashCounter
 
     made = []
 
@@ -129,7 +129,7 @@ def test_lookups_count_once_per_admission(tight, counter_for):
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from tts.memory.thrash import BlockUsageTrace
+    from tts.backends.vllm.thrash import BlockUsageTrace
 
     c = counter_for(tight)
     trace = BlockUsageTrace.attach(tight)
@@ -144,8 +144,8 @@ def test_lookups_count_once_per_admission(tight, counter_for):
 
 
 def test_detach_restores_the_engine_and_one_counter_per_pool(tight):
-    from tts.backends.vllm_internals import find_scheduler
-    from tts.memory.thrash import ThrashCounter
+    from tts.backends.vllm.internals import find_scheduler
+    from tts.backends.vllm.thrash import ThrashCounter
 
     manager = find_scheduler(tight).kv_cache_manager
     c = ThrashCounter.attach(tight)
@@ -163,7 +163,7 @@ def test_detach_restores_the_engine_and_one_counter_per_pool(tight):
 def test_other_vllm_versions_are_refused(monkeypatch, caplog):
     import vllm
 
-    from tts.memory.thrash import ThrashCounter, UnsupportedVllmError
+    from tts.backends.vllm.thrash import ThrashCounter, UnsupportedVllmError
 
     monkeypatch.setattr(vllm, "__version__", "0.31.9")
     with pytest.raises(UnsupportedVllmError, match="0.31.9"):

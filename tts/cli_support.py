@@ -82,7 +82,7 @@ def print_config(jobs: list[Job]) -> None:
 def run_jobs(jobs: list[Job], verbose: bool = False) -> int:
     """Run each job with a progress display; print its summary table. Exit code 0 or 2.
     Unless `verbose`, the libraries' output goes to the run's log file (`tts.quiet`)."""
-    from tts.backends.vllm_internals import UnsupportedVllmError
+    from tts.backends.vllm.internals import UnsupportedVllmError
     from tts.quiet import QuietOutput
     from tts.runner import run_bench
 
@@ -162,7 +162,8 @@ def _run_search(fn, cfg: DictConfig, term: Console, on_folder) -> Path:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from tts.config.compose import validate
-    from tts.runner import load_problems_for, run_variants
+    from tts.problems import load_problems_for
+    from tts.runner import run_variants
 
     conf = validate(cfg)
     total = len(load_problems_for(conf))
@@ -278,8 +279,8 @@ def regrade(path: Path) -> int:
 
 
 def run_profile(jobs: list[Job], calibrate: bool) -> int:
-    from tts.backends.vllm_internals import UnsupportedVllmError
-    from tts.memory.profile import profile_memory
+    from tts.backends.vllm.internals import UnsupportedVllmError
+    from tts.profiling.verb import profile_memory
 
     for job in jobs:
         try:

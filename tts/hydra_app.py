@@ -72,7 +72,7 @@ def run_profile_job(_: DictConfig) -> str:
     """One job of a `tts profile-memory` multirun, in the job folder."""
     from rich.console import Console
 
-    from tts.memory.profile import profile_memory
+    from tts.profiling.verb import profile_memory
 
     return _in_job_folder(lambda cfg: profile_memory(cfg, console=Console()))
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,35 +15,18 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from tts.backends.factory import Backends, read_prompt, static_split
+from tts.backends.vllm.thrash import attach_counters, detach_counters
 from tts.config.compose import CONF_DIR, ConfigError, preset_optims, to_yaml, validate
 from tts.config.schema import BackendKind, BenchMode, Config, EngineKind, OptimConfig, SearchConfig
 from tts.engine.base import EngineOptions, ProblemInput
 from tts.engine.sync import SyncEngine
-from tts.memory.thrash import attach_counters, detach_counters
 from tts.metrics.collector import KV_BLOCKS, merge_step_logs
+from tts.problems import load_problems_for
 from tts.results.records import build_record
 from tts.results.store import RunStore
 from tts.results.summary import variant_wall, write_summary
 from tts.results.wandb_logger import RunLogger
 from tts.search import make_policy
-
-
-def load_problems_for(cfg: Config) -> list:
-    """The configured dataset and subset, as `eval.Problem` records."""
-    from eval import generate_embedded, load_problems, select_subset
-
-    d = cfg.dataset
-    name = d.name.value
-    if name == "embedded":
-        problems = generate_embedded(num_problems=d.embedded_size, seed=d.seed)
-    else:
-        path = d.path
-        data_dir = os.environ.get("TTS_DATA_DIR")
-        if path is None and data_dir and Path(data_dir, f"{name}.jsonl").exists():
-            path = str(Path(data_dir, f"{name}.jsonl"))
-        problems = load_problems(name, path=path, hf_id=d.hf_id, split=d.split)
-    return select_subset(problems, first_k=d.first_k, levels=d.levels, ids=d.ids,
-                         random_k=d.random_k, seed=d.seed)
 
 
 def variant_optims(cfg: Config) -> list[tuple[str, OptimConfig]]:
@@ -106,7 +88,7 @@ def spec_batch_cap(cfg: Config, optim: OptimConfig) -> int:
         return max(0, optim.spec_batch_cap)
     if cfg.generator.backend is not BackendKind.vllm:
         return 0
-    from tts.memory.planner import device_profile, model_shape
+    from tts.engine.memory_split import device_profile, model_shape
 
     shape = model_shape(cfg.generator.model, cfg.generator.dtype)
     return max(1, round(device_profile(cfg).ridge_point * shape.dtype_bytes / 2))
@@ -115,7 +97,7 @@ def spec_batch_cap(cfg: Config, optim: OptimConfig) -> int:
 def build_engine(cfg: Config, optim: OptimConfig, backends: Backends, search: SearchConfig | None = None):
     """The engine for one variant (searching with `search`, default `cfg.search`), on
     backends sized for it."""
-    from tts.memory.planner import plan_memory
+    from tts.engine.memory_split import plan_memory
 
     if search is not None and search != cfg.search:
         cfg = dataclasses.replace(cfg, search=search)
@@ -127,7 +109,7 @@ def build_engine(cfg: Config, optim: OptimConfig, backends: Backends, search: Se
     uses_verifier = policy().uses_verifier
     gen, ver = backends.get(gen_spec, ver_spec if uses_verifier else None)
     if roofline:  # the engines' slots leave room for re-plans; start at the split's caps
-        from tts.memory.planner import initial_caps
+        from tts.engine.memory_split import initial_caps
 
         gen_cap, ver_cap = initial_caps(cfg)
         gen.set_limits(batch_cap=gen_cap)
@@ -139,15 +121,15 @@ def build_engine(cfg: Config, optim: OptimConfig, backends: Backends, search: Se
         return DecoupledEngine(gen, ver, policy, system, engine_options(cfg, optim), optim)
     engine = SyncEngine(gen, ver, policy, system, engine_options(cfg, optim))
     if roofline:
-        from tts.memory.planner import RuntimeAllocator
+        from tts.engine.memory_split import RuntimeAllocator
         engine.on_iteration = RuntimeAllocator(cfg, gen, ver)
     return engine
 
 
 def resolved_dtypes(cfg: Config) -> dict[str, str]:
     """The dtype each model runs in (`dtype: auto` resolved for this host)."""
-    from tts.backends.vllm_engine import read_hf_config, resolve_dtype
-    from tts.models.cache import resolve_model
+    from tts.backends.vllm.engine import read_hf_config, resolve_dtype
+    from tts.models.resolve import resolve_model
 
     out = {}
     for role, model in (("generator", cfg.generator), ("verifier", cfg.verifier)):

@@ -8,9 +8,11 @@ ends. The verifier scores chosen steps of reasoning paths in one batched call.
 from __future__ import annotations
 
 import enum
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class FinishReason(str, enum.Enum):
@@ -85,6 +87,7 @@ class Generator(ABC):
     """
 
     resumable_sampling: bool = False
+    _step_observers: tuple[Callable[[list[GenDelta], StepStats, float], None], ...] = ()
 
     @property
     @abstractmethod
@@ -115,8 +118,28 @@ class Generator(ABC):
     @abstractmethod
     def add(self, request: GenRequest) -> None: ...
 
+    def step(self) -> tuple[list[GenDelta], StepStats]:
+        """Run one step (the class contract); each step observer then sees its deltas, its
+        statistics and its wall time."""
+        start = time.perf_counter()
+        deltas, stats = self._step()
+        for observer in self._step_observers:
+            observer(deltas, stats, time.perf_counter() - start)
+        return deltas, stats
+
     @abstractmethod
-    def step(self) -> tuple[list[GenDelta], StepStats]: ...
+    def _step(self) -> tuple[list[GenDelta], StepStats]:
+        """The backend's own step (what `step` runs)."""
+
+    def add_step_observer(self, observer: Callable[[list[GenDelta], StepStats, float], None]) -> Callable[[], None]:
+        """Call `observer(deltas, stats, wall_s)` after every step; returns its remover."""
+        return _add_observer(self, "_step_observers", observer)
+
+    @property
+    def llm(self) -> Any | None:
+        """The vLLM engine behind this backend, for instrumentation (block-pool counters,
+        memory breakdown); None for a backend without one (the fake)."""
+        return None
 
     @abstractmethod
     def abort(self, request_ids: Iterable[str]) -> None: ...
@@ -163,8 +186,29 @@ class Verifier(ABC):
     Contract: `score` returns, for each request, one score per index, in order.
     """
 
+    _score_observers: tuple[Callable[[ScoreBatchStats, float], None], ...] = ()
+
+    def score(self, requests: Sequence[ScoreRequest]) -> tuple[list[tuple[float, ...]], ScoreBatchStats]:
+        """Score the requests (the class contract); each score observer then sees the call's
+        statistics and its wall time."""
+        start = time.perf_counter()
+        scores, stats = self._score(requests)
+        for observer in self._score_observers:
+            observer(stats, time.perf_counter() - start)
+        return scores, stats
+
     @abstractmethod
-    def score(self, requests: Sequence[ScoreRequest]) -> tuple[list[tuple[float, ...]], ScoreBatchStats]: ...
+    def _score(self, requests: Sequence[ScoreRequest]) -> tuple[list[tuple[float, ...]], ScoreBatchStats]:
+        """The backend's own scoring (what `score` runs)."""
+
+    def add_score_observer(self, observer: Callable[[ScoreBatchStats, float], None]) -> Callable[[], None]:
+        """Call `observer(stats, wall_s)` after every `score` call; returns its remover."""
+        return _add_observer(self, "_score_observers", observer)
+
+    @property
+    def llm(self) -> Any | None:
+        """The vLLM engine behind this backend (see `Generator.llm`); None without one."""
+        return None
 
     @property
     def request_per_score(self) -> bool:
@@ -182,3 +226,14 @@ class Verifier(ABC):
 
     def close(self) -> None:
         """Free the model; optional."""
+
+
+def _add_observer(backend: object, slot: str, observer: Callable) -> Callable[[], None]:
+    """Add `observer` to the backend's tuple `slot` (an instance attribute shadowing the
+    class's empty one); the returned function removes it again."""
+    setattr(backend, slot, (*getattr(backend, slot), observer))
+
+    def remove() -> None:
+        setattr(backend, slot, tuple(o for o in getattr(backend, slot) if o is not observer))
+
+    return remove

@@ -42,15 +42,15 @@ def static_split(cfg: Config) -> tuple[EngineSpec, EngineSpec]:
 def resolve_sampler(cfg: Config) -> Sampler:
     """The sampler the generator really uses: `generator.sampler`, with `auto` resolved to
     `position` where the generator's logits are exact (float32, or batch-invariant kernels:
-    `vllm_engine.exact_logits`) and to vLLM's own sampler where they are not (bf16). The
+    `vllm.engine.exact_logits`) and to vLLM's own sampler where they are not (bf16). The
     fake backend is exact: `auto` is `position` there."""
     g = cfg.generator
     if g.sampler is not Sampler.auto:
         return g.sampler
     if g.backend is BackendKind.fake:
         return Sampler.position
-    from tts.backends.vllm_engine import exact_logits, read_hf_config
-    from tts.models.cache import resolve_model
+    from tts.backends.vllm.engine import exact_logits, read_hf_config
+    from tts.models.resolve import resolve_model
 
     exact = exact_logits(g.dtype, read_hf_config(resolve_model(g.model)))
     return Sampler.position if exact else Sampler.vllm
@@ -92,7 +92,7 @@ class Backends:
             from tts.backends.fake import FakeGenerator
             # the fake's two modes are the two samplers' semantics
             return FakeGenerator(batch_cap=spec.max_num_seqs, sampling="context" if position else "stream")
-        from tts.backends.vllm_generator import VllmGenerator, sampler_engine_kwargs
+        from tts.backends.vllm.generator import VllmGenerator, sampler_engine_kwargs
         # the longest sequence: a long problem prompt, the path, and a step of speculation
         longest = PROMPT_ROOM + g.max_total_tokens + 2 * g.step_max_tokens
         llm = self._llm(g.model, g.dtype, spec, longest, sampler_engine_kwargs(position))
@@ -104,7 +104,7 @@ class Backends:
             from tts.backends.fake import FakeVerifier
             return FakeVerifier()
         from tts.backends.adapters import adapter_class, make_adapter
-        from tts.backends.vllm_verifier import VllmVerifier
+        from tts.backends.vllm.verifier import VllmVerifier
         name = v.adapter.value
         adapter_class(name)  # an unknown adapter fails before any model loads
         longest = PROMPT_ROOM + self.cfg.generator.max_total_tokens + 2 * self.cfg.generator.step_max_tokens
@@ -118,8 +118,8 @@ class Backends:
         a GPU alike (vLLM's `kv_cache_memory_bytes`), so the static or roofline split is what
         each engine gets. On a GPU (untested here) vLLM's start-up check is given the
         fraction of the device free at that moment (`make_llm`)."""
-        from tts.backends.vllm_engine import make_llm
-        from tts.models.cache import resolve_model
+        from tts.backends.vllm.engine import make_llm
+        from tts.models.resolve import resolve_model
 
         m = self.cfg.memory
         return make_llm(str(resolve_model(model)), kv_cache_bytes=spec.kv_bytes, gpu_memory_utilization=None,

@@ -169,7 +169,7 @@ class FakeGenerator(Generator):
             self._cache.popitem(last=False)
         return cached
 
-    def step(self) -> tuple[list[GenDelta], StepStats]:
+    def _step(self) -> tuple[list[GenDelta], StepStats]:
         start = time.perf_counter()
         running, deltas, per_req = self._queue[: self._cap], [], []
         for run in running:
@@ -202,7 +202,7 @@ class FakeVerifier(Verifier):
         self._per_score = request_per_score  # how a real verifier of this shape would ask
         self.scored: list[tuple[str, tuple[str, ...]]] = []
 
-    def score(self, requests: Sequence[ScoreRequest]) -> tuple[list[tuple[float, ...]], ScoreBatchStats]:
+    def _score(self, requests: Sequence[ScoreRequest]) -> tuple[list[tuple[float, ...]], ScoreBatchStats]:
         start = time.perf_counter()
         out = []
         for req in requests:

@@ -1,6 +1,6 @@
 """Position-keyed sampling, the arithmetic: one uniform number per (seed, position), and
 inverse-CDF sampling of softmax(logits / T) with an optional top-p nucleus. Plain torch and
-numpy, so it is testable without vLLM; `tts.backends.vllm_sampling` plugs it into vLLM.
+numpy, so it is testable without vLLM; `tts.backends.vllm.sampling` plugs it into vLLM.
 
 Cost (what runs every decode step, per row): one exp over the vocabulary and one blocked
 sum, in float32, on the logits' own device; the CDF is searched block by block, so no

@@ -9,7 +9,7 @@ this one process:
 - engine, `vllm` sampler: `VllmGenerator`'s add/step loop (`LLMEngine.add_request` and
   `step`, streamed deltas, our scheduler probe), vLLM's own sampler;
 - engine, `position` sampler: the same loop with the position-keyed sampler
-  (`tts.backends.vllm_sampling`).
+  (`tts.backends.vllm.sampling`).
 
 Both engines load the same weights with the same settings; each timed run starts on an
 empty prefix cache, after an untimed warm-up at that batch size. The paths alternate within
@@ -34,14 +34,14 @@ def run_ceiling(cfg_node: DictConfig, progress=None, on_folder=None) -> Path:
     from omegaconf import OmegaConf
 
     from tts.backends.factory import read_prompt
-    from tts.backends.vllm_engine import kv_bytes_per_token, make_llm, read_hf_config, resolve_dtype
-    from tts.backends.vllm_generator import VllmGenerator, sampler_engine_kwargs
+    from tts.backends.vllm.engine import kv_bytes_per_token, make_llm, read_hf_config, resolve_dtype
+    from tts.backends.vllm.generator import VllmGenerator, sampler_engine_kwargs
     from tts.config.compose import ConfigError, to_yaml, validate
     from tts.config.schema import BackendKind
-    from tts.models.cache import resolve_model
+    from tts.models.resolve import resolve_model
     from tts.results.host import host_info
     from tts.results.store import RunStore
-    from tts.runner import load_problems_for
+    from tts.problems import load_problems_for
 
     cfg = validate(cfg_node)
     c, g = cfg.ceiling, cfg.generator
@@ -81,7 +81,7 @@ def run_ceiling(cfg_node: DictConfig, progress=None, on_folder=None) -> Path:
                 progress(b)
     finally:
         gen.close()
-        from tts.backends.vllm_internals import shutdown_llm
+        from tts.backends.vllm.internals import shutdown_llm
         shutdown_llm(raw_llm)
     summary = {"host": host, "ceiling": rows, "ceiling_table_md": format_ceiling(rows),
                "prompt_tokens": len(prompt), "new_tokens": c.new_tokens, "repeats": c.repeats,

@@ -48,7 +48,7 @@ class Sampler(str, enum.Enum):
     position: from (seed, absolute position), so a request resumed from part of its output,
     or run on past a step boundary, samples what a fresh request with that seed would, as
     long as its logits are the same: in float32, or with batch-invariant kernels
-    (speculative steps are then reused exactly; `tts.backends.vllm_sampling`).
+    (speculative steps are then reused exactly; `tts.backends.vllm.sampling`).
     vllm: vLLM's own per-request generator, started at the request's first sampled token.
     auto: position where the generator runs float32 (or vLLM's batch-invariant kernels),
     vllm elsewhere (bf16: the logits move with the batch, so exactness cannot hold).

@@ -3,13 +3,16 @@
 Layers, bottom up:
 
 - ``device``: :class:`DeviceProfile` and the ``conf/device/*.yaml`` profiles.
-- ``calibrate``: measures a CPU profile on this machine (torch imported lazily).
 - ``roofline``: :class:`ModelShape` and FLOP/byte/time estimates of prefill and decode.
 - ``allocator``: FlashTTS's (B_pre, B_dec) search under a shared KV budget.
 - ``policy``: the KV-split policies the engine calls, chosen by name.
 
-Names are re-exported lazily (PEP 562), so importing the package costs nothing and
-``python -m tts.memory.allocator --bench`` runs without a double import.
+Only the model lives here: nothing imports a backend, torch or vLLM. Applying the split to
+a run's engines is `tts.engine.memory_split`; measuring this CPU into a device profile
+(`calibrate`) and the `profile-memory` verb are `tts.profiling`; the allocation search's
+timing is `python -m tts.benchmarks.allocator_timing`.
+
+Names are re-exported lazily (PEP 562), so importing the package costs nothing.
 """
 
 from importlib import import_module
@@ -20,9 +23,6 @@ _EXPORTS: dict[str, str] = {
     "Workload": "allocator",
     "brute_force_allocation": "allocator",
     "search_allocation": "allocator",
-    "calibrate_and_write": "calibrate",
-    "calibrate_cpu": "calibrate",
-    "write_profile": "calibrate",
     "DeviceProfile": "device",
     "available_devices": "device",
     "device_from_dict": "device",

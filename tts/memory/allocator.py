@@ -21,7 +21,7 @@ times of different batch sizes are equal in exact arithmetic but differ by a few
 ulps; without rounding, that noise (not the tie rule) would pick the batch sizes, and
 float sums could absorb differences, breaking the exactness of the O(N) decomposition.
 
-Run ``python -m tts.memory.allocator --bench`` to time the search.
+Run ``python -m tts.benchmarks.allocator_timing`` to time the search.
 """
 
 from __future__ import annotations
@@ -256,10 +256,3 @@ def brute_force_allocation(gen_shape: ModelShape, ver_shape: ModelShape, device:
     offload = None if off_pair is None else _allocation(p, *off_pair, "offload", _to_ns(offload_overhead_s))
     return _cheaper(split, offload)
 
-
-if __name__ == "__main__":
-    import sys
-
-    from tts.memory.bench import main
-
-    sys.exit(main(sys.argv[1:]))

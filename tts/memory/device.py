@@ -2,7 +2,7 @@
 
 A profile is one YAML file per device under ``conf/device/`` (a Hydra config group).
 GPU profiles hold datasheet numbers; the CPU profile is measured on the machine by
-:func:`tts.memory.calibrate.calibrate_cpu`.
+:func:`tts.profiling.calibrate.calibrate_cpu`.
 """
 
 from __future__ import annotations

@@ -8,10 +8,10 @@ from tts.models.cache import (
     cache_dir,
     is_present,
     local_path,
-    resolve_model,
 )
 from tts.models.listing import list_models
 from tts.models.provision import ProvisionError, pull
+from tts.models.resolve import resolve_model
 from tts.models.registry import (
     DEFAULT_GENERATOR,
     DEFAULT_VERIFIER,

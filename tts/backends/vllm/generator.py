@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tts.backends.base import FinishReason, GenDelta, Generator, GenRequest, StepStats
-from tts.backends.vllm_engine import make_llm
-from tts.backends.vllm_internals import shutdown_llm, token_prompt
-from tts.backends.vllm_stats import SchedulerProbe
+from tts.backends.vllm.engine import make_llm
+from tts.backends.vllm.internals import shutdown_llm, token_prompt
+from tts.backends.vllm.stats import SchedulerProbe
 
 if TYPE_CHECKING:  # pragma: no cover
     import vllm
@@ -36,7 +36,7 @@ def sampler_engine_kwargs(position_sampling: bool) -> dict[str, Any]:
     """The `vllm.LLM` arguments that install the position-keyed sampler (none without it)."""
     if not position_sampling:
         return {}
-    from tts.backends.vllm_sampling import PositionSampler
+    from tts.backends.vllm.sampling import PositionSampler
     return {"logits_processors": [PositionSampler]}
 
 
@@ -52,7 +52,7 @@ class VllmGenerator(Generator):
     Sampling is seeded per request (`GenRequest.seed`), so a request repeated with the same
     prompt, seed and parameters yields the same tokens. Temperature 0 is greedy.
     `resumable_sampling` must say whether `llm` was built with the position-keyed sampler
-    (`tts.backends.vllm_sampling.PositionSampler`); without it, vLLM's per-request random
+    (`tts.backends.vllm.sampling.PositionSampler`); without it, vLLM's per-request random
     stream makes resumed and run-on requests sample other tokens.
     """
 
@@ -134,7 +134,7 @@ class VllmGenerator(Generator):
                       top_p=request.top_p, seed=request.seed, output_kind=RequestOutputKind.DELTA,
                       detokenize=False, skip_special_tokens=True, ignore_eos=request.ignore_eos)
         if self.resumable_sampling:
-            from tts.backends.vllm_sampling import position_params
+            from tts.backends.vllm.sampling import position_params
             params = position_params(**kwargs)
         else:
             params = SamplingParams(**kwargs)
@@ -142,7 +142,7 @@ class VllmGenerator(Generator):
         self._engine.add_request(request.request_id, prompt, params)
         self._live[request.request_id] = _Live(num_prompt_tokens=len(request.prompt_token_ids))
 
-    def step(self) -> tuple[list[GenDelta], StepStats]:
+    def _step(self) -> tuple[list[GenDelta], StepStats]:
         self._probe.begin_step()
         start = time.perf_counter()
         outputs = self._engine.step() if self._engine.has_unfinished_requests() else []

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tts.memory.profile_breakdown import COMPONENTS
+from tts.backends.vllm.memory_breakdown import COMPONENTS
 
 MIB = 2**20
 ROLES = (("generator", "gen"), ("verifier", "ver"))

@@ -1,13 +1,13 @@
 """Per-step scheduler statistics read from an in-process vLLM v1 engine.
 
 vLLM does not hand the `SchedulerOutput` of a step back to `LLMEngine.step()`'s caller, so
-the probe wraps the `schedule` method of the one scheduler instance it watches (an instance
-attribute shadowing the bound method: no class is patched, other engines are untouched)
-and keeps the last output. Everything else is read from the scheduler after the step:
+the probe observes the `schedule` method of the one scheduler instance it watches
+(`internals.observe_schedule`: no class is patched, other engines are untouched) and keeps
+the last output. Everything else is read from the scheduler after the step:
 `running`/`waiting` via `get_request_counts()`, `kv_cache_manager.usage`,
 `max_num_scheduled_tokens`.
 
-This reaches into vLLM internals (through `tts.backends.vllm_internals`), so it is enabled
+This reaches into vLLM internals (through `tts.backends.vllm.internals`), so it is enabled
 only on the supported vLLM (`SUPPORTED_VLLM`, 0.32.x) and only when the scheduler has the
 expected shape (`SCHEDULER_ATTRS`). Otherwise the probe degrades: running = requests that returned tokens, scheduled
 tokens = tokens returned, waiting = unfinished - running, KV usage = 0.0 (unknown), and
@@ -21,10 +21,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from tts.backends.base import StepStats
-from tts.backends.vllm_internals import (
+from tts.backends.vllm.internals import (
     SUPPORTED_VLLM,
     admission_cap,
     kv_usage,
+    observe_schedule,
     scheduled_tokens,
     set_admission_cap,
     stats_scheduler,
@@ -55,22 +56,15 @@ class SchedulerProbe:
                            "(tested: %s.x)", _vllm.__version__, SUPPORTED_VLLM)
             return
         self._token_cap = token_budget(self._scheduler)
-        self._wrap_schedule()
+        observe_schedule(self._scheduler, self._keep)
 
     @property
     def exact(self) -> bool:
         """True when stats come from the scheduler itself (not derived from outputs)."""
         return self._scheduler is not None
 
-    def _wrap_schedule(self) -> None:
-        original = self._scheduler.schedule
-
-        def schedule(*args: Any, **kwargs: Any) -> Any:
-            output = original(*args, **kwargs)
-            self._last = output
-            return output
-
-        self._scheduler.schedule = schedule
+    def _keep(self, output: Any) -> None:
+        self._last = output
 
     @property
     def batch_cap(self) -> int:

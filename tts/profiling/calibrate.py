@@ -119,14 +119,14 @@ def calibrate_cpu(seconds: float = 2.0, matmul_n: int = 2048, copy_mib: int = 25
     """
     import torch
 
-    from tts.backends.vllm_engine import resolve_dtype
+    from tts.backends.vllm.engine import resolve_dtype
 
     bandwidth, rates, threads, other_share = _measure(seconds, matmul_n, copy_mib)
     best_dtype = resolve_dtype("auto", {"torch_dtype": "bfloat16"})
     when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     rate_text = ", ".join(f"{d} {r * 1e3:.1f} GFLOP/s" for d, r in rates.items())
     source = (
-        f"calibrated by tts.memory.calibrate.calibrate_cpu on host {socket.gethostname()} "
+        f"calibrated by tts.profiling.calibrate.calibrate_cpu on host {socket.gethostname()} "
         f"({_cpu_model()}, {threads} threads, torch {torch.__version__}) at {when}: "
         f"{matmul_n}^3 matmul 20th-percentile time of repeats {rate_text} (peak = {best_dtype}, the dtype models run in here); "
         f"{copy_mib} MiB torch copy, read+write bytes; other processes used "
@@ -150,7 +150,7 @@ def write_profile(profile: DeviceProfile, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     header = (
-        f"# Device profile '{profile.name}'. Written by tts.memory.calibrate.write_profile.\n"
+        f"# Device profile '{profile.name}'. Written by tts.profiling.calibrate.write_profile.\n"
         "# peak_tflops: dense matmul TFLOP/s; bandwidth_gbs: GB/s; memory_gb: GB (1e9 bytes).\n"
     )
     body = yaml.safe_dump(profile.to_dict(), sort_keys=False, width=10_000)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from tts.memory.thrash import BlockUsageTrace, attach_counters, detach_counters
+from tts.backends.vllm.thrash import BlockUsageTrace, attach_counters, detach_counters
 
 if TYPE_CHECKING:  # pragma: no cover
     from tts.backends.factory import Backends
@@ -70,8 +70,8 @@ def workload_overrides(cfg: DictConfig) -> dict[str, Any]:
 def _generator_kv_bytes_per_token(cfg: DictConfig) -> int | None:
     """KV bytes per token of the generator at the dtype it runs in; None for the fake
     backend or a model that is not present (then memory.kv_cache_gib stays)."""
-    from tts.backends.vllm_engine import kv_bytes_per_token, read_hf_config
-    from tts.models.cache import resolve_model
+    from tts.backends.vllm.engine import kv_bytes_per_token, read_hf_config
+    from tts.models.resolve import resolve_model
 
     if getattr(cfg.generator.backend, "value", cfg.generator.backend) == "fake":
         return None
@@ -114,33 +114,19 @@ class ModelMeter:
 
 
 class BackendMeter:
-    """Times and counts the generator's steps and the verifier's calls.
-
-    It wraps `step` / `score` of the two backend objects (tts's own classes, through
-    instance attributes); `detach` removes the wrappers.
-    """
+    """Times and counts the generator's steps and the verifier's calls, through the
+    backends' own observer hooks (`Generator.add_step_observer`,
+    `Verifier.add_score_observer`); `detach` removes them."""
 
     def __init__(self, generator: Any, verifier: Any | None) -> None:
         self.gen, self.ver = ModelMeter(), ModelMeter()
-        self._wrapped: list[tuple[Any, str]] = []
-        self._wrap(generator, "step", self._on_step)
+        self._removers = [generator.add_step_observer(self._on_step)]
         if verifier is not None:
-            self._wrap(verifier, "score", self._on_score)
+            self._removers.append(verifier.add_score_observer(self._on_score))
 
-    def _wrap(self, obj: Any, name: str, hook: Any) -> None:
-        original = getattr(obj, name)
-
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            return hook(original, *args, **kwargs)
-
-        setattr(obj, name, wrapper)
-        self._wrapped.append((obj, name))
-
-    def _on_step(self, original: Any) -> Any:
-        start = time.perf_counter()
-        deltas, stats = original()
+    def _on_step(self, deltas: Any, stats: Any, wall_s: float) -> None:
         m = self.gen
-        m.seconds += time.perf_counter() - start
+        m.seconds += wall_s
         m.calls += 1
         m.tokens += sum(len(d.new_token_ids) for d in deltas)
         for d in deltas:
@@ -149,26 +135,21 @@ class BackendMeter:
                 m.cached_tokens += d.num_cached_tokens or 0
         if stats.num_running or stats.num_waiting:
             m.kv_usage.append(float(stats.kv_usage))
-        return deltas, stats
 
-    def _on_score(self, original: Any, requests: Any) -> Any:
-        start = time.perf_counter()
-        scores, stats = original(requests)
+    def _on_score(self, stats: Any, wall_s: float) -> None:
         m = self.ver
-        m.seconds += time.perf_counter() - start
+        m.seconds += wall_s
         m.calls += 1
         m.tokens += stats.prompt_tokens
         m.prompt_tokens += stats.prompt_tokens
         m.cached_tokens += stats.cached_tokens
         m.kv_usage.extend(float(s.kv_usage) for s in stats.step_stats if s.num_running or s.num_waiting)
-        return scores, stats
 
     def detach(self) -> None:
-        """Remove the wrappers."""
-        for obj, name in self._wrapped:
-            if name in vars(obj):
-                delattr(obj, name)
-        self._wrapped.clear()
+        """Remove the observers."""
+        for remove in self._removers:
+            remove()
+        self._removers.clear()
 
 
 @dataclass
@@ -200,9 +181,9 @@ class SplitRun:
 def infeasible(cfg: Config) -> str | None:
     """Why this split cannot start (a KV budget below one longest sequence), or None."""
     from tts.backends.factory import PROMPT_ROOM, static_split
-    from tts.backends.vllm_engine import check_kv_budget, read_hf_config
+    from tts.backends.vllm.engine import check_kv_budget, read_hf_config
     from tts.config.schema import BackendKind
-    from tts.models.cache import resolve_model
+    from tts.models.resolve import resolve_model
 
     from tts.search import make_policy
 
@@ -236,7 +217,7 @@ def run_split(cfg: Config, backends: Backends, problems: list[Any]) -> SplitRun:
     meter = BackendMeter(gen, ver)
     counters = attach_counters(generator=gen, verifier=ver)
     traces = {r: BlockUsageTrace.attach(b.llm, strict=False)
-              for r, b in (("generator", gen), ("verifier", ver)) if getattr(b, "llm", None) is not None}
+              for r, b in (("generator", gen), ("verifier", ver)) if b is not None and b.llm is not None}
     start = time.perf_counter()
     try:
         done = sum(1 for _ in engine.run([ProblemInput(p.id, p.problem) for p in problems]))
@@ -272,19 +253,19 @@ def warm_up(generator: Any | None, verifier: Any | None) -> None:
 
 def _kv_bytes(backend: Any, requested: int) -> int:
     """The KV bytes the engine allocated (the requested budget for fake backends)."""
-    llm = getattr(backend, "llm", None)
+    llm = backend.llm
     if llm is None:
         return requested
-    from tts.backends.vllm_engine import kv_cache_info
+    from tts.backends.vllm.engine import kv_cache_info
 
     return kv_cache_info(llm).total_bytes
 
 
 def _num_blocks(backend: Any | None) -> int | None:
-    llm = getattr(backend, "llm", None)
+    llm = None if backend is None else backend.llm
     if llm is None:
         return None
-    from tts.backends.vllm_engine import kv_cache_info
+    from tts.backends.vllm.engine import kv_cache_info
 
     return kv_cache_info(llm).num_blocks
 

@@ -8,7 +8,7 @@ What it does, for a composed run config (thesis chapters 5-6):
    (``memory.generator_fraction``, else the first feasible one) and read each engine's
    weights, peak activations, non-torch memory, KV cache bytes and blocks, block size and
    bytes per token from the engine itself, with the memory each start took
-   (`profile_breakdown`).
+   (`tts.backends.vllm.memory_breakdown`).
 3. Sweep: for each generator share in ``profile.splits`` (plus ``tight_split`` and
    ``loose_split``), rebuild both engines at that split, attach a `ThrashCounter` to each,
    run ``profile.num_problems`` problems with the configured search, and record
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tts.memory.profile_model import FRACTIONS, static_sweep  # noqa: F401  (public API)
+from tts.profiling.modelled import FRACTIONS, static_sweep  # noqa: F401  (public API)
 
 if TYPE_CHECKING:  # pragma: no cover
     from omegaconf import DictConfig
@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from tts.backends.factory import Backends
     from tts.config.schema import Config
     from tts.memory.device import DeviceProfile
-    from tts.memory.profile_sweep import SplitRun
+    from tts.profiling.sweep import SplitRun
 
 MIB = 2**20
 PROFILE_JSON = "profile.json"
@@ -56,8 +56,8 @@ def profile_memory(cfg: DictConfig, calibrate: bool = False, console: Console | 
     from rich.console import Console
 
     from tts.backends.factory import Backends
-    from tts.memory.profile_sweep import split_config, workload_overrides
-    from tts.runner import load_problems_for
+    from tts.profiling.sweep import split_config, workload_overrides
+    from tts.problems import load_problems_for
 
     console = console or Console()
     fractions = _fractions(cfg)
@@ -103,7 +103,7 @@ def _fractions(cfg: DictConfig) -> list[float]:
 
 def _breakdown_share(cfg: DictConfig, overrides: dict[str, Any], shares: list[float]) -> float:
     """The configured share if both engines can start there, else the first share that can."""
-    from tts.memory.profile_sweep import infeasible, split_config
+    from tts.profiling.sweep import infeasible, split_config
 
     reasons = []
     for f in dict.fromkeys([round(float(cfg.memory.generator_fraction), 6), *shares]):
@@ -124,7 +124,7 @@ def _results_folder(cfg: DictConfig) -> Path:
 
 
 def _device(cfg: DictConfig, calibrate: bool, console: Console) -> DeviceProfile:
-    from tts.memory.calibrate import calibrate_and_write
+    from tts.profiling.calibrate import calibrate_and_write
     from tts.memory.device import device_from_dict
 
     device = device_from_dict(dict(cfg.device))
@@ -149,15 +149,15 @@ def _print_workload(console: Console, base: Config, overrides: dict[str, Any], n
 def build_breakdown(cfg: Config, backends: Backends) -> dict[str, dict[str, Any]]:
     """Start the generator, then the verifier, at `cfg`'s split and read their memory.
 
-    Each engine is measured on its own start (see `profile_breakdown`), then warmed up; the
+    Each engine is measured on its own start (see `tts.backends.vllm.memory_breakdown`), then warmed up; the
     engines stay in `backends`, so the sweep reuses them for this split. Fake backends have
     no breakdown.
     """
     from tts.backends.factory import static_split
-    from tts.backends.vllm_engine import has_cuda
+    from tts.backends.vllm.engine import has_cuda
     from tts.config.schema import BackendKind
-    from tts.memory.profile_breakdown import engine_breakdown, measure_start
-    from tts.memory.profile_sweep import warm_up
+    from tts.backends.vllm.memory_breakdown import engine_breakdown, measure_start
+    from tts.profiling.sweep import warm_up
     from tts.search import make_policy
 
     gen_spec, ver_spec = static_split(cfg)
@@ -181,7 +181,7 @@ def build_breakdown(cfg: Config, backends: Backends) -> dict[str, dict[str, Any]
 
 def _sweep(cfg: DictConfig, overrides: dict[str, Any], order: list[float], backends: Backends,
            problems: list[Any], console: Console) -> tuple[dict[float, SplitRun], list[dict[str, Any]]]:
-    from tts.memory.profile_sweep import infeasible, run_split, split_config
+    from tts.profiling.sweep import infeasible, run_split, split_config
 
     runs: dict[float, SplitRun] = {}
     skipped: list[dict[str, Any]] = []
@@ -203,8 +203,8 @@ def assemble(cfg: DictConfig, base: Config, device: DeviceProfile, overrides: di
              problems: list[Any], breakdown: dict[str, Any], runs: dict[float, SplitRun],
              skipped: list[dict[str, Any]], fractions: list[float]) -> dict[str, Any]:
     """The JSON-ready profile (see the module docstring for its parts)."""
-    from tts.memory.profile_model import model_for_config
-    from tts.memory.profile_sweep import sweep_row
+    from tts.profiling.modelled import model_for_config
+    from tts.profiling.sweep import sweep_row
 
     rows = [sweep_row(runs[f]) for f in sorted(runs)]
     traces = {}
@@ -250,7 +250,7 @@ def _vllm_version(cfg: Config) -> str | None:
 
 def _write(folder: Path, cfg: DictConfig, profile: dict[str, Any]) -> None:
     from tts.config.compose import to_yaml
-    from tts.memory.profile_plots import write_plots
+    from tts.profiling.plots import write_plots
 
     (folder / "config.yaml").write_text(to_yaml(cfg))
     profile["plots"] = write_plots(folder, profile)
@@ -265,7 +265,7 @@ def breakdown_table(breakdown: dict[str, dict[str, Any]]) -> Any:
     """The per-model memory components as a rich table (sources in the caption)."""
     from rich.table import Table
 
-    from tts.memory.profile_breakdown import COMPONENTS
+    from tts.backends.vllm.memory_breakdown import COMPONENTS
 
     roles = list(breakdown)
     sources = {f"{b.get('weights_source', '-')}; measured: {b.get('measured_source', '-')}"

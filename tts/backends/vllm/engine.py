@@ -195,7 +195,7 @@ def make_llm(
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     import vllm
 
-    from tts.backends.vllm_internals import check_vllm_version
+    from tts.backends.vllm.internals import check_vllm_version
 
     check_vllm_version()  # before any weight loads: a clear error, not a failure deep in vLLM
 
@@ -247,7 +247,7 @@ def free_gpu_fraction(margin: float = 0.02) -> float:
 
 def kv_cache_info(llm: vllm.LLM) -> KvCacheInfo:
     """The KV cache the running engine actually allocated (blocks, block size, bytes/token)."""
-    from tts.backends.vllm_internals import allocated_blocks
+    from tts.backends.vllm.internals import allocated_blocks
 
     engine = llm.llm_engine
     cache = engine.vllm_config.cache_config

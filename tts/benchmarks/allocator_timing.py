@@ -1,4 +1,4 @@
-"""Timing of the allocation search: ``python -m tts.memory.allocator --bench``.
+"""Timing of the allocation search: ``python -m tts.benchmarks.allocator_timing``.
 
 A benchmark, not a test: it prints the mean and tail time of ``search_allocation`` over
 random but realistic instances (N up to 512, KV budgets of 1-60 GB, real model shapes
@@ -51,15 +51,12 @@ def run(instances: int = 2000, seed: int = 0, offload: bool = False) -> list[flo
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI: ``--bench [--instances K] [--seed S]``; prints timings in microseconds."""
-    parser = argparse.ArgumentParser(prog="python -m tts.memory.allocator")
-    parser.add_argument("--bench", action="store_true", help="time the search on random instances")
+    """CLI: ``[--instances K] [--seed S]``; prints timings in microseconds."""
+    parser = argparse.ArgumentParser(prog="python -m tts.benchmarks.allocator_timing",
+                                     description="time the allocation search on random instances")
     parser.add_argument("--instances", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    if not args.bench:
-        parser.print_help()
-        return 0
     for offload in (False, True):
         times = sorted(run(args.instances, args.seed, offload))
         mean_us = sum(times) / len(times) * 1e6
@@ -68,3 +65,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"search_allocation [{label}]: {len(times)} instances, N<=512: "
               f"mean {mean_us:.1f} us, p99 {p99_us:.1f} us, max {times[-1] * 1e6:.1f} us")
     return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

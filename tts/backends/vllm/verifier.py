@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 from tts.backends.adapters import PrmAdapter, PromptSpec, ReadKind, ScoreOutput
 from tts.backends.adapters import adapter_class, make_adapter
 from tts.backends.base import ScoreBatchStats, ScoreRequest, StepStats, Verifier
-from tts.backends.vllm_engine import make_llm
-from tts.backends.vllm_internals import shutdown_llm, token_prompt
-from tts.backends.vllm_stats import SchedulerProbe
+from tts.backends.vllm.engine import make_llm
+from tts.backends.vllm.internals import shutdown_llm, token_prompt
+from tts.backends.vllm.stats import SchedulerProbe
 
 if TYPE_CHECKING:  # pragma: no cover
     import vllm
@@ -66,7 +66,7 @@ class VllmVerifier(Verifier):
     def request_per_score(self) -> bool:
         return self.adapter.request_per_index
 
-    def score(
+    def _score(
         self, requests: Sequence[ScoreRequest],
     ) -> tuple[list[tuple[float, ...]], ScoreBatchStats]:
         start = time.perf_counter()

@@ -22,8 +22,8 @@ PROMPT_TOKENS = 160  # a typical chat-templated problem prompt; refined at run t
 
 def model_shape(model: str, dtype: str = "auto") -> ModelShape:
     """The roofline shape of a registry model or folder, at the dtype its engine runs in."""
-    from tts.backends.vllm_engine import dtype_bytes
-    from tts.models.cache import resolve_model
+    from tts.backends.vllm.engine import dtype_bytes
+    from tts.models.resolve import resolve_model
 
     config = json.loads((Path(resolve_model(model)) / "config.json").read_text())
     return ModelShape.from_hf_config(config, dtype_bytes=dtype_bytes(dtype, config))
@@ -75,8 +75,8 @@ def _with_floors(cfg: Config, gen_kv: int, ver_kv: int) -> tuple[int, int]:
     sequence, plus its null block), taken from the other's share: a small workload's split
     can give an engine less than that. ValueError when the budget cannot hold both."""
     from tts.backends.factory import PROMPT_ROOM
-    from tts.backends.vllm_engine import kv_bytes_per_token, read_hf_config
-    from tts.models.cache import resolve_model
+    from tts.backends.vllm.engine import kv_bytes_per_token, read_hf_config
+    from tts.models.resolve import resolve_model
 
     g = cfg.generator
     longest = PROMPT_ROOM + g.max_total_tokens + 2 * g.step_max_tokens

@@ -53,7 +53,7 @@ from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
 
 from tts.backends.position_sampling import position_uniforms, sample_rows
-from tts.backends.vllm_internals import logits_processor_api
+from tts.backends.vllm.internals import logits_processor_api
 
 LogitsProcessor, BatchUpdate, process_dict_updates = logits_processor_api()
 

@@ -1,0 +1,123 @@
+"""The shape of the code, read from the code (attributes and imports, not comments):
+vLLM's internals are reached from one module only (`tts/backends/vllm/internals.py`), so a
+vLLM version bump is one place to change; and no import cycles in `cli/`, `tts/` or `eval/`,
+counting the imports inside functions too."""
+
+import ast
+from pathlib import Path
+
+import tts
+
+ROOT = Path(tts.__file__).parent
+REPO = ROOT.parent
+HOME = ROOT / "backends" / "vllm" / "internals.py"
+# vLLM's parts that are not public API: the in-process engine core and its executor, the
+# scheduler's admission and counters, the KV cache manager's usage and config, the renderer
+INTERNAL_ATTRS = {"engine_core", "model_executor", "driver_worker", "renderer", "render_cmpl",
+                  "max_num_active_reqs", "max_num_running_reqs", "get_request_counts",
+                  "kv_cache_config", "kv_cache_tensors", "num_gpu_blocks", "max_num_scheduled_tokens"}
+INTERNAL_MODULES = ("vllm.v1", "vllm.config", "vllm.logger")
+
+
+def uses(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute) and node.attr in INTERNAL_ATTRS:
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(INTERNAL_MODULES):
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno}: from {node.module}")
+        elif isinstance(node, ast.Constant) and node.value in INTERNAL_ATTRS:  # getattr(x, "engine_core")
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}")
+    return found
+
+
+def test_vllm_internals_are_reached_from_one_module() -> None:
+    outside = [use for path in sorted(ROOT.rglob("*.py")) if path != HOME for use in uses(path)]
+    assert not outside, "vLLM internals outside tts/backends/vllm/internals.py:\n" + "\n".join(outside)
+    assert len(uses(HOME)) >= len(INTERNAL_ATTRS) // 2  # the check sees what it looks for
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the project modules it imports (anywhere in it: a function-level import
+    is a dependency too; `if TYPE_CHECKING:` blocks are not)."""
+    files = {}
+    for package in ("tts", "eval", "cli"):
+        for path in (REPO / package).rglob("*.py"):
+            name = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+            files[name] = path
+
+    def resolve(name: str) -> str | None:
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    def typing_only(node: ast.AST) -> bool:
+        return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        edges: set[str] = set()
+        stack = [ast.parse(path.read_text(), str(path))]
+        while stack:
+            node = stack.pop()
+            if typing_only(node):
+                continue
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                edges |= {resolve(f"{node.module}.{a.name}") or resolve(node.module) for a in node.names}
+            elif isinstance(node, ast.Import):
+                edges |= {resolve(a.name) for a in node.names}
+            stack.extend(ast.iter_child_nodes(node))
+        graph[name] = {e for e in edges if e and e != name}
+    return graph
+
+
+def test_no_import_cycles() -> None:
+    graph = import_graph()
+    assert "tts.runner" in graph and "tts.engine.sync" in graph["tts.runner"]  # the graph is read
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_the_memory_model_is_only_the_model() -> None:
+    """`tts/memory/` (device profiles, roofline, allocator, split policies) imports no backend,
+    engine or runner of tts, and neither torch nor vLLM."""
+    graph = import_graph()
+    memory = [m for m in graph if m.startswith("tts.memory")]
+    assert "tts.memory.allocator" in memory
+    upward = {m: sorted(e for e in graph[m] if not e.startswith(("tts.memory", "tts.config", "conf")))
+              for m in memory}
+    assert not any(upward.values()), upward
+    heavy = []
+    for m in memory:
+        path = REPO / (m.replace(".", "/") + ("/__init__.py" if m == "tts.memory" else ".py"))
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            heavy += [f"{m}: {n}" for n in names if n.split(".")[0] in ("torch", "vllm", "transformers")]
+    assert not heavy, heavy

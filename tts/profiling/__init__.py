@@ -1,0 +1,11 @@
+"""`tts profile-memory`: the verb's orchestration, above the runner.
+
+- ``verb``: `profile_memory` (the breakdown, the split sweep, the folder and its table).
+- ``sweep``: one run per generator share of the KV budget, and the KV blocks per step.
+- ``modelled``: the roofline model's view of the same sweep, beside the measured one.
+- ``plots``: the sweep's and the breakdown's figures.
+- ``calibrate``: measures this CPU (matmul rate, bandwidth) into `conf/device/cpu.yaml`.
+
+The memory model it measures against is `tts.memory`; the engine instrumentation it reads
+is `tts.backends.vllm` (`memory_breakdown`, `thrash`).
+"""
