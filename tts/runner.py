@@ -164,14 +164,7 @@ def run_bench(cfg_node: DictConfig, progress: Callable | None = None,
     if not problems:
         raise ConfigError("dataset: the subset selects no problems")
     variants = run_variants(cfg)
-    hint = f"{cfg.search.algorithm.value}-n{cfg.search.n}-" + "-vs-".join(n for n, _, _ in variants)
-    store = RunStore.create(cfg.bench.results_dir, cfg.bench.run_name, cfg.bench.resume, hint)
-    if cfg.bench.resume:  # records made with other settings must not be mixed in
-        changed = store.config_changes(OmegaConf.to_container(cfg_node, resolve=True))
-        if changed:
-            raise ConfigError(f"--resume: {store.path} was run with other settings ({'; '.join(changed)}); "
-                              "resume with the same ones, or choose another bench.run_name")
-    store.write_config(to_yaml(cfg_node))
+    store = _open_store(cfg, cfg_node, [n for n, _, _ in variants])
     if on_folder:
         on_folder(store.path)
     host = run_host(cfg)
@@ -179,46 +172,65 @@ def run_bench(cfg_node: DictConfig, progress: Callable | None = None,
     logger = RunLogger(cfg.logger.wandb, cfg.logger.mode, cfg.logger.project, cfg.logger.entity,
                        list(cfg.logger.tags), store.path,
                        OmegaConf.to_container(cfg_node, resolve=True), store.path.name)
-    gold = {p.id: p for p in problems}
     # step statistics of every variant, carried across a resume like the records
     step_logs: dict[str, dict] = store.step_logs() if cfg.bench.resume else {}
     backends = Backends(cfg)
     try:
         for name, optim, search in variants:
             todo = [p for p in problems if (name, p.id) not in done]
-            if not todo:
-                continue
-            engine = build_engine(cfg, optim, backends, search)
-            if on_iteration:
-                engine.on_problem_iteration = functools.partial(on_iteration, name)
-            inputs = [ProblemInput(p.id, p.problem) for p in todo]
-            # the variant's wall clock, carried across a resume by the records themselves
-            start = time.perf_counter() - variant_wall(store.records(), name)
-            earlier = step_logs.get(name)  # the part of this variant a killed process ran
-            # each vLLM engine's block pool: evictions and blocks recomputed after one (thrash)
-            counters = attach_counters(generator=engine.gen, verifier=engine.scoring.verifier)
-            try:
-                for outcome in engine.run(inputs):
-                    p = gold[outcome.problem.id]
-                    record = build_record(outcome, p.answer, name, {"level": p.level, "subject": p.subject})
-                    record["variant_wall_s"] = time.perf_counter() - start
-                    store.append(record)
-                    logs = engine.step_logs()
-                    if counters:
-                        logs[KV_BLOCKS] = {model: c.counts() for model, c in counters.items()}
-                    step_logs[name] = merge_step_logs(earlier, logs)
-                    store.write_step_logs(step_logs)
-                    logger.log_problem(record)
-                    if progress:
-                        progress(name, record)
-            finally:
-                detach_counters(counters)
+            if todo:
+                engine = build_engine(cfg, optim, backends, search)
+                if on_iteration:
+                    engine.on_problem_iteration = functools.partial(on_iteration, name)
+                _run_variant(name, engine, todo, store, step_logs, logger, progress)
     finally:
         backends.close()
     summary, plots = write_summary(store, [n for n, _, _ in variants], step_logs, host)
     logger.log_summary(summary, {"records": _table_rows(store.records())}, plots)
     logger.finish()
     return store.path
+
+
+def _open_store(cfg: Config, cfg_node: DictConfig, names: list[str]) -> RunStore:
+    """The run's folder (new, or the one `--resume` continues, refused when it was run with
+    other settings), with its config written."""
+    hint = f"{cfg.search.algorithm.value}-n{cfg.search.n}-" + "-vs-".join(names)
+    store = RunStore.create(cfg.bench.results_dir, cfg.bench.run_name, cfg.bench.resume, hint)
+    if cfg.bench.resume:  # records made with other settings must not be mixed in
+        changed = store.config_changes(OmegaConf.to_container(cfg_node, resolve=True))
+        if changed:
+            raise ConfigError(f"--resume: {store.path} was run with other settings ({'; '.join(changed)}); "
+                              "resume with the same ones, or choose another bench.run_name")
+    store.write_config(to_yaml(cfg_node))
+    return store
+
+
+def _run_variant(name: str, engine, todo: list, store: RunStore, step_logs: dict[str, dict],
+                 logger: RunLogger, progress: Callable | None) -> None:
+    """Run one variant's remaining problems: a record and the step statistics written as
+    each problem finishes, so a killed run keeps them."""
+    gold = {p.id: p for p in todo}
+    # the variant's wall clock, carried across a resume by the records themselves
+    start = time.perf_counter() - variant_wall(store.records(), name)
+    earlier = step_logs.get(name)  # the part of this variant a killed process ran
+    # each vLLM engine's block pool: evictions and blocks recomputed after one (thrash)
+    counters = attach_counters(generator=engine.gen, verifier=engine.scoring.verifier)
+    try:
+        for outcome in engine.run([ProblemInput(p.id, p.problem) for p in todo]):
+            p = gold[outcome.problem.id]
+            record = build_record(outcome, p.answer, name, {"level": p.level, "subject": p.subject})
+            record["variant_wall_s"] = time.perf_counter() - start
+            store.append(record)
+            logs = engine.step_logs()
+            if counters:
+                logs[KV_BLOCKS] = {model: c.counts() for model, c in counters.items()}
+            step_logs[name] = merge_step_logs(earlier, logs)
+            store.write_step_logs(step_logs)
+            logger.log_problem(record)
+            if progress:
+                progress(name, record)
+    finally:
+        detach_counters(counters)
 
 
 def _table_rows(records: list[dict]) -> list[dict]:

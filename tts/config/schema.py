@@ -156,16 +156,13 @@ class SearchConfig:
     early_step_max_tokens: int = 64
     early_steps: int = 3
     verify_every: int = 1
-    # the search's own sampling temperature, over generator.temperature (None: the
-    # generator's); `conf/search/greedy.yaml` sets 0: one greedy chain of thought
-    temperature: float | None = None
+    temperature: float | None = None  # over generator.temperature (None: it); greedy.yaml: 0
 
     def __post_init__(self) -> None:
         _require(self.n >= 1, "search.n", "must be >= 1")
-        if self.temperature is not None:
-            _require(self.temperature >= 0, "search.temperature", "must be >= 0 (or null: generator.temperature)")
-            _require(self.temperature > 0 or self.n == 1, "search.n",
-                     f"n={self.n} greedy paths (search.temperature=0) would all be the same path; use n=1")
+        _require(self.temperature is None or self.temperature >= 0, "search.temperature", "must be >= 0 or null")
+        _require(self.temperature != 0 or self.n == 1, "search.n",
+                 f"n={self.n} greedy paths (search.temperature=0) would all be the same path; use n=1")
         _require(self.beam_width >= 1, "search.beam_width", "must be >= 1")
         if self.algorithm in (Algorithm.beam, Algorithm.dvts, Algorithm.dynamic_branching,
                               Algorithm.varying_granularity):

@@ -96,15 +96,9 @@ class ThrashCounter:
         counts stay 0, ``enabled`` is False, ``reason`` says why).
         """
         counter = cls()
-        try:
-            manager = kv_cache_manager(llm, "block-pool thrash hooks")
-        except UnsupportedVllmError as err:
-            if strict:
-                raise
-            logger.warning("thrash counting disabled: %s", err)
-            counter.reason = str(err)
-            return counter
-        counter._hook(manager)
+        manager, counter.reason = _checked_manager(llm, strict, "thrash counting")
+        if manager is not None:
+            counter._hook(manager)
         return counter
 
     @property
@@ -245,12 +239,8 @@ class BlockUsageTrace:
         """Start recording for `llm`; on an unsupported vLLM raise `UnsupportedVllmError`
         (``strict``) or return a trace that records nothing."""
         trace = cls()
-        try:
-            manager = kv_cache_manager(llm, "block-pool thrash hooks")
-        except UnsupportedVllmError as err:
-            if strict:
-                raise
-            logger.warning("KV block trace disabled: %s", err)
+        manager, _ = _checked_manager(llm, strict, "KV block trace")
+        if manager is None:
             return trace
         pool = manager.block_pool
         trace.num_blocks = pool_blocks(pool)
@@ -295,3 +285,15 @@ def _wrap(obj: Any, name: str, hook: Any) -> None:
 
     wrapper._tts_thrash_hook = True  # type: ignore[attr-defined]
     setattr(obj, name, wrapper)
+
+
+def _checked_manager(llm: Any, strict: bool, what: str) -> tuple[Any | None, str]:
+    """(the engine's KV cache manager, "") after the version and shape checks; where they
+    fail, `UnsupportedVllmError` (`strict`) or (None, why) with a warning that `what` is off."""
+    try:
+        return kv_cache_manager(llm, "block-pool thrash hooks"), ""
+    except UnsupportedVllmError as err:
+        if strict:
+            raise
+        logger.warning("%s disabled: %s", what, err)
+        return None, str(err)
