@@ -221,16 +221,26 @@ def print_summary(path: Path, log: Path | None = None) -> None:
             "gen_cache_hit_rate", "ver_cache_hit_rate", "gen_batch_util_mean", "ver_batch_util_mean",
             "straggler_gap", "spec_hit_rate"]
     for k in keys:
-        vals = [summary["variants"][n].get(k) for n in names]
-        if all(v is None for v in vals):
+        variants = [summary["variants"][n] for n in names]
+        if all(v.get(k) is None for v in variants):
             continue
-        table.add_row(k, *[("-" if v is None else f"{v:.3g}" if isinstance(v, float) else str(v)) for v in vals])
+        table.add_row(k, *[_cell(v, k) for v in variants])
     out.print(table)
     if "ratio_table_md" in summary:
         out.print(line, soft_wrap=True, highlight=False, markup=False)
         out.print(summary["ratio_table_md"], soft_wrap=True, highlight=False, markup=False)
     out.print(f"results: {path}", soft_wrap=True)
     _paths(out, path, log)
+
+
+def _cell(variant: dict, key: str) -> str:
+    """A summary value; an accuracy with its 95% interval (`<key>_ci`)."""
+    value, interval = variant.get(key), variant.get(f"{key}_ci")
+    if value is None:
+        return "-"
+    if interval:
+        return f"{value:.3g} [{interval[0]:.2f}, {interval[1]:.2f}]"
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
 def _paths(out: Console, path: Path, log: Path | None) -> None:
