@@ -40,13 +40,13 @@ def _jobs(config_name: str, overrides: list[str] | None, multirun: bool, resume:
         raise typer.Exit(2) from None
 
 
-def _hydra_sweep(config_name: str, overrides: list[str] | None, task: str) -> bool:
+def _hydra_sweep(config_name: str, overrides: list[str] | None, task: str) -> None:
     """With a hydra/launcher= or hydra/sweeper= override, Hydra's own sweeper and launcher
-    run the sweep (tts.hydra_app), and the command exits with its code; else False."""
+    run the sweep (tts.hydra_app) and the command exits with its code; else nothing."""
     from tts.hydra_app import uses_hydra_plugins
 
     if not uses_hydra_plugins(list(overrides or [])):
-        return False
+        return
     from tts.cli_support import run_hydra
 
     _env_defaults()
@@ -102,8 +102,8 @@ def profile_memory(overrides: Overrides = None, config_name: ConfigName = "confi
                    calibrate: Annotated[bool, typer.Option("--calibrate", help="Measure this CPU and write conf/device/cpu.yaml.")] = False,
                    ) -> None:
     """Per-model memory breakdown and a sweep of the generator/verifier KV split."""
-    if multirun and not cfg and _hydra_sweep(config_name, overrides, "profile"):
-        return
+    if multirun and not cfg:
+        _hydra_sweep(config_name, overrides, "profile")
     jobs = _jobs(config_name, overrides, multirun, False)
     from tts.cli_support import print_config, run_profile
 

@@ -12,9 +12,9 @@ _BARE_TOKEN_RE = re.compile(r"[^\s$]+")
 _STATEMENT_RE = re.compile(
     r"\b(?:the\s+)?(?:final\s+)?answer\s+is\s*:?\s*"
     r"(?:(?:indeed|therefore|thus|simply|just|now|then)\b[\s,:]*)?", re.IGNORECASE)
-# A number first (units and words after it are left out): 7, -3, 1,000, 2.5, 3/8.
-_NUMBER_RE = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?(?![\d.]\d)")
 _NUM = r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
+# A number first (units and words after it are left out): 7, -3, 1,000, 2.5, 3/8.
+_NUMBER_RE = re.compile(rf"{_NUM}(?:\s*/\s*\d+)?(?![\d.]\d)")
 # "7 * 10 = 70": arithmetic written out after the number; its result is the answer.
 _WORKED_RE = re.compile(rf"{_NUM}(?:\s*[-+*/×x]\s*{_NUM})+\s*=\s*({_NUM}(?:\s*/\s*\d+)?)")
 _MATH_RE = re.compile(r"\$+([^$]+?)\$+")

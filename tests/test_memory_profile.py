@@ -144,9 +144,9 @@ class _Lines(logging.Handler):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from tts.backends.vllm.memory_breakdown import apply_vllm_logging
+    from tts.backends.vllm.internals import configure_vllm_logging
 
-    apply_vllm_logging()  # vLLM's first engine would re-apply it and drop our handler
+    configure_vllm_logging()  # vLLM's first engine would re-apply it and drop our handler
     handler = _Lines()
     vllm_logger = logging.getLogger("vllm")
     vllm_logger.addHandler(handler)

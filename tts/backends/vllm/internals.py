@@ -201,13 +201,13 @@ BLOCK_POOL_METHODS = ("get_cached_block", "_insert_block_hash", "_maybe_evict_ca
 KV_MANAGER_METHODS = ("get_computed_blocks", "record_prefix_cache_stats", "block_pool")
 
 
-def kv_cache_manager(llm: vllm.LLM, what: str = "block-pool hooks") -> Any:
+def kv_cache_manager(llm: vllm.LLM) -> Any:
     """The v1 `KVCacheManager` of an in-process engine, after the version and shape checks
     (`KV_MANAGER_METHODS`, `BLOCK_POOL_METHODS`); `UnsupportedVllmError` names what is
     missing."""
     version = installed_vllm_version()
     if not is_supported(version):
-        raise UnsupportedVllmError(f"vLLM {version}: {what} were checked on {SUPPORTED_VLLM}.x only")
+        raise UnsupportedVllmError(f"vLLM {version}: the block-pool hooks were checked on {SUPPORTED_VLLM}.x only")
     scheduler = find_scheduler(llm)
     if scheduler is None:
         raise UnsupportedVllmError(

@@ -91,22 +91,12 @@ def memory_in_use() -> tuple[int, str]:
     return int(psutil.Process().memory_info().rss), "process RSS"
 
 
-def apply_vllm_logging() -> None:
-    """Apply vLLM's default logging config now, as its first engine start would.
-
-    vLLM (0.32) re-applies its ``dictConfig`` when the first engine of a process starts,
-    which replaces the handlers of the ``vllm`` logger; applying it beforehand makes that
-    a no-op, so a handler added afterwards keeps receiving vLLM's lines.
-    """
-    configure_vllm_logging()
-
-
 @contextmanager
 def measure_start() -> Iterator[EngineStart]:
     """Measure memory around an engine start and capture vLLM's memory-related log lines."""
     import vllm  # noqa: F401  -- import cost must not count as the engine's memory
 
-    apply_vllm_logging()
+    configure_vllm_logging()  # a handler added now keeps receiving vLLM's lines
     start = EngineStart()
     handler = _Capture(start.log)
     vllm_logger = logging.getLogger("vllm")

@@ -24,6 +24,7 @@ from tts.backends.base import StepStats
 from tts.backends.vllm.internals import (
     SUPPORTED_VLLM,
     admission_cap,
+    installed_vllm_version,
     kv_usage,
     observe_schedule,
     scheduled_tokens,
@@ -44,8 +45,6 @@ class SchedulerProbe:
     """Reads what each step of one engine did; see the module docstring for how."""
 
     def __init__(self, llm: vllm.LLM) -> None:
-        import vllm as _vllm
-
         sched_config = llm.llm_engine.vllm_config.scheduler_config
         self.max_num_seqs: int = int(sched_config.max_num_seqs)
         self._token_cap = int(sched_config.max_num_batched_tokens)
@@ -53,7 +52,7 @@ class SchedulerProbe:
         self._scheduler = stats_scheduler(llm)
         if self._scheduler is None:
             logger.warning("vLLM %s: scheduler stats degrade to counts from the outputs "
-                           "(tested: %s.x)", _vllm.__version__, SUPPORTED_VLLM)
+                           "(tested: %s.x)", installed_vllm_version(), SUPPORTED_VLLM)
             return
         self._token_cap = token_budget(self._scheduler)
         observe_schedule(self._scheduler, self._keep)

@@ -291,7 +291,7 @@ def _checked_manager(llm: Any, strict: bool, what: str) -> tuple[Any | None, str
     """(the engine's KV cache manager, "") after the version and shape checks; where they
     fail, `UnsupportedVllmError` (`strict`) or (None, why) with a warning that `what` is off."""
     try:
-        return kv_cache_manager(llm, "block-pool thrash hooks"), ""
+        return kv_cache_manager(llm), ""
     except UnsupportedVllmError as err:
         if strict:
             raise
