@@ -5,11 +5,9 @@ import pytest
 from tts.backends.base import StepStats
 from tts.backends.fake import EOS_CHAR, FakeGenerator, FakeVerifier, answering_script, endless_script
 from tts.config.schema import Algorithm, EngineKind, OptimConfig, SearchConfig
-from tts.engine.base import EngineOptions, ProblemInput
-from tts.engine.decoupled import DecoupledEngine
+from tts.engine.engine import Engine, EngineOptions, ProblemInput
 from tts.engine.decoupled_policy import (EAGER_FIRST, FILL_POLICIES, SPECULATIVE_FIRST, Adaptive, FillState,
                                          make_fill_policy)
-from tts.engine.sync import SyncEngine
 from tts.results.summary import variant_summary
 from tts.search import make_policy
 
@@ -53,7 +51,7 @@ def baseline(script, algo=Algorithm.beam, n=4, m=2, iters=5, problems=("a", "b",
              verifier=True, sampling="context", **opts):
     cfg = cfg_for(algo, n, m, iters, **(search_kw or {}))
     gen = FakeGenerator(script, batch_cap=cap, sampling=sampling)
-    eng = SyncEngine(gen, FakeVerifier() if verifier else None, lambda: make_policy(cfg, 30, 300), "sys",
+    eng = Engine(gen, FakeVerifier() if verifier else None, lambda: make_policy(cfg, 30, 300), "sys",
                      EngineOptions(**opts))
     return list(eng.run(inputs(problems))), eng, gen
 
@@ -66,9 +64,9 @@ def decoupled(script, algo=Algorithm.beam, n=4, m=2, iters=5, problems=("a", "b"
     ver = None if no_verifier else (verifier or Recorder())
     optim = OptimConfig(engine=EngineKind.decoupled, decoupled_policy=policy, verifier_batch_size=prm_cap,
                         decoupled_spec_scope=scope)
-    eng = DecoupledEngine(gen, ver, lambda: make_policy(cfg, 30, 300), "sys", EngineOptions(**opts), optim)
+    eng = Engine(gen, ver, lambda: make_policy(cfg, 30, 300), "sys", EngineOptions(**opts), schedule="decoupled", optim=optim)
     if trace:
-        eng.trace = []
+        eng.schedule.trace = []
     return list(eng.run(inputs(problems))), eng, gen, ver
 
 
@@ -77,7 +75,7 @@ def candidates(outs):
 
 
 def events(eng, name):
-    return [e for e in eng.trace if e[0] == name]
+    return [e for e in eng.schedule.trace if e[0] == name]
 
 
 # ---------------------------------------------------------------- same answers
@@ -92,8 +90,8 @@ def test_final_answers_equal_the_baseline(algo, policy, prm_cap, scope):
     fast, eng, *_ = decoupled(answering, algo, problems=("a", "b", "c", "d"), policy=policy, prm_cap=prm_cap,
                               concurrency=3, scope=scope)
     assert candidates(fast) == candidates(base)
-    assert eng.dstats.max_live == 3
-    assert not eng._running and eng.gen.num_unfinished() == 0
+    assert eng.schedule.stats.max_live == 3
+    assert not eng.runner.requests and eng.gen.num_unfinished() == 0
 
 
 @pytest.mark.parametrize("algo,search_kw", [
@@ -131,8 +129,8 @@ def test_prm_never_scores_a_speculative_step():
     def check(requests):
         eng = holder["eng"]
         assert len(requests) <= 3  # verifier_batch_size
-        committed = {(b.problem_id, b.step_texts) for b in eng.committed_beams()}
-        spec = eng.speculative_paths()
+        committed = {(b.problem_id, b.step_texts) for b in eng.schedule.committed_beams()}
+        spec = eng.schedule.speculative_paths()
         seen["spec_live"] += bool(spec)
         for req in requests:
             pid = req.problem.removeprefix("problem ")
@@ -147,11 +145,11 @@ def test_prm_never_scores_a_speculative_step():
     cfg = cfg_for(Algorithm.beam, 8, 2, 5)
     gen = FakeGenerator(short, batch_cap=16)
     optim = OptimConfig(engine=EngineKind.decoupled, decoupled_policy="speculative_first", verifier_batch_size=3)
-    eng = DecoupledEngine(gen, ver, lambda: make_policy(cfg, 30, 300), "sys", EngineOptions(concurrency=2), optim)
+    eng = Engine(gen, ver, lambda: make_policy(cfg, 30, 300), "sys", EngineOptions(concurrency=2), schedule="decoupled", optim=optim)
     holder["eng"] = eng
     list(eng.run(inputs(("a", "b", "c"))))
     assert seen["items"] > 0 and seen["spec_live"] > 0  # speculation existed while the PRM ran
-    assert eng.dstats.spec_generated > 0
+    assert eng.schedule.stats.spec_generated > 0
 
 
 def test_last_scored_advances_one_step_per_score():
@@ -186,7 +184,7 @@ def test_pruned_beams_speculation_is_dropped_and_counted():
     for _, parent, shadow, _ in drops:
         assert shadow not in frontier_uids  # a speculative beam never enters a frontier
         assert parent not in frontier_parents  # the pruned beam has no descendants
-    d = eng.dstats
+    d = eng.schedule.stats
     assert d.spec_dropped == len(drops)
     assert d.spec_generated == d.spec_used + d.spec_wasted
     assert d.spec_wasted >= sum(t for *_, t in drops)  # partial adoptions may waste a few more
@@ -202,11 +200,11 @@ def test_kept_beams_speculative_step_is_reused_without_a_request():
                                   policy="speculative_first", concurrency=2)
     assert candidates(fast) == candidates(base)
     whole = [e for e in events(eng, "adopt") if e[3] == "whole"]
-    assert whole and eng.dstats.spec_whole == len(whole)
+    assert whole and eng.schedule.stats.spec_whole == len(whole)
     submitted = {e[2] for e in events(eng, "submit")}
     for _, _, child, _, used in whole:
         assert child not in submitted and used > 0
-    d = eng.dstats
+    d = eng.schedule.stats
     assert len(gen.calls) == sum(d.requests.values())  # every request the engine counted
     real = d.requests["fresh"] + d.requests["eager"]
     assert real == len(bgen.calls) - d.spec_whole - d.spec_promoted
@@ -225,7 +223,7 @@ def test_survivor_scope_speculates_the_kept_beams_children():
         adopted[scope] = per_parent
     assert max(adopted["all"].values()) == 1  # child 0 only
     assert max(adopted["survivors"].values()) > 1  # several children of one kept beam
-    surv, every = runs["survivors"].dstats, runs["all"].dstats
+    surv, every = runs["survivors"].schedule.stats, runs["all"].schedule.stats
     assert surv.spec_used > every.spec_used
     assert surv.spec_used / surv.spec_generated > every.spec_used / every.spec_generated
 
@@ -235,7 +233,7 @@ def test_partial_speculation_under_a_token_cap_keeps_the_result():
     fast, eng, *_ = decoupled(answering, iters=5, concurrency=2, prm_cap=1, policy="speculative_first",
                               spec_max_tokens=3)
     assert candidates(fast) == candidates(base)
-    assert eng.dstats.spec_partial > 0 and eng.dstats.spec_whole == 0
+    assert eng.schedule.stats.spec_partial > 0 and eng.schedule.stats.spec_whole == 0
 
 
 def test_real_work_preempts_speculation_and_resumes_it():
@@ -243,9 +241,9 @@ def test_real_work_preempts_speculation_and_resumes_it():
     base, *_ = baseline(endless, **kw)
     fast, eng, *_ = decoupled(endless, trace=True, policy="speculative_first", **kw)
     assert candidates(fast) == candidates(base)
-    assert eng.dstats.spec_preempted > 0 and events(eng, "preempt")
+    assert eng.schedule.stats.spec_preempted > 0 and events(eng, "preempt")
     # a preempted speculative step keeps its tokens: a kept beam's child resumes from them
-    assert eng.dstats.spec_partial > 0
+    assert eng.schedule.stats.spec_partial > 0
 
 
 @pytest.mark.parametrize("scope", ["survivors", "all"])
@@ -257,7 +255,7 @@ def test_under_vllm_sampling_nothing_is_resumed_and_the_tree_holds(scope):
     base, *_ = baseline(endless, **kw)
     fast, eng, *_ = decoupled(endless, trace=True, policy="speculative_first", scope=scope, **kw)
     assert candidates(fast) == candidates(base)
-    d = eng.dstats
+    d = eng.schedule.stats
     assert d.spec_preempted > 0 and d.spec_reset == d.spec_preempted and d.spec_partial == 0
     assert d.spec_generated == d.spec_used + d.spec_wasted
     # whole steps and running requests are still adopted, and the tree holds
@@ -265,11 +263,11 @@ def test_under_vllm_sampling_nothing_is_resumed_and_the_tree_holds(scope):
     short_base, *_ = baseline(short, **kw)
     short_fast, seng, *_ = decoupled(short, prm_cap=1, policy="speculative_first", scope=scope, **kw)
     assert candidates(short_fast) == candidates(short_base)
-    assert seng.dstats.spec_whole > 0 and seng.dstats.spec_used > 0
+    assert seng.schedule.stats.spec_whole > 0 and seng.schedule.stats.spec_used > 0
     capped, ceng, *_ = decoupled(answering, iters=5, concurrency=2, prm_cap=1, policy="speculative_first",
                                  spec_max_tokens=3, scope=scope, sampling="stream")
     assert candidates(capped) == candidates(baseline(answering, iters=5, concurrency=2, sampling="stream")[0])
-    assert ceng.dstats.spec_discarded > 0 and ceng.dstats.spec_partial == 0
+    assert ceng.schedule.stats.spec_discarded > 0 and ceng.schedule.stats.spec_partial == 0
 
 
 def test_kv_pressure_stops_speculation():
@@ -277,9 +275,9 @@ def test_kv_pressure_stops_speculation():
     fast, eng, *_ = decoupled(endless, iters=4, concurrency=2, cache_blocks=4, policy="speculative_first",
                               trace=True)
     assert candidates(fast) == candidates(base)
-    first_full = next(i for i, e in enumerate(eng.trace) if e[0] == "step" and e[2] >= 0.95)
-    assert not [e for e in eng.trace[first_full:] if e[0] == "submit" and e[1] == "spec"]
-    assert eng.dstats.spec_generated <= 2  # at most what started before the first measurement
+    first_full = next(i for i, e in enumerate(eng.schedule.trace) if e[0] == "step" and e[2] >= 0.95)
+    assert not [e for e in eng.schedule.trace[first_full:] if e[0] == "submit" and e[1] == "spec"]
+    assert eng.schedule.stats.spec_generated <= 2  # at most what started before the first measurement
 
 
 def test_requests_queued_in_the_backend_stop_speculation():
@@ -299,14 +297,14 @@ def test_requests_queued_in_the_backend_stop_speculation():
 
         gen.step = step
         optim = OptimConfig(engine=EngineKind.decoupled, decoupled_policy="speculative_first")
-        eng = DecoupledEngine(gen, FakeVerifier(), lambda: make_policy(cfg, 30, 300), "sys",
-                              EngineOptions(concurrency=2), optim)
-        eng.trace = []
+        eng = Engine(gen, FakeVerifier(), lambda: make_policy(cfg, 30, 300), "sys",
+                              EngineOptions(concurrency=2), schedule="decoupled", optim=optim)
+        eng.schedule.trace = []
         outs = list(eng.run(inputs(("a", "b", "c"))))
         base, *_ = baseline(endless, iters=4, concurrency=2)
         assert candidates(outs) == candidates(base)
-        steps = [i for i, e in enumerate(eng.trace) if e[0] == "step"]
-        late_spec = [e for e in eng.trace[steps[1]:] if e[0] == "submit" and e[1] == "spec"]
+        steps = [i for i, e in enumerate(eng.schedule.trace) if e[0] == "step"]
+        late_spec = [e for e in eng.schedule.trace[steps[1]:] if e[0] == "submit" and e[1] == "spec"]
         assert bool(late_spec) is not always
 
 
@@ -364,17 +362,17 @@ def test_adaptive_follows_its_rule_in_a_run():
     cfg = cfg_for(Algorithm.beam, 8, 4, 4)
     gen = FakeGenerator(endless, batch_cap=8, cache_blocks=40)
     optim = OptimConfig(engine=EngineKind.decoupled, decoupled_policy="adaptive")
-    eng = DecoupledEngine(gen, FakeVerifier(), lambda: make_policy(cfg, 30, 300), "sys",
-                          EngineOptions(concurrency=4), optim)
+    eng = Engine(gen, FakeVerifier(), lambda: make_policy(cfg, 30, 300), "sys",
+                          EngineOptions(concurrency=4), schedule="decoupled", optim=optim)
     seen = []
-    choose = eng.fill_policy.choose
+    choose = eng.schedule.fill_policy.choose
 
     def spy(state):
         out = choose(state)
         seen.append((state, out))
         return out
 
-    eng.fill_policy.choose = spy
+    eng.schedule.fill_policy.choose = spy
     base, *_ = baseline(endless, n=8, m=4, iters=4, problems=tuple("abcdef"), concurrency=4)
     assert candidates(list(eng.run(inputs(tuple("abcdef"))))) == candidates(base)
     outs = {out for _, out in seen}
@@ -382,7 +380,7 @@ def test_adaptive_follows_its_rule_in_a_run():
     for state, out in seen:
         pressured = state.kv_usage + state.kv_per_problem > 0.8
         assert (out == SPECULATIVE_FIRST) == (pressured or state.util >= 0.9)
-    assert eng.fill_policy.decisions["speculative"] == sum(o == SPECULATIVE_FIRST for _, o in seen)
+    assert eng.schedule.fill_policy.decisions["speculative"] == sum(o == SPECULATIVE_FIRST for _, o in seen)
 
 
 # ------------------------------------------------------- continuous batching
@@ -392,13 +390,13 @@ def test_continuous_problem_batching_keeps_the_batch_full():
     cfg = cfg_for(Algorithm.beam, 4, 2, 3)
     gen = FakeGenerator(endless, batch_cap=8)
     optim = OptimConfig(engine=EngineKind.decoupled, decoupled_policy="eager_first")
-    eng = DecoupledEngine(gen, FakeVerifier(), lambda: make_policy(cfg, 30, 300), "sys",
-                          EngineOptions(concurrency=4, eos_at_depth_limit=False), optim)
+    eng = Engine(gen, FakeVerifier(), lambda: make_policy(cfg, 30, 300), "sys",
+                          EngineOptions(concurrency=4, eos_at_depth_limit=False), schedule="decoupled", optim=optim)
     seen = []
     orig = gen.step
 
     def spy():
-        backlog = bool(eng._real) or (bool(eng._queue) and len(eng._lives) < 4) or bool(eng._spec_candidates())
+        backlog = eng.schedule.backlog()
         deltas, stats = orig()
         seen.append((backlog, stats))
         return deltas, stats
@@ -419,9 +417,9 @@ def test_continuous_problem_batching_keeps_the_batch_full():
 def test_outcomes_stream_as_problems_finish():
     cfg = cfg_for(Algorithm.beam, 4, 2, 3)
     gen = FakeGenerator(endless, batch_cap=8)
-    eng = DecoupledEngine(gen, FakeVerifier(), lambda: make_policy(cfg, 30, 300), "sys",
-                          EngineOptions(concurrency=1), OptimConfig(engine=EngineKind.decoupled))
+    eng = Engine(gen, FakeVerifier(), lambda: make_policy(cfg, 30, 300), "sys",
+                          EngineOptions(concurrency=1), schedule="decoupled", optim=OptimConfig(engine=EngineKind.decoupled))
     it = eng.run(inputs(("a", "b")))
     first = next(it)
-    assert first.problem.id == "a" and eng._queue  # b not started yet with concurrency 1
+    assert first.problem.id == "a" and eng.schedule.queued  # b not started yet with concurrency 1
     assert [o.problem.id for o in it] == ["b"]

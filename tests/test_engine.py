@@ -6,10 +6,9 @@ import pytest
 
 from tts.backends.fake import FakeGenerator, FakeVerifier, answering_script, endless_script
 from tts.config.schema import Algorithm, SearchConfig
-from tts.engine.base import EngineOptions, ProblemInput
+from tts.engine.engine import Engine, EngineOptions, ProblemInput
 from tts.engine.ordering import PrefixAware, greedy_order
-from tts.engine.speculation import hand_down, spec_priorities, truncate_len
-from tts.engine.sync import SyncEngine
+from tts.engine.speculation import inherit_speculation, spec_priorities, truncate_len
 from tts.search import make_policy
 from tts.search.tree import Beam
 
@@ -22,7 +21,7 @@ def run(script, algo=Algorithm.beam, n=4, m=2, iters=3, problems=("p1",), cap=64
     cfg = SearchConfig(algorithm=algo, n=n, beam_width=m, max_iterations=iters)
     gen = FakeGenerator(script, batch_cap=cap, cache_blocks=cache_blocks, sampling=sampling)
     ver = verifier or FakeVerifier()
-    eng = SyncEngine(gen, ver, lambda: make_policy(cfg, 30, 300), "sys", EngineOptions(**opts))
+    eng = Engine(gen, ver, lambda: make_policy(cfg, 30, 300), "sys", EngineOptions(**opts))
     outs = list(eng.run([ProblemInput(p, f"problem {p}") for p in problems]))
     return outs, eng, gen, ver
 
@@ -60,7 +59,7 @@ def test_continuous_problem_batching_keeps_batch_at_cap():
 def test_continuous_batching_step_stats_full_while_waiting():
     gen = FakeGenerator(endless, batch_cap=8)
     cfg = SearchConfig(n=4, beam_width=2, max_iterations=2)
-    eng = SyncEngine(gen, FakeVerifier(), lambda: make_policy(cfg, 30, 300), "sys", EngineOptions(concurrency=3))
+    eng = Engine(gen, FakeVerifier(), lambda: make_policy(cfg, 30, 300), "sys", EngineOptions(concurrency=3))
     seen = []
     gen.add_step_observer(lambda deltas, stats, wall_s: seen.append(stats))
     list(eng.run([ProblemInput(p, p) for p in ("a", "b", "c")]))
@@ -123,7 +122,7 @@ def test_lookahead_kept_scope_scores_ahead_only_for_kept_beams():
     kept, k_eng, _, k_ver = run(answering, lookahead_scope="kept", **common)
     auto, a_eng, _, a_ver = run(answering, verifier=FakeVerifier(request_per_score=True), **common)
     assert candidates(every) == candidates(kept) == candidates(auto) == candidates(base)
-    assert not e_eng.lookahead_kept and k_eng.lookahead_kept and a_eng.lookahead_kept
+    assert not e_eng.schedule.lookahead_kept and k_eng.schedule.lookahead_kept and a_eng.schedule.lookahead_kept
     assert len(a_ver.scored) == len(k_ver.scored)  # auto resolved to kept, call for call
     assert 0 < k_eng.cache.lookahead_stored < e_eng.cache.lookahead_stored
     assert k_eng.cache.lookahead_hits == e_eng.cache.lookahead_hits > 0  # the same scores used
@@ -163,7 +162,7 @@ def test_duplicate_truncate_rule_exact():
     expect_rng = random.Random(0)
     k1 = truncate_len(20, 0.85, 0.1, expect_rng)
     k2 = truncate_len(20, 0.85, 0.1, expect_rng)
-    full, trunc = hand_down([orig, dup1, dup2], {parent.uid: parent}, 0.85, 0.1, rng)
+    full, trunc = inherit_speculation([orig, dup1, dup2], {parent.uid: parent}, 0.85, 0.1, rng)
     assert orig.spec_tokens == tuple(range(20)) and full == 20
     assert dup1.spec_tokens == tuple(range(k1)) and dup2.spec_tokens == tuple(range(k2))
     assert trunc == k1 + k2
@@ -178,12 +177,12 @@ def test_duplicates_keep_a_fraction_of_the_next_step_not_of_all_the_run_on():
     orig, dup = parent.fork(5), parent.fork(6)
     rng, expect = random.Random(3), random.Random(3)
     k = truncate_len(12, 0.85, 0.1, expect)
-    full, trunc = hand_down([orig, dup], {parent.uid: parent}, 0.85, 0.1, rng, step_lens={parent.uid: 12})
+    full, trunc = inherit_speculation([orig, dup], {parent.uid: parent}, 0.85, 0.1, rng, step_lens={parent.uid: 12})
     assert orig.spec_tokens == tuple(range(40)) and dup.spec_tokens == tuple(range(k)) and k < 12
     assert (full, trunc) == (40, k)
     other = Beam("q", (1,), seed=5, spec_tokens=tuple(range(8)))  # the step is longer than the tokens
     dup2 = other.fork(9)
-    hand_down([dup2], {other.uid: other}, 1.0, 0.0, rng, step_lens={other.uid: 30})
+    inherit_speculation([dup2], {other.uid: other}, 1.0, 0.0, rng, step_lens={other.uid: 30})
     assert dup2.spec_tokens == tuple(range(8))
 
 
@@ -192,10 +191,10 @@ def test_engine_cuts_duplicates_at_the_speculative_next_step(monkeypatch):
     speculative next step (up to and including its "\\n\\n"), not all its run-on: with
     R = 1 a duplicate keeps exactly that step, and child 0 keeps everything."""
     from tts.backends.fake import decode
-    from tts.engine import sync
+    from tts.engine import barrier
 
     seen = []
-    real = sync.hand_down
+    real = barrier.inherit_speculation
 
     def spy(children, parents, ratio, std, rng, step_lens=None):
         out = real(children, parents, ratio, std, rng, step_lens)
@@ -203,7 +202,7 @@ def test_engine_cuts_duplicates_at_the_speculative_next_step(monkeypatch):
                      [(c.parent, c.seed == parents[c.parent].seed, c.spec_tokens) for c in children]))
         return out
 
-    monkeypatch.setattr(sync, "hand_down", spy)
+    monkeypatch.setattr(barrier, "inherit_speculation", spy)
     run(endless, n=4, m=2, iters=4, eos_at_depth_limit=False, speculative=True,
         spec_truncate_ratio=1.0, spec_truncate_std=0.0)
     past_the_step = 0
@@ -246,12 +245,35 @@ def test_prefix_aware_beats_random_at_small_cache():
     assert hit_rate("prefix_aware", 1 << 20) == hit_rate("random", 1 << 20)
 
 
+class Generation:
+    """One iteration's generation through its public interface (begin, advance with each
+    generator step while active, end), with run-on or branch speculation; the tokens it
+    generated are counted by a metrics collector, as in the engine."""
+
+    def __init__(self, gen, **kw):
+        from tts.engine.barrier_generation import IterationGeneration
+        from tts.engine.model_runner import ModelRunner
+        from tts.engine.scoring import ScoringPhase
+        from tts.engine.steps import StepCutter
+        from tts.metrics.events import MetricsCollector
+
+        self.collector = MetricsCollector()
+        self.metrics = self.collector.start("p")
+        self.runner = ModelRunner(gen, ScoringPhase(None, None), self.collector, 0.0, 1.0)
+        self.phase = IterationGeneration(self.runner, StepCutter(gen), speculative=True, spec_max_tokens=50, **kw)
+
+    def run(self, requests):
+        self.phase.begin(requests)
+        while self.phase.active:
+            self.phase.advance(*self.runner.step())
+        self.phase.end()
+
+
 def test_speculative_slots_go_to_the_highest_bins_first():
     """Cap 2 (real + speculative): while three real requests run, nobody speculates; the
-    jobs that finished meanwhile are parked; when a slot frees, the highest priority gets
-    it, restarting from its path if it had been parked."""
-    from tts.engine.generation import GenerationPhase
-    from tts.engine.steps import GenJob
+    requests that finished meanwhile are parked; when a slot frees, the highest priority
+    gets it, restarting from its path if it had been parked."""
+    from tts.engine.requests import Request
 
     lengths = {11: 1, 12: 2, 13: 3, 14: 12}  # seed -> step length (chars = tokens)
 
@@ -261,21 +283,20 @@ def test_speculative_slots_go_to_the_highest_bins_first():
     gen = FakeGenerator(script, batch_cap=8)
     prompt = tuple(gen.encode_prompt("q", "s"))
     prios = {11: 1, 12: 3, 13: 2, 14: 1}
-    jobs = [GenJob(Beam("p", prompt, seed), limit=30, spec_priority=prios[seed]) for seed in (11, 12, 13, 14)]
-    phase = GenerationPhase(gen, 0.0, 1.0, speculative=True, spec_max_tokens=50, spec_batch_cap=2)
-    phase.run(jobs)
+    jobs = [Request(Beam("p", prompt, seed), limit=30, spec_priority=prios[seed]) for seed in (11, 12, 13, 14)]
+    Generation(gen, spec_batch_cap=2).run(jobs)
     spec = {j.beam.seed: len(j.spec) for j in jobs}
     # seeds 11 and 12 finish while 3+ requests are pending: parked. When 13 finishes only
     # 14 is pending: one free slot, and 12 (priority 3) takes it over 13 (2) and 11 (1).
     assert spec[12] > 0 and spec[11] == 0 and spec[13] == 0
     assert all(j.end is not None for j in jobs)
+    assert gen.num_unfinished() == 0
 
 
 def test_no_speculation_past_a_step_that_completes_the_path():
     """A step with a boxed answer completes its path: no child will use what a run-on or
     a branch would generate past it, so neither starts; a plain step still speculates."""
-    from tts.engine.generation import GenerationPhase
-    from tts.engine.steps import GenJob
+    from tts.engine.requests import Request
 
     steps = {11: "so \\boxed{2}\n\n", 12: "a\n\n", 13: "a" * 12 + "\n\n"}  # seed -> its step
 
@@ -285,14 +306,15 @@ def test_no_speculation_past_a_step_that_completes_the_path():
     for branches in (False, True):
         gen = FakeGenerator(script, batch_cap=8)
         prompt = tuple(gen.encode_prompt("q", "s"))
-        jobs = {seed: GenJob(Beam("p", prompt, seed), limit=30, spec_priority=1) for seed in steps}
-        phase = GenerationPhase(gen, 0.0, 1.0, speculative=True, spec_max_tokens=50, spec_branches=branches)
-        stats = phase.run(list(jobs.values()))
+        jobs = {seed: Request(Beam("p", prompt, seed), limit=30, spec_priority=1) for seed in steps}
+        generation = Generation(gen, spec_branches=branches)
+        generation.run(list(jobs.values()))
         assert gen.decode(jobs[11].tokens) == steps[11]  # its own step is whole
         assert not jobs[11].spec and not jobs[11].branches, branches
         assert jobs[12].spec or jobs[12].branches, branches  # the short plain step speculated
-        assert stats.spec_tokens > 0
-        phase.release()
+        assert generation.metrics.spec_generated > 0
+        generation.phase.release()
+        assert gen.num_unfinished() == 0
 
 
 def test_speculative_branches_keep_the_tree_and_serve_duplicates():
@@ -342,41 +364,40 @@ def test_branches_never_outgrow_the_generator_batch_cap():
 
 
 def test_branches_follow_the_bins_and_child_seeds():
-    """A finished job with priority p starts p branches, branch k with child k's seed on
-    the job's path; each stops at its own step boundary; the real request is aborted."""
-    from tts.engine.generation import GenerationPhase
-    from tts.engine.steps import GenJob
-    from tts.search.tree import child_seed
+    """A finished request with priority p starts p branches, branch k with child k's seed
+    on its path; each stops at its own step boundary; the real request is stopped."""
+    from tts.engine.requests import Request
+    from tts.search.tree import Step, StepEnd, child_seed
 
     def script(problem, steps, seed):
         return ("a" if not steps else "b") * (1 + seed % 5) + "\n\n"
 
     gen = FakeGenerator(script, batch_cap=8)
     prompt = tuple(gen.encode_prompt("q", "s"))
-    slow = GenJob(Beam("p", prompt, 4), limit=30)  # 5 tokens + boundary: keeps the phase open
-    fast = GenJob(Beam("p", prompt, 10), limit=30, spec_priority=3)  # 1 token + boundary
-    phase = GenerationPhase(gen, 0.0, 1.0, speculative=True, spec_max_tokens=50, spec_branches=True)
-    phase.run([slow, fast])
+    slow = Request(Beam("p", prompt, 4), limit=30)  # 5 tokens + boundary: keeps generation open
+    fast = Request(Beam("p", prompt, 10), limit=30, spec_priority=3)  # 1 token + boundary
+    generation = Generation(gen, spec_branches=True)
+    phase = generation.phase
+    generation.run([slow, fast])
     assert not fast.spec and [b.beam.seed for b in fast.branches] == [child_seed(10, k) for k in range(3)]
     steps = phase.branch_steps(fast)
     assert {gen.decode(t) for t in steps.values()} == {"b\n\n"}  # child 0 (seed 10): whole, stopped at its end
-    running = {seed: branch for (parent, seed), (_, branch) in phase.carried.items() if parent == fast.beam.uid}
+    running = {seed: branch for (parent, seed), branch in phase.waiting_branches.items() if parent == fast.beam.uid}
     assert set(running) == {child_seed(10, 1), child_seed(10, 2)}  # still running: they wait for selection
     for seed, branch in running.items():
         text = gen.decode(branch.tokens)
         assert text and ("b" * (1 + seed % 5) + "\n\n").startswith(text)  # a prefix of child k's step
     assert not slow.branches  # priority 0: no branches
     assert gen.num_unfinished() == 2
-    # selection keeps child 1 only: it runs on its branch's request, the other is aborted
-    from tts.search.tree import Step, StepEnd
+    # selection keeps child 1 only: it runs on its branch's request, the other is stopped
     fast.beam.append(Step(tuple(fast.tokens), gen.decode(fast.tokens), StepEnd.BOUNDARY))
     seed = child_seed(10, 1)
-    child, calls = GenJob(fast.beam.fork(seed), limit=30), len(gen.calls)
-    phase.run([child])
+    child, calls = Request(fast.beam.fork(seed), limit=30), len(gen.calls)
+    generation.run([child])
     assert gen.decode(child.tokens) == "b" * (1 + seed % 5) + "\n\n"
     assert child.adopted == len(running[seed].tokens) > 0
     assert len(gen.calls) == calls  # no new request
-    assert gen.num_unfinished() == 0 and not phase.carried  # nothing left behind
+    assert gen.num_unfinished() == 0 and not phase.waiting_branches  # nothing left behind
     phase.release()
 
 
@@ -418,50 +439,47 @@ def test_fake_stream_sampling_draws_like_vllm():
 
 
 def test_preempted_branch_resumes_where_sampling_is_resumable():
-    """A branch preempted part-way resumes from its tokens under `context` sampling (vLLM
-    with the position-keyed sampler) and restarts from its path under `stream` (vLLM's
-    own sampler); either way it ends as child k's own step, and resuming generates fewer
-    tokens. Cut short at the phase's end, it is handed down as the start of child k's
-    step only where sampling is resumable."""
+    """A branch preempted part-way (real work waits in the backend) resumes from its
+    tokens under `context` sampling (vLLM with the position-keyed sampler) and restarts
+    from its path under `stream` (vLLM's own sampler); either way it ends as child k's
+    own step, and resuming generates no token twice."""
     from tts.backends.base import StepStats
-    from tts.engine.generation import GenerationPhase, PhaseStats
-    from tts.engine.steps import GenJob
+    from tts.engine.requests import Request
     from tts.search.tree import child_seed
 
     def script(problem, steps, seed):
+        if seed == 3:  # the straggler that keeps generation open
+            return "s" * 40 + "\n\n"
         return ("a" if not steps else "b") * (6 + seed % 5) + "\n\n"
 
-    waiting = StepStats(num_running=1, num_waiting=1, num_scheduled_tokens=1, batch_cap=8,
-                        token_cap=64, kv_usage=0.0, wall_s=0.0)
     for mode in ("context", "stream"):
         gen = FakeGenerator(script, batch_cap=8, sampling=mode)
         prompt = tuple(gen.encode_prompt("q", "s"))
-        parent = GenJob(Beam("p", prompt, 10), limit=30, spec_priority=1)
-        phase = GenerationPhase(gen, 0.0, 1.0, speculative=True, spec_max_tokens=50, spec_branches=True)
-        phase.run([parent])  # alone: it finishes and branches with nothing pending, so none start
-        stats = PhaseStats()
-        (branch,) = parent.branches  # priority 1: child 0's branch, waiting for a slot
-        speculating: dict[str, int] = {}
-        phase._start_branches([branch], {"real"}, speculating, stats)
-        for _ in range(3):
-            for d in gen.step()[0]:
-                phase._take_branch_delta(phase._by_id[d.request_id], d, stats, speculating)
-        done_before = list(branch.tokens)
-        assert 0 < len(done_before) < 6
-        queue: list[GenJob] = []
-        gen.abort(phase._preempt_speculation(speculating, waiting, queue, {}))
-        assert queue == [branch] and branch.tokens == (done_before if mode == "context" else [])
-        assert phase.branch_steps(parent) == ({branch.beam.seed: tuple(done_before)} if mode == "context" else {})
-        before = stats.spec_tokens
-        phase._start_branches(queue, {"real"}, speculating, stats)
-        while gen.num_unfinished():
-            for d in gen.step()[0]:
-                if phase._take_branch_delta(phase._by_id[d.request_id], d, stats, speculating):
-                    gen.abort([d.request_id])  # its step ended: the phase stops the request
+        parent = Request(Beam("p", prompt, 10), limit=30, spec_priority=1)
+        straggler = Request(Beam("p", prompt, 3), limit=60)
+        generation = Generation(gen, spec_branches=True)
+        orig, seen = gen.step, {}
+
+        def step():
+            deltas, st = orig()
+            branch = parent.branches[0] if parent.branches else None
+            if branch is not None and branch.request_id in {d.request_id for d in deltas} and "before" not in seen:
+                if len(branch.tokens) == 2:  # three tokens in with this step: real work waits, once
+                    seen["before"] = 3
+                    st = StepStats(st.num_running, 1, st.num_scheduled_tokens, st.batch_cap, st.token_cap,
+                                   st.kv_usage, st.wall_s, st.tokens_per_request)
+            return deltas, st
+
+        gen.step = step
+        generation.run([parent, straggler])
+        (branch,) = parent.branches  # priority 1: child 0's branch
+        assert seen["before"] == 3 and straggler.finished
         assert branch.finished and branch.beam.seed == child_seed(10, 0)
         assert gen.decode(branch.tokens) == "b" * (6 + branch.beam.seed % 5) + "\n\n"  # child 0's own step
-        again = stats.spec_tokens - before
-        assert again == len(branch.tokens) - (len(done_before) if mode == "context" else 0)
+        redone = seen["before"] if mode == "stream" else 0
+        assert branch.generated == len(branch.tokens) + redone
+        assert generation.phase.branch_steps(parent) == {branch.beam.seed: tuple(branch.tokens)}
+        assert gen.num_unfinished() == 0
 
 
 def test_counters_of_problems_in_flight_add_up_to_the_backends():
@@ -475,7 +493,7 @@ def test_counters_of_problems_in_flight_add_up_to_the_backends():
     gen.add_step_observer(lambda deltas, stats, wall_s: produced.extend(len(d.new_token_ids) for d in deltas))
     ver = FakeVerifier()
     cfg = SearchConfig(n=4, beam_width=2, max_iterations=3)
-    eng = SyncEngine(gen, ver, lambda: make_policy(cfg, 30, 300), "sys",
+    eng = Engine(gen, ver, lambda: make_policy(cfg, 30, 300), "sys",
                      EngineOptions(concurrency=3, speculative=True, eos_at_depth_limit=False))
     outs = list(eng.run([ProblemInput(p, f"problem {p}") for p in ("a", "bb", "ccc", "dddd")]))
     metrics = [o.metrics for o in outs]

@@ -16,7 +16,7 @@ import pytest
 
 from tts.backends.factory import Backends, static_split
 from tts.config.compose import compose, validate
-from tts.engine.base import ProblemInput
+from tts.engine.engine import ProblemInput
 from tts.models.cache import is_present
 from tts.results.store import RunStore
 from tts.runner import build_engine, run_bench
@@ -160,7 +160,7 @@ def test_decoupled_engine_on_real_vllm(backends):
     and the speculative tokens are accounted for (used + wasted = generated)."""
     cfg, engine = engine_for(backends, "optim=decoupled", "bench.concurrency=2", "search.max_iterations=3",
                              "optim.eos_at_depth_limit=false")
-    engine.trace = []
+    engine.schedule.trace = []
     problems = [ProblemInput("d1", "What is 10 - 4?"), ProblemInput("d2", "What is 3 * 5?"),
                 ProblemInput("d3", "What is 9 + 8?")]
     outs = {o.problem.id: o for o in engine.run(problems)}
@@ -172,7 +172,7 @@ def test_decoupled_engine_on_real_vllm(backends):
             assert all(s is not None and 0.0 <= s <= 1.0 for s in beam.scores)
     committed: dict[int, tuple[str, ...]] = {}
     scored = 0
-    for event in engine.trace:
+    for event in engine.schedule.trace:
         if event[0] == "commit":
             _, _, _, uid, texts = event
             committed[uid] = texts
@@ -181,7 +181,7 @@ def test_decoupled_engine_on_real_vllm(backends):
             assert uid in committed and committed[uid] == texts  # a committed path, not a speculation
             assert index == before + 1 == after
             scored += 1
-    d = engine.dstats
+    d = engine.schedule.stats
     assert scored > 0 and d.prm_calls > 0 and d.problems_started == 3 and d.max_live == 2
     assert d.spec_generated > 0 and d.spec_generated == d.spec_used + d.spec_wasted
     assert engine.gen.num_unfinished() == 0  # no request left behind

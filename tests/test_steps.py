@@ -6,7 +6,8 @@ import pytest
 
 from tts.backends.base import FinishReason
 from tts.backends.fake import EOS_CHAR, FakeGenerator, decode, encode
-from tts.engine.steps import GenJob, StepCutter
+from tts.engine.requests import Request
+from tts.engine.steps import StepCutter
 from tts.search.tree import Beam, StepEnd
 
 
@@ -18,11 +19,11 @@ class TwoEosGenerator(FakeGenerator):
         return frozenset((self.eos_token_id, encode("#")[0]))
 
 
-def job(limit: int = 50, **kw) -> GenJob:
-    return GenJob(Beam("p", tuple(encode("<q>")), 1), limit, **kw)
+def job(limit: int = 50, **kw) -> Request:
+    return Request(Beam("p", tuple(encode("<q>")), 1), limit, **kw)
 
 
-def cut_text(j: GenJob, text: str, finish=None, gen=None) -> str:
+def cut_text(j: Request, text: str, finish=None, gen=None) -> str:
     rest = StepCutter(gen or FakeGenerator()).consume(j, encode(text), finish)
     return decode(rest)
 
@@ -65,7 +66,7 @@ def test_request_end_when_tokens_run_out(finish, end):
 
 
 def test_to_eos_and_split_jobs_ignore_boundaries():
-    for kw in ({"to_eos": True}, {"split": True}):
+    for kw in ({"to_eos": True}, {"cut_into_steps": True}):
         j = job(**kw)
         assert cut_text(j, "a\n\nb" + EOS_CHAR) == ""
         assert decode(j.tokens) == "a\n\nb" and j.end is StepEnd.EOS
@@ -85,12 +86,12 @@ def test_adopt_takes_the_step_from_speculative_tokens_and_keeps_the_rest():
 
 def test_split_job_becomes_steps_and_the_last_keeps_the_job_end():
     cutter = StepCutter(FakeGenerator())
-    j = job(split=True)
+    j = job(cut_into_steps=True)
     cutter.consume(j, encode("a\n\nbc\n\nd" + EOS_CHAR))
     steps = cutter.steps(j, total_left=100)
     assert [s.text for s in steps] == ["a\n\n", "bc\n\n", "d"]
     assert [s.end for s in steps] == [StepEnd.BOUNDARY, StepEnd.BOUNDARY, StepEnd.EOS]
-    ends_on_boundary = job(split=True)
+    ends_on_boundary = job(cut_into_steps=True)
     cutter.consume(ends_on_boundary, encode("a\n\nb\n\n"), FinishReason.LENGTH)
     steps = cutter.steps(ends_on_boundary, total_left=100)
     assert [s.text for s in steps] == ["a\n\n", "b\n\n"] and steps[-1].end is StepEnd.STEP_LIMIT

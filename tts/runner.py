@@ -18,8 +18,7 @@ from tts.backends.factory import Backends, read_prompt, static_split
 from tts.backends.vllm.thrash import attach_counters, detach_counters
 from tts.config.compose import CONF_DIR, ConfigError, preset_optims, to_yaml, validate
 from tts.config.schema import BackendKind, BenchMode, Config, EngineKind, OptimConfig, SearchConfig
-from tts.engine.base import EngineOptions, ProblemInput
-from tts.engine.sync import SyncEngine
+from tts.engine.engine import Engine, EngineOptions, ProblemInput
 from tts.metrics.collector import KV_BLOCKS, merge_step_logs
 from tts.problems import load_problems_for
 from tts.results.records import build_record
@@ -117,10 +116,10 @@ def build_engine(cfg: Config, optim: OptimConfig, backends: Backends, search: Se
             ver.set_limits(batch_cap=ver_cap)
     system = read_prompt(cfg.generator.system_prompt_file)
     if optim.engine is EngineKind.decoupled:
-        from tts.engine.decoupled import DecoupledEngine
-        return DecoupledEngine(gen, ver, policy, system, engine_options(cfg, optim), optim)
-    engine = SyncEngine(gen, ver, policy, system, engine_options(cfg, optim))
-    if roofline:
+        engine = Engine(gen, ver, policy, system, engine_options(cfg, optim), schedule="decoupled", optim=optim)
+    else:
+        engine = Engine(gen, ver, policy, system, engine_options(cfg, optim))
+    if roofline:  # the memory policy (M), whatever the schedule
         from tts.engine.memory_split import RuntimeAllocator
         engine.on_iteration = RuntimeAllocator(cfg, gen, ver)
     return engine
@@ -214,7 +213,7 @@ def _run_variant(name: str, engine, todo: list, store: RunStore, step_logs: dict
     start = time.perf_counter() - variant_wall(store.records(), name)
     earlier = step_logs.get(name)  # the part of this variant a killed process ran
     # each vLLM engine's block pool: evictions and blocks recomputed after one (thrash)
-    counters = attach_counters(generator=engine.gen, verifier=engine.scoring.verifier)
+    counters = attach_counters(generator=engine.gen, verifier=engine.verifier)
     try:
         for outcome in engine.run([ProblemInput(p.id, p.problem) for p in todo]):
             p = gold[outcome.problem.id]

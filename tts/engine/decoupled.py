@@ -1,9 +1,9 @@
-"""The decoupled engine: the LLM and the PRM each work from their own queue.
+"""The decoupled schedule: the LLM and the PRM each work from their own queue.
 
 Each problem's search stays iteration-synchronous in its decisions: the policy's
 `select` runs once every beam of the problem's frontier has its step and the scores
-`indices_to_score` asks for, so the final candidates are the synchronous engine's. What
-changes is that neither model waits for the other. The loop alternates
+`indices_to_score` asks for, so the final candidates are the barrier schedule's. What
+changes is that neither model waits for the other. The engine's steps alternate
 
 - one LLM round: generator steps, with freed batch slots refilled between steps, until
   the PRM has something worth a call (a problem waits only for scores, the PRM queue
@@ -26,7 +26,9 @@ The LLM fills its batch (the generator's `batch_cap`) in this order:
 
 Speculative steps, their adoption by the children that selection keeps, their dropping
 (counted as wasted) and preemption are in `decoupled_spec.py`; the run's counters and
-the step-log summary in `decoupled_stats.py`.
+the step-log summary in `decoupled_stats.py`. The memory policy (M, the engine's
+`on_iteration`) sees the committed beams of every problem in flight after each
+admission and selection.
 
 Not used here: `options.speculative` and `options.lookahead` (FlashTTS's run-on
 speculation and lookahead scoring); speculation is what the fill policy does, and the
@@ -36,94 +38,115 @@ paths share a score.
 
 from __future__ import annotations
 
+import enum
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable
 
-from tts.backends.base import FinishReason, Generator, GenRequest, Verifier
+from tts.backends.base import FinishReason, GenDelta, StepStats
 from tts.config.schema import DecoupledSpecScope, EngineKind, OptimConfig
-from tts.engine.base import EngineBase, EngineOptions, ProblemInput, ProblemOutcome
 from tts.engine.decoupled_policy import EAGER_FIRST, Filler, FillPolicy, FillState, make_fill_policy
-from tts.engine.decoupled_spec import SpeculationMixin
-from tts.engine.decoupled_stats import DecoupledStats, account_prm
-from tts.engine.decoupled_work import Kind, _DLive, _Work
-from tts.engine.scoring import ScoreItem
-from tts.search.base import SearchPolicy
+from tts.engine.decoupled_spec import SpeculativeSteps
+from tts.engine.decoupled_stats import DecoupledStats
+from tts.engine.requests import Request, RequestKind, RequestState
+from tts.engine.decoupled_problem import DecoupledProblem, LLMRound, PRMCall
+from tts.engine.schedule import Generate, ProblemInput, Schedule, Score
+from tts.engine.scoring import ScoreItem, ScoringStats
+from tts.metrics.events import IterationDone, ModelTime, SpeculationAdopted
 from tts.search.tree import Beam
 
-_request_ids = itertools.count()
+
+class _Turn(enum.Enum):
+    LLM = "llm"
+    PRM = "prm"
 
 
-class DecoupledEngine(SpeculationMixin, EngineBase):
+class DecoupledSchedule(Schedule):
     """Runs problems with separate LLM and PRM work queues (see the module docstring).
 
     `round_steps` bounds an LLM round (default: the policy's step token limit);
     `kv_spec_limit` is the KV usage at which speculation stops and running speculative
-    requests are preempted. Set `trace` to a list to record the engine's events.
+    requests are preempted. Set `trace` to a list to record the schedule's events.
     """
 
-    def __init__(self, generator: Generator, verifier: Verifier | None,
-                 make_policy: Callable[[], SearchPolicy], system_prompt: str,
-                 options: EngineOptions = EngineOptions(), optim: OptimConfig | None = None,
-                 round_steps: int | None = None, kv_spec_limit: float = 0.95) -> None:
-        super().__init__(generator, verifier, make_policy, system_prompt, options)
+    def __init__(self, engine, optim: OptimConfig | None = None, round_steps: int | None = None,
+                 kv_spec_limit: float = 0.95) -> None:
+        super().__init__(engine)
         self.optim = optim if optim is not None else OptimConfig(engine=EngineKind.decoupled)
         self.fill_policy: FillPolicy = make_fill_policy(self.optim.decoupled_policy)
-        self.spec_survivors = DecoupledSpecScope(self.optim.decoupled_spec_scope) is DecoupledSpecScope.survivors
         self.prm_cap = max(0, self.optim.verifier_batch_size)
-        # speculative tokens per beam: `spec_max_tokens`, 0 meaning one step's limit
-        self._init_speculation(max(0, options.spec_max_tokens) or self.policy.step_max_tokens, kv_spec_limit)
         self.round_steps = max(1, round_steps or self.policy.step_max_tokens)
-        self.dstats = DecoupledStats()
+        self.stats = DecoupledStats()
         self.trace: list[tuple] | None = None
+        # speculative tokens per beam: `spec_max_tokens`, 0 meaning one step's limit
+        self.spec_cap = max(0, self.opts.spec_max_tokens) or self.policy.step_max_tokens
+        survivors = DecoupledSpecScope(self.optim.decoupled_spec_scope) is DecoupledSpecScope.survivors
+        self.speculation = SpeculativeSteps(
+            self.runner, self.cut, self.policy, self.stats, self._requests_ahead, self._submit, self._event,
+            survivors, kv_spec_limit)
         self._queue: deque[ProblemInput] = deque()
-        self._lives: list[_DLive] = []
-        self._real: deque[_Work] = deque()  # real jobs waiting for a batch slot
-        self._running: dict[str, _Work] = {}
-        self._prm: deque[tuple[_DLive, Beam]] = deque()
-        self._done: list[_DLive] = []
+        self._lives: list[DecoupledProblem] = []
+        self._real: deque[Request] = deque()  # real requests waiting for a batch slot
+        self._prm: deque[tuple[DecoupledProblem, Beam]] = deque()
         self._order = itertools.count()
         self._util = 0.0  # moving average of the generator's batch utilisation
-        self._kv = 0.0
-        self._backend_waiting = 0  # consecutive steps with requests queued in the backend
+        self._turn = _Turn.LLM
+        self._round: LLMRound | None = None
+        self._progressed = True  # the last round (or PRM call) changed something
 
-    # ------------------------------------------------------------------ the loop
-
-    def run(self, problems: Iterable[ProblemInput]) -> Iterator[ProblemOutcome]:
-        """Yield each problem's outcome as soon as it finishes."""
+    def add(self, problems: Iterable[ProblemInput]) -> None:
         self._queue.extend(problems)
-        while self._queue or self._lives or self._done:
-            moved = self._llm_round()
-            moved = self._prm_call() or moved
-            while self._done:
-                yield self._finish(self._done.pop(0))
-            if not moved and (self._queue or self._lives):
-                raise RuntimeError("decoupled engine: no progress with problems in flight "
-                                   f"({len(self._lives)} live, {len(self._real)} queued jobs)")
-        if self._running:  # nothing should be left; never leave requests behind
-            self.gen.abort(list(self._running))
-            self._running.clear()
 
-    def _llm_round(self) -> bool:
-        start, steps, moved = time.perf_counter(), 0, False
-        touched: dict[int, _DLive] = {}
+    def busy(self) -> bool:
+        return bool(self._queue or self._lives)
+
+    @property
+    def queued(self) -> int:
+        """Problems not started yet."""
+        return len(self._queue)
+
+    def release(self) -> None:
+        self.runner.stop_all()  # nothing should be left; never leave requests behind
+
+    def backlog(self) -> bool:
+        """Work that could fill a free batch slot: real requests, a problem to admit, or
+        a speculative step to start."""
+        return (bool(self._real) or (bool(self._queue) and len(self._lives) < self.opts.concurrency)
+                or bool(self.speculation.candidates(self._lives)))
+
+    # ------------------------------------------------------------------ the turns
+
+    def next(self) -> Generate | Score | None:
         while True:
-            moved = self._fill() or moved
-            if not self._running:
-                break
-            for w in self._running.values():
-                touched[id(w.live)] = w.live
-            self._gen_step()
-            steps += 1
-            if self._round_over(steps):
-                break
-        if steps:
-            self.dstats.llm_rounds += 1
-            wall = time.perf_counter() - start
-            for live in touched.values():
-                live.metrics.generator_s += wall
-        return moved or steps > 0
+            if self._turn is _Turn.LLM:
+                if self._round is None:
+                    self._round = LLMRound(time.perf_counter())
+                self._round.progressed = self._fill() or self._round.progressed
+                if self.runner.requests:
+                    self._round.touched.update((r.problem.id, r.problem) for r in self.runner.requests.values())
+                    return Generate()
+                self._close_round()
+            self._turn = _Turn.LLM
+            if self._prm:
+                return Score(*self._prm_batch())
+            if not self.busy():
+                return None
+            if not self._progressed:
+                raise RuntimeError("decoupled engine: no progress with problems in flight "
+                                   f"({len(self._lives)} live, {len(self._real)} queued requests)")
+
+    def _close_round(self) -> None:
+        """The LLM round ends: its wall time goes to every problem it ran requests of."""
+        r, self._round = self._round, None
+        self._turn = _Turn.PRM
+        if r is None:
+            return
+        self._progressed = r.progressed or r.steps > 0
+        if r.steps:
+            self.stats.llm_rounds += 1
+            wall = time.perf_counter() - r.start
+            self.emit(ModelTime("generator", tuple(p.id for p in r.touched.values() if not p.search.done), wall))
 
     def _round_over(self, steps: int) -> bool:
         """Whether the PRM should run now."""
@@ -131,241 +154,238 @@ class DecoupledEngine(SpeculationMixin, EngineBase):
             return False  # nothing to score: keep the LLM busy
         if self.prm_cap and len(self._prm) >= self.prm_cap:
             return True
-        if any(not live.waiting and live.to_score for live in self._lives):
+        if any(not p.waiting and p.to_score for p in self._lives):
             return True  # a selection waits only for the PRM
-        if all(w.kind is Kind.SPEC for w in self._running.values()):
+        if all(r.kind is RequestKind.SPEC for r in self.runner.requests.values()):
             return True  # only speculation runs: real work depends on the PRM
         return steps >= self.round_steps
 
     # ------------------------------------------------------------ batch filling
 
     def _free(self) -> int:
-        return self.gen.batch_cap - len(self._running)
+        return self.runner.gen.batch_cap - len(self.runner.requests)
+
+    def _speculating(self) -> bool:
+        return any(r.kind is RequestKind.SPEC for r in self.runner.requests.values())
 
     def _fill(self) -> bool:
         """Fill free batch slots: real work, then eager and speculative in policy order."""
-        moved = False
+        progressed = False
         while True:
-            moved = self._submit_real() or moved
+            progressed = self._submit_real() or progressed
             admissible = bool(self._queue) and len(self._lives) < self.opts.concurrency
             if not admissible:
-                return self._submit_spec() or moved
-            spec_room = self._free() > 0 or any(w.kind is Kind.SPEC for w in self._running.values())
-            if not spec_room:
-                return moved
-            has_spec = not self._spec_exhausted and bool(self._spec_candidates())
+                return self.speculation.start(self._lives) or progressed
+            if not (self._free() > 0 or self._speculating()):
+                return progressed
+            has_spec = not self.speculation.exhausted and bool(self.speculation.candidates(self._lives))
             order = self.fill_policy.order(self._fill_state()) if has_spec else EAGER_FIRST
             if order[0] is Filler.SPECULATIVE:
-                moved = self._submit_spec() or moved
+                progressed = self.speculation.start(self._lives) or progressed
                 if self._free() <= 0:
-                    return moved
-            self._admit()  # eager first: its jobs preempt running speculation
-            moved = True
+                    return progressed
+            self._admit()  # eager first: its requests preempt running speculation
+            progressed = True
 
     def _fill_state(self) -> FillState:
-        return FillState(self.gen.batch_cap, len(self._running), self._util, self._kv,
-                         len(self._lives), self.opts.concurrency)
+        return FillState(self.runner.gen.batch_cap, len(self.runner.requests), self._util,
+                         self.speculation.kv_usage, len(self._lives), self.opts.concurrency)
 
     def _submit_real(self) -> bool:
-        moved = False
+        progressed = False
         while self._real:
-            if self._free() <= 0 and not self._preempt_spec(1):
+            if self._free() <= 0 and not self.speculation.preempt(1):
                 break
             self._submit(self._real.popleft())
-            moved = True
-        return moved
+            progressed = True
+        return progressed
 
     def _admit(self) -> None:
         p = self._queue.popleft()
-        if not self._lives and not self._running:  # nothing in flight: start it cold
-            self._fresh_caches()
-        item = self._start(p)
-        live = _DLive(item.input, item.search, item.metrics, item.rng, order=next(self._order))
-        jobs = self.ordering.order(self._jobs(live), lambda j: j.beam)
-        live.waiting = {j.beam.uid for j in jobs}
-        self._real.extend(_Work(j, Kind.EAGER, live) for j in jobs)
-        self._lives.append(live)
-        self.dstats.problems_started += 1
-        self.dstats.max_live = max(self.dstats.max_live, len(self._lives))
+        if not self._lives and not self.runner.requests:  # nothing in flight: start it cold
+            self.fresh_caches()
+        base = self.start_problem(p)
+        problem = DecoupledProblem(base.input, base.search, base.metrics, base.rng, order=next(self._order))
+        requests = self.order(self.requests_for(problem.search, kind=RequestKind.EAGER, problem=problem))
+        problem.waiting = {r.beam.uid for r in requests}
+        self._real.extend(requests)
+        self._lives.append(problem)
+        self.stats.problems_started += 1
+        self.stats.max_live = max(self.stats.max_live, len(self._lives))
         self._event("admit", p.id)
+        self._replan()
 
-    def _submit(self, work: _Work) -> bool:
-        job = work.job
-        budget = max_tokens = job.limit - len(job.tokens)
-        if work.kind is Kind.SPEC and self.spec_cap:
-            max_tokens = min(budget, self.spec_cap - len(job.tokens))
+    def _submit(self, request: Request) -> bool:
+        """Send a request, a speculative one within its speculative token cap; False when
+        a speculative one has no budget left (it stalls)."""
+        budget = max_tokens = request.limit - len(request.tokens)
+        speculative = request.kind is RequestKind.SPEC
+        if speculative and self.spec_cap:
+            max_tokens = min(budget, self.spec_cap - len(request.tokens))
         if max_tokens < 1:
-            if work.kind is Kind.SPEC:
-                work.node.stalled = True
+            if speculative:
+                request.stalled = True
                 return False
             max_tokens = 1
-        work.capped = max_tokens < budget
-        rid = f"d{next(_request_ids)}"
-        work.request_id = job.request_id = rid
-        self.gen.add(GenRequest(rid, job.beam.token_ids + tuple(job.tokens), max_tokens, job.beam.seed,
-                                self.opts.temperature, self.opts.top_p))
-        self._running[rid] = work
-        self.dstats.requests[work.kind.value] += 1
-        work.live.metrics.gen_requests += 1
-        self._event("submit", work.kind.value, job.beam.uid, rid)
+        request.capped = max_tokens < budget
+        rid = self.runner.submit(request, max_tokens, request.tokens, speculative=speculative)
+        self.stats.requests[request.kind.value] += 1
+        self._event("submit", request.kind.value, request.beam.uid, rid)
         return True
+
+    def _replan(self) -> None:
+        """The memory policy (M) sees the committed beams of every problem in flight."""
+        if self.engine.on_iteration:
+            self.engine.on_iteration(self.committed_beams())
 
     # ---------------------------------------------------------------- generation
 
-    def _gen_step(self) -> None:
-        deltas, st = self.gen.step()
-        self.gen_log.observe(st)
+    def generated(self, outputs: list[tuple[Request, GenDelta]], st: StepStats) -> None:
         self.fill_policy.observe(st)
-        self.dstats.llm_steps += 1
+        self.stats.llm_steps += 1
         self._util = 0.8 * self._util + 0.2 * min(1.0, st.num_running / max(1, st.batch_cap))
-        self._kv = st.kv_usage
-        # requests queued inside the backend for two steps running: memory is short (a
-        # single step may only be a prefill waiting for the token budget)
-        self._backend_waiting = self._backend_waiting + 1 if st.num_waiting > 0 else 0
+        self.speculation.observe(st)
         self._event("step", st.num_running, st.kv_usage)
-        aborts = []
-        for d in deltas:
-            work = self._running.get(d.request_id)
-            if work is None:
-                continue
-            m, job, n = work.live.metrics, work.job, len(d.new_token_ids)
-            if d.num_prompt_tokens is not None:
-                m.gen_prompt_tokens += d.num_prompt_tokens
-                m.gen_cached_tokens += d.num_cached_tokens or 0
-            m.gen_tokens += n
-            self.dstats.tokens[work.kind.value] += n
-            if work.kind is Kind.SPEC:
-                self._spec_generated(work, n)
+        stopped, done = [], []
+        for request, d in outputs:
+            n = len(d.new_token_ids)
+            self.stats.tokens[request.kind.value] += n
+            if request.kind is RequestKind.SPEC:
+                self.speculation.generated(n)
             finish = d.finish_reason
-            if finish is FinishReason.LENGTH and work.capped:
+            if finish is FinishReason.LENGTH and request.capped:
                 finish = None  # the speculative cap, not the step's limit
-            self.cut.consume(job, d.new_token_ids, finish)
-            if not (job.finished or d.finished):
-                continue
-            del self._running[d.request_id]
-            if not d.finished:
-                aborts.append(d.request_id)
-            if work.kind is Kind.SPEC:
-                self._spec_stopped(work)
+            self.cut.consume(request, d.new_token_ids, finish)
+            if request.finished or d.finished:
+                done.append(request)
+                if not d.finished:
+                    stopped.append(request)
+        self.runner.stop(stopped, RequestState.FINISHED)
+        for request in done:
+            request.state = RequestState.FINISHED
+            if request.kind is RequestKind.SPEC:
+                self.speculation.stopped(request)
             else:
-                self._complete(work)
-        if aborts:
-            self.gen.abort(aborts)
-        self._relieve_memory()
-        self._settle()
+                self._complete(request)
+        self.speculation.relieve_memory()
+        self._select_ready()
+        if self._round is not None:
+            self._round.steps += 1
+            if self._round_over(self._round.steps):
+                self._close_round()
 
-    def _complete(self, work: _Work) -> None:
-        """A real job has its step: commit it to the beam and queue its score."""
-        job, live = work.job, work.live
-        beam = job.beam
+    def _complete(self, request: Request) -> None:
+        """A real request has its step: commit it to the beam and queue its score."""
+        problem, beam = request.problem, request.beam
         total_left = self.policy.max_total_tokens - beam.num_tokens
-        for step in self.cut.steps(job, total_left):
+        for step in self.cut.steps(request, total_left):
             beam.append(step)
-        live.waiting.discard(beam.uid)
-        self._spec_exhausted = False
-        live.lengths.append(len(job.tokens) - job.adopted)
-        if self._next_index(live, beam) is not None:
-            live.to_score += 1
-            self._prm.append((live, beam))
-        self._event("commit", work.kind.value, live.input.id, beam.uid, beam.step_texts)
+        problem.waiting.discard(beam.uid)
+        self.speculation.exhausted = False
+        problem.lengths.append(len(request.tokens) - request.adopted)
+        if self._next_index(problem, beam) is not None:
+            problem.to_score += 1
+            self._prm.append((problem, beam))
+        self._event("commit", request.kind.value, problem.id, beam.uid, beam.step_texts)
 
-    def _next_index(self, live: _DLive, beam: Beam) -> int | None:
+    def _next_index(self, problem: DecoupledProblem, beam: Beam) -> int | None:
         """The shallowest step the policy needs scored that has no score yet."""
-        for i in self.policy.indices_to_score(beam, live.search):
+        for i in self.policy.indices_to_score(beam, problem.search):
             if beam.scores[i] is None:
                 return i
         return None
 
+    def _requests_ahead(self, problem: DecoupledProblem, beams: list[Beam], iteration: int) -> list[Request]:
+        return self.requests_for(problem.search, beams=beams, iteration=iteration, problem=problem)
+
     # ------------------------------------------------------------------ scoring
 
-    def _prm_call(self) -> bool:
-        if not self._prm:
-            return False
+    def _prm_batch(self) -> tuple[list[ScoreItem], tuple[str, ...]]:
+        """At most `verifier_batch_size` queued beams, each for its shallowest unscored step."""
         n = min(len(self._prm), self.prm_cap or len(self._prm))
         batch = [self._prm.popleft() for _ in range(n)]
-        items = [ScoreItem(beam, live.input.problem, (self._next_index(live, beam),)) for live, beam in batch]
-        before = [beam.last_scored for _, beam in batch]
-        pids = {live.input.id for live, _ in batch}
-        hits0 = {pid: self.cache.hits_by_problem[pid] for pid in pids} if self.cache is not None else {}
-        scored = self.scoring.run(items, order=lambda xs: self.ordering.order(xs, lambda i: i.beam))
-        for b in scored.batches:
-            for s in b.step_stats:
-                self.ver_log.observe(s)
-        self.dstats.prm_calls += 1
-        self.dstats.prm_items.append(n)
-        self.dstats.prm_computed += scored.computed
-        account_prm(batch, scored, hits0, self.cache)
+        items = [ScoreItem(beam, p.input.problem, (self._next_index(p, beam),)) for p, beam in batch]
+        self._call = PRMCall(batch, items, [beam.last_scored for _, beam in batch])
+        return items, tuple(dict.fromkeys(p.id for p, _ in batch))
+
+    def scored(self, stats: ScoringStats) -> None:
+        call = self._call
+        self.stats.prm_calls += 1
+        self.stats.prm_items.append(len(call.batch))
+        self.stats.prm_computed += stats.computed
         requeue = []
-        for (live, beam), item, b0 in zip(batch, items, before):
-            self._event("prm", live.input.id, beam.uid, item.indices[0], b0, beam.last_scored, beam.step_texts)
-            if self._next_index(live, beam) is not None:
-                requeue.append((live, beam))
+        for (problem, beam), item, b0 in zip(call.batch, call.items, call.before):
+            self._event("prm", problem.id, beam.uid, item.indices[0], b0, beam.last_scored, beam.step_texts)
+            if self._next_index(problem, beam) is not None:
+                requeue.append((problem, beam))
             else:
-                live.to_score -= 1
+                problem.to_score -= 1
         self._prm.extendleft(reversed(requeue))
-        self._spec_exhausted = False  # new scores change which beams look like survivors
-        self._settle()
-        return True
+        self.speculation.exhausted = False  # new scores change which beams look like survivors
+        self._progressed = True
+        self._select_ready()
 
     # ---------------------------------------------------------------- selection
 
-    def _settle(self) -> None:
+    def _select_ready(self) -> None:
         """Run the selection of every problem whose frontier is generated and scored."""
         again = True
         while again:
             again = False
-            for live in list(self._lives):
-                if not live.waiting and not live.to_score and not live.search.done:
-                    self._select(live)
+            for problem in list(self._lives):
+                if not problem.waiting and not problem.to_score and not problem.search.done:
+                    self._select(problem)
                     again = True
 
-    def _select(self, live: _DLive) -> None:
-        search, m = live.search, live.metrics
-        self._count_iteration(m)
-        if live.lengths:
-            m.step_tokens_mean.append(sum(live.lengths) / len(live.lengths))
-            m.step_tokens_max.append(max(live.lengths))
-        live.lengths = []
-        self.policy.select(search, m.elapsed())
+    def _select(self, problem: DecoupledProblem) -> None:
+        search = problem.search
+        self.emit(IterationDone(problem.id, tuple(problem.lengths)))
+        problem.lengths = []
+        self.policy.select(search, problem.metrics.elapsed())
         search.iteration += 1
-        nodes, live.spec = live.spec, {}
-        self._spec_exhausted = False
-        self._event("select", live.input.id, search.iteration, [(b.uid, b.parent) for b in search.frontier])
+        nodes, problem.spec = problem.spec, {}
+        self.speculation.exhausted = False
+        self._event("select", problem.id, search.iteration, [(b.uid, b.parent) for b in search.frontier])
         if not search.frontier:
             search.done = True
-            self._lives.remove(live)
-            self._done.append(live)
+            self._lives.remove(problem)
+            self._finished.append(problem)
+            if self._round is not None and problem.id in self._round.touched:  # its share of the round so far
+                del self._round.touched[problem.id]
+                self.emit(ModelTime("generator", (problem.id,), time.perf_counter() - self._round.start))
         else:
-            jobs = self.ordering.order(self._jobs(live), lambda j: j.beam)
-            live.waiting = {j.beam.uid for j in jobs}
+            requests = self.order(self.requests_for(search, problem=problem))
+            problem.waiting = {r.beam.uid for r in requests}
             finished = []
-            for job in jobs:
-                work = self._work_for(live, nodes, job)
-                if work is None:
-                    continue  # the running speculative request became this job's
-                if work.job.finished:
-                    finished.append(work)
+            for request in requests:
+                run, used = self.speculation.request_for(nodes, request)
+                if used:
+                    self.emit(SpeculationAdopted(problem.id, used))
+                if run is None:
+                    continue  # the running speculative request became this one
+                if run.finished:
+                    finished.append(run)
                 else:
-                    self._real.append(work)
-            for work in finished:
-                self._complete(work)
+                    self._real.append(run)
+            for request in finished:
+                self._complete(request)
         for node in nodes.values():
-            self._drop(live, node)
+            self.speculation.drop(node)
+        self._replan()
 
     # ------------------------------------------------------------------ reports
 
     def committed_beams(self) -> list[Beam]:
         """The frontier beams of every problem in flight."""
-        return [b for live in self._lives for b in live.search.frontier]
+        return [b for p in self._lives for b in p.search.frontier]
+
+    def speculative_paths(self) -> set[tuple[str, tuple[str, ...]]]:
+        """(problem id, path) of every speculative step held now, for checks and tests."""
+        return self.speculation.paths(self._lives)
 
     def step_logs(self) -> dict[str, dict]:
-        out = super().step_logs()
-        out["decoupled"] = self.dstats.summary(self.gen_log, self.fill_policy, self.prm_cap)
-        return out
+        return {"decoupled": self.stats.summary(self.collector.logs["generator"], self.fill_policy, self.prm_cap)}
 
     def _event(self, *event) -> None:
         if self.trace is not None:
             self.trace.append(event)
-
-
-__all__ = ["DecoupledEngine", "DecoupledStats", "Kind"]

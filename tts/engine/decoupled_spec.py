@@ -1,4 +1,4 @@
-"""Speculation in the decoupled engine: speculative steps, their adoption, and what is wasted.
+"""Speculation in the decoupled schedule: speculative steps, their adoption, and what is wasted.
 
 For a beam that is generated but not yet through selection, speculation generates the step
 one of its children would generate: a request on the same path with that child's seed
@@ -35,212 +35,207 @@ inside the backend two steps running), after which speculation pauses for
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
 
-from tts.engine.decoupled_work import Kind, _DLive, _SpecNode, _Work
-from tts.engine.steps import GenJob
+from tts.backends.base import StepStats
+from tts.engine.decoupled_problem import DecoupledProblem
+from tts.engine.decoupled_stats import DecoupledStats
+from tts.engine.model_runner import ModelRunner
+from tts.engine.requests import Request, RequestKind, RequestState
+from tts.engine.steps import StepCutter
+from tts.search.base import SearchPolicy
 from tts.search.tree import Beam, StepEnd, child_seed
 
 SPEC_PAUSE_STEPS = 16  # after a memory preemption, no new speculation for this many steps
 
 
-class SpeculationMixin:
-    """The speculation half of `DecoupledEngine`.
+class SpeculativeSteps:
+    """The decoupled schedule's speculative steps (module docstring).
 
-    It reads the engine's state (`gen`, `cut`, `policy`, `spec_survivors`, `dstats`,
-    `_lives`, `_running`, `_kv`, `_backend_waiting`) and calls its `_jobs`, `_submit`,
-    `_free` and `_event`; the state below is its own.
+    `requests_for(problem, beams, iteration)` makes the requests an iteration would make;
+    `submit(request)` sends one (False: it has no budget left); `event(*fields)` records a
+    trace event.
     """
 
-    def _init_speculation(self, spec_cap: int, kv_spec_limit: float) -> None:
-        self.spec_cap = spec_cap  # speculative tokens per beam
+    def __init__(self, runner: ModelRunner, cut: StepCutter, policy: SearchPolicy, stats: DecoupledStats,
+                 requests_for: Callable[[DecoupledProblem, list[Beam], int], list[Request]],
+                 submit: Callable[[Request], bool], event: Callable[..., None],
+                 survivors: bool, kv_spec_limit: float) -> None:
+        self.runner, self.cut, self.policy, self.stats = runner, cut, policy, stats
+        self._requests_for, self._submit, self._event = requests_for, submit, event
+        self.survivors = survivors
         self.kv_spec_limit = kv_spec_limit
-        self._spec_exhausted = False  # the last scan found no speculation left to start
-        self._spec_pause = 0  # generator steps left without speculation after a preemption
+        self.exhausted = False  # the last scan found no speculation left to start
+        self._pause = 0  # generator steps left without speculation after a preemption
+        self.kv_usage = 0.0
+        self._backend_waiting = 0  # consecutive steps with requests queued in the backend
+
+    # ------------------------------------------------------------ memory
+
+    def observe(self, st: StepStats) -> None:
+        """After a generator step: its KV usage, and whether the backend queued requests (two
+        steps running means memory is short; a single step may only be a prefill waiting
+        for the token budget)."""
+        self.kv_usage = st.kv_usage
+        self._backend_waiting = self._backend_waiting + 1 if st.num_waiting > 0 else 0
+
+    def memory_short(self) -> bool:
+        return self.kv_usage >= self.kv_spec_limit or self._backend_waiting >= 2
+
+    def allowed(self) -> bool:
+        return not self.memory_short() and self._pause == 0
+
+    def relieve_memory(self) -> None:
+        """After a generator step: when memory is short, stop speculation for a while."""
+        self._pause = max(0, self._pause - 1)
+        if self.memory_short():
+            if self.preempt():  # KV short, or the backend queues requests
+                self._pause = SPEC_PAUSE_STEPS  # do not restart it at once
 
     # ------------------------------------------------------------ starting it
 
-    def _memory_short(self) -> bool:
-        """KV usage at `kv_spec_limit`, or requests queued in the backend two steps running."""
-        return self._kv >= self.kv_spec_limit or self._backend_waiting >= 2
+    def free_slots(self) -> int:
+        return self.runner.gen.batch_cap - len(self.runner.requests)
 
-    def _spec_allowed(self) -> bool:
-        return not self._memory_short() and self._spec_pause == 0
-
-    def _submit_spec(self) -> bool:
-        if self._free() <= 0 or self._spec_exhausted or not self._spec_allowed():
+    def start(self, problems: Sequence[DecoupledProblem]) -> bool:
+        """Fill free batch slots with speculative steps; True when one started."""
+        if self.free_slots() <= 0 or self.exhausted or not self.allowed():
             return False
-        moved = False
-        for live, beam, k in self._spec_candidates():
-            if self._free() <= 0:
-                return moved
-            node = live.spec.get((beam.uid, child_seed(beam.seed, k))) or self._new_spec(live, beam, k)
-            if node.stalled:
-                continue
-            work = _Work(node.job, Kind.SPEC, live, node)
-            if self._submit(work):
-                node.work = work
-                moved = True
-        self._spec_exhausted = True  # until a step commits, scores arrive, a selection runs or a request stops
-        return moved
+        started = False
+        for problem, beam, k in self.candidates(problems):
+            if self.free_slots() <= 0:
+                return started
+            node = problem.spec.get((beam.uid, child_seed(beam.seed, k))) or self._new(problem, beam, k)
+            if not node.stalled and self._submit(node):
+                started = True
+        self.exhausted = True  # until a step commits, scores arrive, a selection runs or a request stops
+        return started
 
-    def _spec_candidates(self) -> list[tuple[_DLive, Beam, int]]:
+    def candidates(self, problems: Sequence[DecoupledProblem]) -> list[tuple[DecoupledProblem, Beam, int]]:
         """(problem, generated beam, child index) to speculate, oldest problem first; within
         a problem in the scope's order (see the module docstring)."""
         out = []
-        for live in self._lives:
-            search = live.search
+        for problem in problems:
+            search = problem.search
             if not self.policy.stops_at_boundary or self.policy.is_last_iteration(search):
                 continue
-            plan = self.policy.likely_kept(search) if self.spec_survivors else None
+            plan = self.policy.likely_kept(search) if self.survivors else None
             if plan is None:
                 beams = sorted(search.frontier, key=lambda b: -self.policy.path_score(b))
                 plan = [(b, 1) for b in beams]
             for k in range(max((c for _, c in plan), default=0)):
-                out += [(live, beam, k) for beam, c in plan if k < c and self._speculable(live, beam, k)]
+                out += [(problem, beam, k) for beam, c in plan if k < c and self._speculable(problem, beam, k)]
         return out
 
-    def _speculable(self, live: _DLive, beam: Beam, k: int) -> bool:
+    def _speculable(self, problem: DecoupledProblem, beam: Beam, k: int) -> bool:
         """The beam has its step, and its child k's speculative step is not started, or
         was preempted and can resume from its tokens."""
-        if beam.uid in live.waiting:
+        if beam.uid in problem.waiting:
             return False
-        node = live.spec.get((beam.uid, child_seed(beam.seed, k)))
+        node = problem.spec.get((beam.uid, child_seed(beam.seed, k)))
         if node is None:
             return not beam.is_finished_path
-        return node.work is None and not node.job.finished and not node.stalled
+        return not node.state.in_backend and not node.finished and not node.stalled
 
-    def _new_spec(self, live: _DLive, beam: Beam, k: int) -> _SpecNode:
+    def _new(self, problem: DecoupledProblem, beam: Beam, k: int) -> Request:
         shadow = beam.fork(child_seed(beam.seed, k))  # child k: same path, its seed
-        job = self._jobs_for(live, [shadow], live.search.iteration + 1)[0]
-        node = _SpecNode(beam, job, stalled=job.limit <= 0)
-        live.spec[(beam.uid, shadow.seed)] = node
-        self._event("spec", live.input.id, beam.uid, shadow.uid)
+        node = self._requests_for(problem, [shadow], problem.search.iteration + 1)[0]
+        node.kind, node.spec_parent, node.stalled = RequestKind.SPEC, beam, node.limit <= 0
+        problem.spec[(beam.uid, shadow.seed)] = node
+        self._event("spec", problem.id, beam.uid, shadow.uid)
         return node
-
-    def _jobs_for(self, live: _DLive, beams: list[Beam], iteration: int) -> list[GenJob]:
-        """The jobs both engines make for `beams` at `iteration` (same limits)."""
-        view = replace(live.search, frontier=list(beams), iteration=iteration)
-        return self._jobs(_View(view))
 
     # ------------------------------------------------------------ while it runs
 
-    def _spec_generated(self, work: _Work, n: int) -> None:
+    def generated(self, n: int) -> None:
         """A speculative request produced `n` more tokens."""
-        work.node.generated += n
-        work.live.metrics.spec_generated += n
-        self.dstats.spec_generated += n
+        self.stats.spec_generated += n
 
-    def _spec_stopped(self, work: _Work) -> None:
+    def stopped(self, node: Request) -> None:
         """A speculative request ended: its step is done, or it reached its cap."""
-        work.node.work = None
-        work.node.stalled = not work.job.finished
-        self._event("spec_done", work.node.parent.uid, work.node.generated)
+        node.stalled = not node.finished
+        self._event("spec_done", node.spec_parent.uid, node.generated)
 
-    def _relieve_memory(self) -> None:
-        """After a generator step: when memory is short, stop speculation for a while."""
-        self._spec_pause = max(0, self._spec_pause - 1)
-        if self._memory_short():
-            if self._preempt_spec():  # KV short, or the backend queues requests
-                self._spec_pause = SPEC_PAUSE_STEPS  # do not restart it at once
-
-    def _preempt_spec(self, k: int | None = None) -> int:
+    def preempt(self, k: int | None = None) -> int:
         """Stop up to k running speculative requests, newest first. Their tokens are kept
         to resume from when the generator's sampling is resumable; otherwise (vLLM) the
         step is wasted and restarts from its path, since a resumed request would sample
         another step than the child's own request."""
-        spec = [rid for rid, w in self._running.items() if w.kind is Kind.SPEC]
+        spec = [r for r in self.runner.requests.values() if r.kind is RequestKind.SPEC]
         stop = spec[::-1][:k] if k is not None else spec
-        for rid in stop:
-            work = self._running.pop(rid)
-            node = work.node
-            node.work = None
-            self._spec_exhausted = False
-            self.dstats.spec_preempted += 1
-            self._event("preempt", node.parent.uid, len(node.job.tokens))
-            if not self.gen.resumable_sampling:
-                del work.live.spec[(node.parent.uid, node.job.beam.seed)]
-                self.dstats.spec_wasted += node.generated
-                self.dstats.spec_reset += 1
-        if stop:
-            self.gen.abort(stop)
+        for node in stop:
+            self.exhausted = False
+            self.stats.spec_preempted += 1
+            self._event("preempt", node.spec_parent.uid, len(node.tokens))
+            if not self.runner.gen.resumable_sampling:
+                del node.problem.spec[(node.spec_parent.uid, node.beam.seed)]
+                self.stats.spec_wasted += node.generated
+                self.stats.spec_reset += 1
+        self.runner.stop(stop, RequestState.WAITING)
         return len(stop)
 
     # ------------------------------------------------------------ at selection
 
-    def _work_for(self, live: _DLive, nodes: dict[int, _SpecNode], job: GenJob) -> _Work | None:
-        """The work for a job after selection: its parent's speculative step for its seed
-        adopted, if there is one (taken out of `nodes`), else a fresh request. None: the
-        running speculative request became the job's."""
-        key = (job.beam.parent, job.beam.seed)
-        node = nodes.get(key) if job.beam.parent is not None else None
-        if node is not None and job.beam.depth == node.parent.depth:
+    def request_for(self, nodes: dict[tuple[int, int], Request], request: Request) -> tuple[Request | None, int]:
+        """The request to run for a kept child after selection, and the speculative tokens
+        it adopted: its parent's speculative step for its seed, if there is one (taken out
+        of `nodes`), else the child's own. None: the running speculative request became
+        the child's."""
+        key = (request.beam.parent, request.beam.seed)
+        node = nodes.get(key) if request.beam.parent is not None else None
+        if node is not None and request.beam.depth == node.spec_parent.depth:
             del nodes[key]
-            return self._adopt(live, node, job)
-        return _Work(job, Kind.FRESH, live)
+            return self._adopt(node, request)
+        return request, 0
 
-    def _adopt(self, live: _DLive, node: _SpecNode, job: GenJob) -> _Work | None:
+    def _adopt(self, node: Request, request: Request) -> tuple[Request | None, int]:
         """A kept beam's child takes over its speculative step."""
-        spec, running = node.job, node.work
-        same = (spec.limit, spec.to_eos, spec.split) == (job.limit, job.to_eos, job.split)
-        m = live.metrics
-        if same and spec.finished:
-            job.tokens, job.end, job.last_char = list(spec.tokens), spec.end, spec.last_char
-            job.adopted = len(job.tokens)
-            used, how, out = node.generated, "whole", _Work(job, Kind.FRESH, live)
-            self.dstats.spec_whole += 1
-        elif same and running is not None and not running.capped:
-            spec.beam = job.beam  # the request already generates exactly this step
-            spec.adopted = len(spec.tokens)
-            running.kind, running.node = Kind.FRESH, None
+        same = (node.limit, node.to_eos, node.cut_into_steps) == (request.limit, request.to_eos, request.cut_into_steps)
+        running = node.state.in_backend
+        if same and node.finished:
+            request.tokens, request.end, request.last_char = list(node.tokens), node.end, node.last_char
+            request.adopted = len(request.tokens)
+            used, how, out = node.generated, "whole", request
+            self.stats.spec_whole += 1
+        elif same and running and not node.capped:
+            node.beam, node.adopted = request.beam, len(node.tokens)  # it generates exactly this step
+            node.kind, node.state = RequestKind.FRESH, RequestState.RUNNING
             used, how, out = node.generated, "promoted", None
-            self.dstats.spec_promoted += 1
+            self.stats.spec_promoted += 1
         else:
-            if running is not None:
-                self._running.pop(running.request_id, None)
-                self.gen.abort([running.request_id])
-            if not self.gen.resumable_sampling:  # the child's own request would sample otherwise
-                self.dstats.spec_discarded += 1
-                self.dstats.spec_wasted += node.generated
-                self._event("adopt", node.parent.uid, job.beam.uid, "discarded", 0)
-                return _Work(job, Kind.FRESH, live)
-            eos = (self.gen.eos_token_id,) if spec.end is StepEnd.EOS else ()
-            job.beam.spec_tokens = tuple(spec.tokens) + eos
-            self.cut.adopt(job)
-            used = min(node.generated, job.adopted + (1 if eos and job.end is StepEnd.EOS else 0))
-            how, out = "partial", _Work(job, Kind.FRESH, live)
-            self.dstats.spec_partial += 1
-        m.spec_used += used
-        self.dstats.spec_used += used
-        self.dstats.spec_wasted += node.generated - used
-        self._event("adopt", node.parent.uid, job.beam.uid, how, used)
-        return out
+            if running:
+                self.runner.stop([node])
+            if not self.runner.gen.resumable_sampling:  # the child's own request would sample otherwise
+                self.stats.spec_discarded += 1
+                self.stats.spec_wasted += node.generated
+                self._event("adopt", node.spec_parent.uid, request.beam.uid, "discarded", 0)
+                return request, 0
+            eos = (self.runner.gen.eos_token_id,) if node.end is StepEnd.EOS else ()
+            request.beam.spec_tokens = tuple(node.tokens) + eos
+            self.cut.adopt(request)
+            used = min(node.generated, request.adopted + (1 if eos and request.end is StepEnd.EOS else 0))
+            how, out = "partial", request
+            self.stats.spec_partial += 1
+        self.stats.spec_used += used
+        self.stats.spec_wasted += node.generated - used
+        self._event("adopt", node.spec_parent.uid, request.beam.uid, how, used)
+        return out, used
 
-    def _drop(self, live: _DLive, node: _SpecNode) -> None:
+    def drop(self, node: Request) -> None:
         """A speculative step whose beam selection did not keep: all its tokens are wasted."""
-        if node.work is not None:
-            self._running.pop(node.work.request_id, None)
-            self.gen.abort([node.work.request_id])
-            node.work = None
-        self.dstats.spec_wasted += node.generated
-        self.dstats.spec_dropped += 1
-        self._event("drop", node.parent.uid, node.job.beam.uid, node.generated)
+        self.runner.stop([node])
+        self.stats.spec_wasted += node.generated
+        self.stats.spec_dropped += 1
+        self._event("drop", node.spec_parent.uid, node.beam.uid, node.generated)
 
     # ------------------------------------------------------------ reports
 
-    def speculative_paths(self) -> set[tuple[str, tuple[str, ...]]]:
+    def paths(self, problems: Sequence[DecoupledProblem]) -> set[tuple[str, tuple[str, ...]]]:
         """(problem id, path) of every speculative step held now, for checks and tests."""
         out = set()
-        for live in self._lives:
-            for node in live.spec.values():
-                if node.job.tokens:
-                    text = self.gen.decode(node.job.tokens)
-                    out.add((live.input.id, node.parent.step_texts + (text,)))
+        for problem in problems:
+            for node in problem.spec.values():
+                if node.tokens:
+                    text = self.runner.gen.decode(node.tokens)
+                    out.add((problem.id, node.spec_parent.step_texts + (text,)))
         return out
-
-
-@dataclass
-class _View:
-    """The part of a problem in flight that `EngineBase._jobs` reads."""
-
-    search: object

@@ -1,5 +1,5 @@
-"""Statistics of the decoupled engine: run-level counters, their step-log summary, and the
-per-problem share of each PRM call."""
+"""Statistics of the decoupled schedule: run-level counters and their step-log summary
+(per-problem metrics are the collector's, `tts.metrics.events`)."""
 
 from __future__ import annotations
 
@@ -7,15 +7,13 @@ import statistics
 from dataclasses import dataclass, field
 
 from tts.engine.decoupled_policy import FillPolicy
-from tts.engine.decoupled_work import Kind, _DLive
-from tts.engine.scoring import ScoreCache
-from tts.metrics.collector import UTIL_BINS, StepLog, hit_rate, split_exactly
-from tts.search.tree import Beam
+from tts.engine.requests import RequestKind as Kind
+from tts.metrics.collector import UTIL_BINS, StepLog, hit_rate
 
 
 @dataclass
 class DecoupledStats:
-    """Run-level counters of the decoupled engine."""
+    """Run-level counters of the decoupled schedule."""
 
     llm_rounds: int = 0
     llm_steps: int = 0
@@ -86,27 +84,3 @@ class DecoupledStats:
             "problems_started": self.problems_started,
             "max_live_problems": self.max_live,
         }
-
-
-def account_prm(batch: list[tuple[_DLive, Beam]], scored, hits0: dict[str, int], cache: ScoreCache | None) -> None:
-    """Share one PRM call among its problems' metrics: the call's wall time goes to every
-    problem in it, its tokens and requests in proportion to the scores each made it compute."""
-    lives = {id(live): live for live, _ in batch}
-    items: dict[int, int] = {}
-    for live, _ in batch:
-        items[id(live)] = items.get(id(live), 0) + 1
-    computed = {}
-    for key, live in lives.items():
-        hits = cache.hits_by_problem[live.input.id] - hits0[live.input.id] if cache is not None else 0
-        computed[key] = max(0, items[key] - hits)
-    shares = [(split_exactly(b.prompt_tokens, computed), split_exactly(b.cached_tokens, computed),
-               split_exactly(b.num_requests, computed)) for b in scored.batches]
-    for key, live in lives.items():
-        m = live.metrics
-        m.verifier_s += scored.wall_s
-        m.scores_requested += items[key]
-        m.scores_computed += computed[key]
-        for prompt, cached, requests in shares:
-            m.ver_prompt_tokens += prompt[key]
-            m.ver_cached_tokens += cached[key]
-            m.ver_requests += requests[key]

@@ -43,7 +43,7 @@ def truncate_len(n: int, ratio: float, std: float, rng: random.Random) -> int:
     return int(round(n * frac))
 
 
-def hand_down(children: Sequence[Beam], parents: dict[int, Beam], ratio: float, std: float,
+def inherit_speculation(children: Sequence[Beam], parents: dict[int, Beam], ratio: float, std: float,
               rng: random.Random, step_lens: dict[int, int] | None = None) -> tuple[int, int]:
     """Give each child its parent's speculative tokens (all for child 0, a prefix for
     duplicates). `step_lens[parent uid]` is how many of the parent's speculative tokens

@@ -208,12 +208,12 @@ def infeasible(cfg: Config) -> str | None:
 def run_split(cfg: Config, backends: Backends, problems: list[Any]) -> SplitRun:
     """Build both engines at `cfg`'s split (reusing them if already built), run the problems."""
     from tts.backends.factory import static_split
-    from tts.engine.base import ProblemInput
+    from tts.engine.engine import ProblemInput
     from tts.runner import build_engine
 
     backends.cfg = cfg
     engine = build_engine(cfg, cfg.optim, backends)
-    gen, ver = engine.gen, engine.scoring.verifier
+    gen, ver = engine.gen, engine.verifier
     meter = BackendMeter(gen, ver)
     counters = attach_counters(generator=gen, verifier=ver)
     traces = {r: BlockUsageTrace.attach(b.llm, strict=False)

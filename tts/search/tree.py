@@ -76,7 +76,7 @@ class Beam:
     group: int = 0  # subtree id (DVTS) or sample index
     uid: int = field(default_factory=lambda: next(_beam_ids))
     spec_tokens: tuple[int, ...] = ()
-    # speculative branches (next steps) by child seed; see tts.engine.generation
+    # speculative branches (next steps) by child seed; see tts.engine.barrier_generation
     spec_branches: dict[int, tuple[int, ...]] = field(default_factory=dict)
     completed_at: float | None = None  # seconds since the problem started
 

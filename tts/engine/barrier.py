@@ -1,0 +1,239 @@
+"""The barrier schedule: generate a step for every beam, verify, select, repeat.
+
+With every optimisation off this is the baseline loop of search-and-learn (all beams of
+an iteration run to their step end, the slowest beam sets the pace, then all new steps
+are verified). The FlashTTS switches change how the loop runs, never what the policy
+decides: request order (P), speculative extension (S, `barrier_generation.py`),
+lookahead verification, and the memory split (M, the engine's `on_iteration`).
+
+Lookahead comes in two scopes. `all` is the paper's: every beam whose speculative tokens
+hold a whole next step has it scored in the same verifier call as its current step, which
+is nearly free where a PRM reads every step of a path in one pass. Where the verifier asks
+once per score (an LLM judge), each lookahead score is a request of its own and most of
+them belong to beams that selection is about to prune (beam search keeps 1 in M); `kept`
+then scores the current steps first and looks ahead only for the beams the policy keeps
+on those scores (`likely_kept`, exact for beam search but for duplicate filtering), in a
+second, smaller call. `auto` picks `kept` for such a verifier and `all` otherwise.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections import deque
+from collections.abc import Iterable
+
+from tts.backends.base import GenDelta, StepStats
+from tts.config.schema import LookaheadScope
+from tts.engine.barrier_generation import IterationGeneration
+from tts.engine.requests import Request
+from tts.engine.schedule import Generate, Problem, ProblemInput, Schedule, Score
+from tts.engine.scoring import ScoreItem, ScoringStats
+from tts.engine.speculation import inherit_speculation, spec_priorities
+from tts.metrics.events import IterationDone, ModelTime, SpeculationAdopted
+from tts.search.base import ProblemSearch
+from tts.search.tree import Beam, BeamState, StepEnd
+
+
+def _lookahead_scope(value: LookaheadScope | str) -> LookaheadScope:
+    try:
+        return LookaheadScope(value)
+    except ValueError:
+        choices = ", ".join(s.value for s in LookaheadScope)
+        raise ValueError(f"lookahead_scope: {value!r}; valid choices: {choices}") from None
+
+
+class _Stage(enum.Enum):
+    SELECTED = "selected"  # between iterations
+    GENERATING = "generating"
+    SCORING = "scoring"
+
+
+class BarrierSchedule(Schedule):
+    """Runs `concurrency` problems at a time, an iteration of all of them at a time."""
+
+    def __init__(self, engine) -> None:
+        super().__init__(engine)
+        opts = self.opts
+        self.generation = IterationGeneration(
+            self.runner, self.cut, opts.speculative, opts.spec_max_tokens or self.policy.step_max_tokens,
+            spec_batch_cap=opts.spec_batch_cap, spec_branches=opts.spec_branches,
+            step_max_tokens=self.policy.step_max_tokens)
+        scope = _lookahead_scope(opts.lookahead_scope)
+        verifier = self.runner.verifier
+        # score ahead only for kept beams, in a second call after the current steps' scores
+        self.lookahead_kept = opts.lookahead and (scope is LookaheadScope.kept or (
+            scope is LookaheadScope.auto and verifier is not None and verifier.request_per_score))
+        self._queue: deque[ProblemInput] = deque()
+        self._live: list[Problem] = []
+        self._stage = _Stage.SELECTED
+        self._requests: list[Request] = []
+        self._generation_started = 0.0
+        self._lookahead: list[ScoreItem] | None = None  # the second call's items, when due
+        self._looked_ahead = False  # this iteration's second call is decided
+
+    def add(self, problems: Iterable[ProblemInput]) -> None:
+        self._queue.extend(problems)
+
+    def busy(self) -> bool:
+        return bool(self._queue or self._live)
+
+    def release(self) -> None:
+        self.generation.release()
+
+    def next(self) -> Generate | Score | None:
+        if self._stage is _Stage.SELECTED:
+            if not self.busy():
+                return None
+            self._admit()
+            self._begin_iteration()
+        if self._stage is _Stage.GENERATING:
+            if self.generation.active:
+                return Generate()
+            self._end_generation()
+            items = [self._score_item(p, beam) for p in self._live for beam in p.search.frontier]
+            return Score([i for i in items if i.indices or i.lookahead_step], self._charge())
+        assert self._lookahead is not None
+        items, self._lookahead = self._lookahead, None
+        return Score(items, self._charge())
+
+    def generated(self, outputs: list[tuple[Request, GenDelta]], stats: StepStats) -> None:
+        self.generation.advance(outputs, stats)
+
+    def scored(self, stats: ScoringStats) -> None:
+        if self.lookahead_kept and not self._looked_ahead:
+            self._looked_ahead = True
+            ahead = [ScoreItem(beam, p.input.problem, (), look) for p in self._live
+                     for beam in self._kept_beams(p.search)
+                     if (look := self._lookahead_step(beam, p.search)) is not None]
+            if ahead:  # the second call: the next step scores them
+                self._lookahead = ahead
+                return
+        self._select_all()
+
+    # ------------------------------------------------------------ the iteration
+
+    def _admit(self) -> None:
+        while self._queue and len(self._live) < self.opts.concurrency:
+            if not self._live and self.opts.fresh_cache_per_problem:  # nothing in flight: start it cold
+                self.generation.release()
+                self.fresh_caches()
+            self._live.append(self.start_problem(self._queue.popleft()))
+
+    def _begin_iteration(self) -> None:
+        requests = [r for p in self._live for r in self.requests_for(p.search, self._spec_priorities(p.search))]
+        if self.engine.on_iteration:
+            self.engine.on_iteration([r.beam for r in requests])
+        self._requests = self.order(requests)
+        self.collector.logs["generator"].start_phase()
+        self._generation_started = time.perf_counter()
+        self.generation.begin(self._requests)
+        self._stage = _Stage.GENERATING
+
+    def _end_generation(self) -> None:
+        self.generation.end()
+        wall = time.perf_counter() - self._generation_started
+        self.emit(ModelTime("generator", self._charge(), wall))
+        self._apply_generation()
+        self._stage, self._looked_ahead = _Stage.SCORING, False
+
+    def _charge(self) -> tuple[str, ...]:
+        """Every problem in flight waits for each model call of the iteration."""
+        return tuple(p.id for p in self._live)
+
+    def _select_all(self) -> None:
+        for p in self._live:
+            self._select(p)
+        self._finished = [p for p in self._live if p.search.done]
+        self._live = [p for p in self._live if not p.search.done]
+        self._stage = _Stage.SELECTED
+
+    def _spec_priorities(self, search: ProblemSearch) -> list[int] | None:
+        """Speculative extension (S): each beam's branch count from its previous score's bin."""
+        if not self.opts.speculative:
+            return None
+        if self._next_runs_to_eos(search) and self.generation.spec_branches and not self.runner.gen.resumable_sampling:
+            return None  # no child could take a branch: its request runs past the step
+        prev = [self.policy.path_score(b) if b.depth else None for b in search.frontier]
+        return spec_priorities(prev, max(1, self.policy.cfg.beam_width))
+
+    def _next_runs_to_eos(self, search: ProblemSearch) -> bool:
+        """The next iteration is the last and samples to EOS."""
+        return self.opts.eos_at_depth_limit and self.policy.is_last_iteration(search, ahead=1)
+
+    def _apply_generation(self) -> None:
+        for request in self._requests:
+            total_left = self.policy.max_total_tokens - request.beam.num_tokens
+            for step in self.cut.steps(request, total_left):
+                request.beam.append(step)
+            if self.generation.spec_branches:  # child 0's branch doubles as the lookahead step
+                request.beam.spec_branches = self.generation.branch_steps(request)
+                request.beam.spec_tokens = request.beam.spec_branches.get(request.beam.seed, ())
+            else:
+                request.beam.spec_tokens = tuple(request.spec)
+        for p in self._live:
+            mine = [r for r in self._requests if r.beam.problem_id == p.id]
+            self.emit(IterationDone(p.id, tuple(len(r.tokens) - r.adopted for r in mine)))
+            used: dict[tuple[int | None, int], int] = {}
+            for r in mine:  # run-on: siblings share one parent's speculative tokens: count them once
+                key = (r.beam.parent, r.beam.seed if self.generation.spec_branches else 0)
+                used[key] = max(used.get(key, 0), r.adopted)
+            self.emit(SpeculationAdopted(p.id, sum(used.values())))
+
+    # ------------------------------------------------------------ lookahead
+
+    def _score_item(self, p: Problem, beam: Beam) -> ScoreItem:
+        indices = self.policy.indices_to_score(beam, p.search)
+        look = None
+        if self.opts.lookahead and not self.lookahead_kept and indices:
+            look = self._lookahead_step(beam, p.search)
+        return ScoreItem(beam, p.input.problem, indices, look)
+
+    def _lookahead_step(self, beam: Beam, search: ProblemSearch) -> str | None:
+        """The text of the whole next step in the beam's speculative tokens, if they hold one."""
+        if not beam.spec_tokens:
+            return None
+        probe = self._spec_step(beam, search)
+        if probe.end is None or not probe.tokens:
+            return None
+        return self.runner.gen.decode(probe.tokens)
+
+    def _kept_beams(self, search: ProblemSearch) -> list[Beam]:
+        """The frontier beams selection keeps on the scores just made (all of them where
+        the policy cannot tell)."""
+        kept = self.policy.likely_kept(search)
+        return list(search.frontier) if kept is None else [beam for beam, _ in kept]
+
+    def _spec_step(self, beam: Beam, search: ProblemSearch) -> Request:
+        """The next step held in the beam's speculative tokens, cut by the rule its real
+        step follows (boundary, EOS, the step's token limit); `end` is None when the
+        tokens stop inside it."""
+        probe = Request(beam.fork(beam.seed), limit=self.policy.step_limit(beam, search))
+        self.cut.consume(probe, beam.spec_tokens)
+        return probe
+
+    def _spec_step_len(self, beam: Beam, search: ProblemSearch) -> int:
+        """How many of the beam's speculative tokens its next step takes (EOS included)."""
+        probe = self._spec_step(beam, search)
+        if probe.end is None:
+            return len(beam.spec_tokens)
+        return len(probe.tokens) + (probe.end is StepEnd.EOS)
+
+    # ------------------------------------------------------------ selection
+
+    def _select(self, p: Problem) -> None:
+        search = p.search
+        parents = {b.uid: b for b in search.frontier}
+        self.policy.select(search, p.metrics.elapsed())
+        search.iteration += 1
+        if self.opts.speculative:
+            step_lens = {uid: self._spec_step_len(b, search) for uid, b in parents.items()
+                         if b.spec_tokens and not b.spec_branches}
+            inherit_speculation(search.frontier, parents, self.opts.spec_truncate_ratio,
+                      self.opts.spec_truncate_std, p.rng, step_lens)
+        for beam in parents.values():
+            beam.spec_branches = {}  # handed down; the tokens live on in the children
+            if beam.state is not BeamState.ACTIVE:
+                beam.spec_tokens = ()
+        if not search.frontier:
+            search.done = True

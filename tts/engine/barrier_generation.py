@@ -1,0 +1,316 @@
+"""The barrier schedule's generation: one step for every request of an iteration, with
+FlashTTS's speculative extension filling the slots of requests that finished early.
+
+The backend never stops at a step boundary; the step rule (`StepCutter`) ends each
+request's step at "\\n\\n", EOS or its token limit, and then the request is stopped or,
+with speculation on, speculates in one of two ways:
+
+- run-on (the paper's Algorithm 1): the request runs on past the boundary; the extra
+  tokens become the beam's speculative tokens, which selection hands down to the
+  original child in full and to duplicates truncated (`speculation.inherit_speculation`);
+- branches (`spec_branches`): the request stops and up to `spec_priority` new requests
+  start from the finished path, branch k with child k's seed (`child_seed`) and the next
+  step's boundary rule. Branch k is the very request child k would send: a finished
+  branch becomes child k's step, and a branch still running when generation ends waits
+  (it holds its KV, no tokens are generated while the verifier runs) and becomes child
+  k's request in the next iteration; branches of beams selection did not keep are
+  aborted. The tree is the one without speculation (on vLLM, up to its batch-dependent
+  numerics, which move P's trees too), whatever the sampler. Run-on gives that too for
+  child 0 (with R = 0, preset `PMS_exact`) only where sampling is resumable: with the
+  position-keyed sampler on vLLM (`generator.sampler=position`, the default), not with
+  vLLM's own, where a request that runs past a boundary, or one resumed from some of its
+  tokens, samples differently from a fresh request with the same seed.
+
+Real work always has priority (two-phase scheduling): a request may only speculate while
+no real request waits, and speculation is dropped at once when the KV cache runs short
+(a dropped run-on request resumes from its tokens when slots free again; a dropped branch
+restarts from its path). Generation ends when every real request has its step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tts.backends.base import GenDelta, StepStats
+from tts.engine.model_runner import ModelRunner
+from tts.engine.requests import Request, RequestState
+from tts.engine.steps import StepCutter
+from tts.search.tree import StepEnd, child_seed, has_answer
+
+_WAITING, _FINISHED = RequestState.WAITING, RequestState.FINISHED
+
+
+class IterationGeneration:
+    """Runs an iteration's requests on the generator until every one has its step:
+    `begin`, then `advance` with each generator step's output while `active`, then `end`."""
+
+    def __init__(self, runner: ModelRunner, cut: StepCutter, speculative: bool = False,
+                 spec_max_tokens: int = 0, kv_spec_limit: float = 0.95, spec_batch_cap: int = 0,
+                 spec_branches: bool = False, step_max_tokens: int = 0) -> None:
+        self.runner = runner
+        self.gen = runner.gen
+        self.cut = cut
+        # a branch that stops at its cap (`spec_max_tokens`) below this limit holds part of a step
+        self.step_max_tokens = step_max_tokens or spec_max_tokens
+        self.spec_branches = speculative and spec_branches
+        self.speculative = speculative
+        self.spec_max_tokens = spec_max_tokens
+        self.kv_spec_limit = kv_spec_limit
+        # Speculation may keep at most this many requests running (real + speculative);
+        # 0 = the generator's batch cap. Beyond the decode roofline's ridge batch every
+        # extra sequence slows the stragglers, so the engine passes that batch here.
+        self.spec_batch_cap = spec_batch_cap
+        # branches mode: branch requests still running when generation ended, by (parent
+        # uid, child seed); the next iteration hands each to its child, and stops the others
+        self.waiting_branches: dict[tuple[int, int], Request] = {}
+        self._requests: list[Request] = []
+        self._pending: set[Request] = set()  # real requests without their step
+        self._speculating: dict[Request, int] = {}  # running speculative request -> priority
+        self._awaiting_slot: dict[int, Request] = {}  # run-on: finished steps waiting for a speculative slot, by beam uid
+        self._branches: list[Request] = []  # branches waiting for a slot
+
+    @property
+    def active(self) -> bool:
+        """Some request still lacks its step."""
+        return bool(self._pending)
+
+    def begin(self, requests: Sequence[Request]) -> None:
+        """Send each request; a request that adopted a whole step branches at once (the
+        slots real work leaves free are idle from the start)."""
+        self._requests = list(requests)
+        self._pending, self._speculating, self._awaiting_slot = set(), {}, {}
+        self._start(self._requests)
+        self._branches = [b for r in self._requests if r.finished and self.spec_branches and self._may_speculate(r)
+                          for b in self._new_branches(r)]
+        if self._pending:
+            self._start_branches()
+
+    def advance(self, outputs: list[tuple[Request, GenDelta]], step: StepStats) -> None:
+        """Take one generator step's output: cut steps, start and stop speculation."""
+        finished_now: list[Request] = []
+        stops: list[tuple[Request, RequestState]] = []
+        for request, d in outputs:
+            if request.branch_of is not None:
+                if self._take_branch_delta(request, d):
+                    stops.append((request, _FINISHED))
+            elif self._take_delta(request, d):
+                speculate = self._may_speculate(request)
+                if speculate and self.spec_branches:
+                    self._branches += self._new_branches(request)
+                if d.finished:
+                    request.state = _FINISHED
+                elif speculate and not self.spec_branches:
+                    finished_now.append(request)
+                else:
+                    stops.append((request, _FINISHED))
+        stops += self._preempt_speculation(step)
+        if self._pending and not self._preempted(step):
+            if self.spec_branches:
+                self._start_branches()
+            else:
+                stops += self._assign_slots(finished_now)
+        else:  # real work only: real work waits, or the KV cache is short
+            self._awaiting_slot.update((r.beam.uid, r) for r in finished_now)
+            stops += [(r, _WAITING) for r in finished_now]
+        self._stop(stops)
+
+    def end(self) -> None:
+        """Every request has its step: running branches wait for selection (a kept child
+        takes one over), running run-ons stop."""
+        if self.spec_branches:
+            self.waiting_branches = {(b.branch_of.beam.uid, b.beam.seed): b
+                                     for b in self._speculating if b.branch_of is not None}
+        elif self._speculating:
+            self.runner.stop(list(self._speculating), _FINISHED)
+        self._speculating = {}
+
+    def release(self) -> None:
+        """Stop the branch requests no child took over (the search ended)."""
+        if self.waiting_branches:
+            self.runner.stop(list(self.waiting_branches.values()))
+            self.waiting_branches = {}
+
+    def _stop(self, stops: list[tuple[Request, RequestState]]) -> None:
+        """Stop backend requests in one call, each left in its state."""
+        if stops:
+            self.runner.stop([r for r, _ in stops])
+            for request, state in stops:
+                request.state = state
+
+    # ------------------------------------------------------------ real requests
+
+    def _start(self, requests: Sequence[Request]) -> None:
+        """Send each request: a child takes over its waiting branch, a request starts from
+        its beam's speculative tokens, and one that may speculate by running on asks for
+        `spec_max_tokens` more than its step."""
+        waiting, self.waiting_branches = self.waiting_branches, {}
+        for request in requests:
+            if self._take_over(request, waiting.pop((request.beam.parent, request.beam.seed), None)):
+                continue
+            self._adopt_spec(request)
+            if not request.finished:
+                budget = request.limit - len(request.tokens)
+                run_on = self.speculative and not self.spec_branches and request.spec_priority > 0 and not request.to_eos
+                self.runner.submit(request, budget + (self.spec_max_tokens if run_on else 0), request.tokens)
+                self._pending.add(request)
+        if waiting:  # branches of beams that selection did not keep
+            self.runner.stop(list(waiting.values()))
+
+    def _take_delta(self, request: Request, d: GenDelta) -> bool:
+        """Apply one delta of a real request; True when it finished the request's step."""
+        if request in self._speculating:
+            request.spec.extend(d.new_token_ids)  # a final EOS is kept: the next step ends there
+            if d.finished:
+                self._speculating.pop(request, None)
+                request.state = _FINISHED
+            return False
+        overflow = self.cut.consume(request, d.new_token_ids, d.finish_reason)
+        if not request.finished or request not in self._pending:
+            return False
+        self._pending.discard(request)
+        if not self.spec_branches:  # tokens of a run-on past the step are speculative
+            request.spec.extend(overflow)
+        return True
+
+    def _take_over(self, request: Request, branch: Request | None) -> bool:
+        """The child takes over its branch's running request: the same request the child
+        would send (path, seed), already some tokens in. True when the request is settled
+        (its step ended within the branch's tokens, or it runs on the branch's request)."""
+        if branch is None:
+            return False
+        if request.to_eos or request.cut_into_steps or branch.limit < request.limit or request.beam.spec_tokens:
+            self.runner.stop([branch])  # the request would stop short of the child's end
+            return False
+        self.cut.consume(request, branch.tokens, None)
+        request.adopted = len(request.tokens)
+        if request.finished:
+            self.runner.stop([branch], _FINISHED)
+        else:
+            self.runner.requests[branch.request_id] = request
+            request.request_id, request.state = branch.request_id, RequestState.RUNNING
+            self._pending.add(request)
+        return True
+
+    def _adopt_spec(self, request: Request) -> None:
+        """Start from the beam's speculative tokens; they may already hold the whole step."""
+        if self.spec_branches and request.to_eos and not self.gen.resumable_sampling:
+            request.beam.spec_tokens = ()  # a request to EOS past a branch's step end would sample on differently
+            return
+        self.cut.adopt(request)
+
+    def _may_speculate(self, request: Request) -> bool:
+        """Speculation on a finished step: not past EOS, nor past a step with a boxed
+        answer, which completes the path (no child would use what it generated)."""
+        return (self.speculative and request.spec_priority > 0 and not request.to_eos
+                and request.end is not StepEnd.EOS and not has_answer(self.gen.decode(request.tokens)))
+
+    # ------------------------------------------------------------ speculation
+
+    def _take_branch_delta(self, branch: Request, d: GenDelta) -> bool:
+        """Apply one delta of a speculative branch; True when its step ended before its request."""
+        self.cut.consume(branch, d.new_token_ids, None)  # a request cut at its cap is partial, not ended
+        if branch.finished or d.finished:
+            self._speculating.pop(branch, None)
+            if d.finished:
+                branch.state = _FINISHED
+        return branch.finished and not d.finished
+
+    def _new_branches(self, request: Request) -> list[Request]:
+        """Branch k of a finished step: child k's next step (child k's seed, the same path)."""
+        for k in range(request.spec_priority):
+            shadow = request.beam.fork(child_seed(request.beam.seed, k))
+            request.branches.append(Request(shadow, self.spec_max_tokens, spec_priority=request.spec_priority,
+                                            branch_of=request))
+        return list(request.branches)
+
+    def _start_branches(self) -> None:
+        """Free slots go to the highest priority bins first, child 0 before duplicates.
+        A branch starts from its parent's finished path; a preempted one resumes from its
+        tokens where sampling is resumable, and was reset to none otherwise."""
+        free = self._spec_cap() - len(self._pending) - len(self._speculating)
+        waiting = self._branches
+        if free <= 0 or not waiting:
+            return
+        waiting.sort(key=lambda b: (-b.spec_priority, b.branch_of.branches.index(b)))
+        while free > 0 and waiting:
+            branch = waiting.pop(0)
+            prompt = tuple(branch.branch_of.tokens) + tuple(branch.tokens)
+            self.runner.submit(branch, branch.limit - len(branch.tokens), prompt, speculative=True)
+            self._speculating[branch] = branch.spec_priority
+            free -= 1
+
+    def branch_steps(self, request: Request) -> dict[int, tuple[int, ...]]:
+        """The finished branches' steps by child seed, as children adopt them (a final EOS
+        kept). Running ones are taken over by their child (`waiting_branches`). A branch
+        cut short (preempted, waiting for a slot) is handed down as the start of its
+        child's step where sampling is resumable: the child's request samples the rest
+        exactly; not otherwise, where that request would sample other tokens after it."""
+        eos = (self.gen.eos_token_id,)
+        steps = {b.beam.seed: tuple(b.tokens) + (eos if b.end is StepEnd.EOS else ())
+                 for b in request.branches if self._whole_step(b)}
+        if self.gen.resumable_sampling:
+            steps.update((b.beam.seed, tuple(b.tokens)) for b in request.branches
+                         if not self._whole_step(b) and b.tokens
+                         and (request.beam.uid, b.beam.seed) not in self.waiting_branches)
+        return steps
+
+    def _whole_step(self, branch: Request) -> bool:
+        """The branch ended as its step does: not cut at a speculation cap below the step limit."""
+        capped = branch.end is StepEnd.STEP_LIMIT and branch.limit < self.step_max_tokens
+        return branch.finished and not capped
+
+    def _assign_slots(self, finished_now: list[Request]) -> list[tuple[Request, RequestState]]:
+        """Speculative slots go to the highest priority bins first. A request that just
+        finished its step runs on in place; one awaiting a slot (finished while none
+        was free) restarts from its path, served from the prefix cache. Returns the requests
+        to stop."""
+        free = self._spec_cap() - len(self._pending) - len(self._speculating)
+        cands = [(r.spec_priority, 1, r) for r in finished_now]
+        cands += [(r.spec_priority, 0, r) for r in self._awaiting_slot.values()]
+        cands.sort(key=lambda c: (-c[0], -c[1]))
+        stops = []
+        for prio, running, request in cands:
+            if free > 0:
+                if running:
+                    self._speculating[request] = prio
+                    request.state = RequestState.SPECULATIVE
+                    free -= 1
+                else:
+                    del self._awaiting_slot[request.beam.uid]
+                    budget = self.spec_max_tokens - len(request.spec)
+                    if budget > 0:  # a request whose speculation is spent takes no slot
+                        self.runner.submit(request, budget, tuple(request.tokens) + tuple(request.spec),
+                                           speculative=True)
+                        self._speculating[request] = prio
+                        free -= 1
+            elif running:
+                stops.append((request, _WAITING))
+                self._awaiting_slot[request.beam.uid] = request
+        return stops
+
+    def _spec_cap(self) -> int:
+        """Requests kept running while speculating: `spec_batch_cap` (0 = the batch cap),
+        never above the generator's batch cap (M may lower it below the ridge batch): a
+        request beyond it would wait in the backend, which preempts all speculation."""
+        return min(self.spec_batch_cap or self.gen.batch_cap, self.gen.batch_cap)
+
+    def _preempted(self, step: StepStats) -> bool:
+        """Speculation stops at once when real requests wait or the KV cache runs short."""
+        return step.kv_usage >= self.kv_spec_limit or step.num_waiting > 0
+
+    def _preempt_speculation(self, step: StepStats) -> list[tuple[Request, RequestState]]:
+        """Drop every speculative request when real work waits or KV runs short; each goes
+        back to wait for a slot (a run-on request resumes from its speculative tokens)."""
+        if not (self._speculating and self._preempted(step)):
+            return []
+        dropped = list(self._speculating)
+        self._speculating.clear()
+        for r in dropped:
+            if r.branch_of is None:
+                self._awaiting_slot[r.beam.uid] = r
+            elif not r.finished:
+                if not self.gen.resumable_sampling:
+                    # from scratch: a request resumed from its tokens would sample differently
+                    r.tokens, r.last_char = [], ""
+                self._branches.append(r)
+        return [(r, _WAITING) for r in dropped]

@@ -1,0 +1,153 @@
+"""A problem in flight, and the scheduling discipline's interface to the engine's step loop.
+
+A `Schedule` decides what the engine's next step runs (`next`: one generator step, one
+verifier call, or nothing left) and takes its results (`generated`, `scored`). The
+per-problem work every discipline shares is here too: a problem's start, the requests of
+a frontier, the request order (P).
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from tts.backends.base import GenDelta, StepStats
+from tts.engine.requests import Request, RequestKind
+from tts.engine.scoring import ScoreItem, ScoringStats
+from tts.metrics.collector import ProblemMetrics
+from tts.search.base import ProblemSearch
+from tts.search.tree import Beam
+
+if TYPE_CHECKING:
+    from tts.engine.engine import Engine
+
+
+@dataclass(frozen=True)
+class ProblemInput:
+    id: str
+    problem: str
+
+
+@dataclass(eq=False)
+class Problem:
+    """A problem in flight: its search, its metrics (written by the collector only), and
+    its own random draws (truncation), the same whatever runs beside it."""
+
+    input: ProblemInput
+    search: ProblemSearch
+    metrics: ProblemMetrics
+    rng: random.Random
+
+    @property
+    def id(self) -> str:
+        return self.input.id
+
+
+@dataclass(frozen=True)
+class Generate:
+    """The next engine step is one generator step."""
+
+
+@dataclass(frozen=True)
+class Score:
+    """The next engine step is one verifier call; its wall time is charged to `charge`."""
+
+    items: Sequence[ScoreItem]
+    charge: tuple[str, ...]
+
+
+class Schedule(ABC):
+    """A scheduling discipline over the engine's step loop (the module docstring)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.policy = engine.policy
+        self.runner = engine.runner
+        self.cut = engine.cut
+        self.opts = engine.opts
+        self.collector = engine.collector
+        self.emit = engine.collector.emit
+        self._finished: list[Problem] = []
+
+    @abstractmethod
+    def add(self, problems: Iterable[ProblemInput]) -> None:
+        """Queue problems to run."""
+
+    @abstractmethod
+    def next(self) -> Generate | Score | None:
+        """The next piece of work; None when every problem is done."""
+
+    @abstractmethod
+    def generated(self, outputs: list[tuple[Request, GenDelta]], stats: StepStats) -> None:
+        """Take one generator step's output."""
+
+    @abstractmethod
+    def scored(self, stats: ScoringStats) -> None:
+        """Take one verifier call's result (the beams' scores are set)."""
+
+    @abstractmethod
+    def busy(self) -> bool:
+        """Problems wait or run."""
+
+    def release(self) -> None:  # noqa: B027 - optional hook
+        """Stop whatever still runs in the backend (the search ended, or the caller stopped)."""
+
+    def step_logs(self) -> dict[str, dict]:
+        """The schedule's own statistics, beside the models' step logs."""
+        return {}
+
+    def take_finished(self) -> list[Problem]:
+        out, self._finished = self._finished, []
+        return out
+
+    # ------------------------------------------------------------ shared per-problem work
+
+    def start_problem(self, p: ProblemInput) -> Problem:
+        prompt = tuple(self.runner.gen.encode_prompt(p.problem, self.engine.system_prompt))
+        seed = (self.opts.seed * 1_000_003 + hash_id(p.id)) % (2**31 - 1)
+        search = ProblemSearch(p.id, p.problem, prompt, seed)
+        self.policy.start(search)
+        return Problem(p, search, self.collector.start(p.id), random.Random(seed))
+
+    def fresh_caches(self) -> None:
+        """Empty both models' prefix caches before a problem that starts alone (option
+        `fresh_cache_per_problem`); the caller has released every request first."""
+        if self.opts.fresh_cache_per_problem:
+            self.runner.gen.reset_prefix_cache()
+            if self.runner.verifier is not None:
+                self.runner.verifier.reset_prefix_cache()
+
+    def requests_for(self, search: ProblemSearch, priorities: Sequence[int] | None = None,
+                     beams: Sequence[Beam] | None = None, iteration: int | None = None,
+                     kind: RequestKind = RequestKind.FRESH, problem: Problem | None = None) -> list[Request]:
+        """One request per beam (default: the frontier): its next step, within the step's
+        (or, on the last iteration, the whole path's) token limit; `iteration` asks for
+        the requests that iteration would make for `beams`."""
+        if beams is not None or iteration is not None:
+            search = replace(search, frontier=list(search.frontier if beams is None else beams),
+                             iteration=search.iteration if iteration is None else iteration)
+        policy = self.policy
+        last = policy.is_last_iteration(search) and self.opts.eos_at_depth_limit
+        prios = priorities or [0] * len(search.frontier)
+        out = []
+        for beam, prio in zip(search.frontier, prios):
+            limit = policy.max_total_tokens - beam.num_tokens if last else policy.step_limit(beam, search)
+            out.append(Request(beam, limit, to_eos=last or not policy.stops_at_boundary,
+                               cut_into_steps=not policy.stops_at_boundary, spec_priority=prio, kind=kind,
+                               problem=problem))
+        return out
+
+    def order(self, requests: list[Request]) -> list[Request]:
+        """Request order (P)."""
+        return self.engine.ordering.order(requests, lambda r: r.beam)
+
+
+def hash_id(problem_id: str) -> int:
+    """A stable (process-independent) integer for a problem id."""
+    h = 0
+    for ch in problem_id:
+        h = (h * 131 + ord(ch)) % (2**31 - 1)
+    return h
