@@ -1,4 +1,4 @@
-"""The synchronous engine on the deterministic fake backend."""
+"""The barrier schedule on the deterministic fake backend."""
 
 import random
 

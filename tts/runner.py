@@ -18,6 +18,7 @@ from tts.backends.factory import Backends, read_prompt, static_split
 from tts.backends.vllm.thrash import attach_counters, detach_counters
 from tts.config.compose import CONF_DIR, ConfigError, preset_optims, to_yaml, validate
 from tts.config.schema import BackendKind, BenchMode, Config, EngineKind, OptimConfig, SearchConfig
+from tts.engine.adaptive import AdaptiveOptions
 from tts.engine.engine import Engine, EngineOptions, ProblemInput
 from tts.metrics.collector import KV_BLOCKS, merge_step_logs
 from tts.problems import load_problems_for
@@ -76,7 +77,11 @@ def engine_options(cfg: Config, optim: OptimConfig) -> EngineOptions:
         spec_truncate_ratio=optim.spec_truncate_ratio,
         spec_truncate_std=optim.spec_truncate_std, spec_branches=optim.spec_branches,
         temperature=cfg.generator.temperature if cfg.search.temperature is None else cfg.search.temperature,
-        top_p=cfg.generator.top_p, fresh_cache_per_problem=cfg.bench.fresh_cache_per_problem)
+        top_p=cfg.generator.top_p, fresh_cache_per_problem=cfg.bench.fresh_cache_per_problem,
+        adaptive=AdaptiveOptions(
+            early_exit=optim.early_exit, exit_top=optim.exit_top, exit_agree=optim.exit_agree,
+            exit_patience=optim.exit_patience, exit_plateau=optim.exit_plateau, early_reject=optim.early_reject,
+            reject_interval=optim.reject_interval, reject_margin=optim.reject_margin))
 
 
 def spec_batch_cap(cfg: Config, optim: OptimConfig) -> int:

@@ -217,6 +217,13 @@ class Verifier(ABC):
         own prefill, and is worth computing only for a step that will be kept."""
         return False
 
+    @property
+    def reads_partial_steps(self) -> bool:
+        """A step cut off mid-way gets a meaningful score (early rejection): true of an LLM
+        judge, which reads the text as it stands; not claimed for a PRM head trained to
+        score whole steps at its step tag."""
+        return False
+
     def set_limits(self, batch_cap: int | None = None) -> None:
         """Change the batch cap between calls (memory allocation policy); optional."""
 

@@ -218,3 +218,7 @@ class FakeVerifier(Verifier):
     @property
     def request_per_score(self) -> bool:
         return self._per_score
+
+    @property
+    def reads_partial_steps(self) -> bool:
+        return True

@@ -8,90 +8,13 @@ invalid, naming the field and the valid choices.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
+
 from hydra.core.config_store import ConfigStore
 
-
-class Algorithm(str, enum.Enum):
-    beam = "beam"
-    dvts = "dvts"
-    best_of_n = "best_of_n"
-    self_consistency = "self_consistency"
-    dynamic_branching = "dynamic_branching"
-    varying_granularity = "varying_granularity"
-
-
-class Aggregation(str, enum.Enum):
-    last = "last"
-    min = "min"
-    prod = "prod"
-    mean = "mean"
-
-
-class Adapter(str, enum.Enum):
-    judge = "judge"
-    math_shepherd = "math_shepherd"
-    rlhflow = "rlhflow"
-    skywork = "skywork"
-    qwen_prm = "qwen_prm"
-
-
-class BackendKind(str, enum.Enum):
-    vllm = "vllm"
-    fake = "fake"
-
-
-class Sampler(str, enum.Enum):
-    """How a seeded generator request draws its random numbers.
-
-    position: from (seed, absolute position), so a request resumed from part of its output,
-    or run on past a step boundary, samples what a fresh request with that seed would, as
-    long as its logits are the same: in float32, or with batch-invariant kernels
-    (speculative steps are then reused exactly; `tts.backends.vllm.sampling`).
-    vllm: vLLM's own per-request generator, started at the request's first sampled token.
-    auto: position where the generator runs float32 (or vLLM's batch-invariant kernels),
-    vllm elsewhere (bf16: the logits move with the batch, so exactness cannot hold).
-    """
-
-    auto = "auto"
-    position = "position"
-    vllm = "vllm"
-
-
-class BenchMode(str, enum.Enum):
-    search = "search"  # run the search variants over the problems (the default)
-    ceiling = "ceiling"  # time the generator path against raw vLLM (tts.benchmarks.ceiling)
-
-
-class EngineKind(str, enum.Enum):
-    baseline = "baseline"
-    flash = "flash"
-    decoupled = "decoupled"
-
-
-class DecoupledPolicy(str, enum.Enum):
-    eager_first = "eager_first"
-    speculative_first = "speculative_first"
-    adaptive = "adaptive"
-
-
-class DecoupledSpecScope(str, enum.Enum):
-    survivors = "survivors"  # the children selection would keep, judged on the scores known so far
-    all = "all"  # child 0 of every generated beam (the thesis's speculation)
-
-
-class LookaheadScope(str, enum.Enum):
-    auto = "auto"  # kept where the verifier makes a request per score (judge, rlhflow), else all
-    all = "all"  # every beam's whole speculative step, in the call that scores its current one (the paper's)
-    kept = "kept"  # only the beams selection keeps on the new scores, in a second verifier call
-
-
-class DatasetName(str, enum.Enum):
-    embedded = "embedded"
-    math500 = "math500"
-    aime24 = "aime24"
-    amc23 = "amc23"
+from tts.config.enums import (  # noqa: F401 - the schema's choices, importable from here
+    Adapter, Aggregation, Algorithm, BackendKind, BenchMode, DatasetName, DecoupledPolicy, DecoupledSpecScope,
+    EngineKind, LookaheadScope, Sampler)
 
 
 def _require(cond: bool, field_name: str, msg: str) -> None:
@@ -223,6 +146,16 @@ class OptimConfig:
     verifier_batch_size: int = 0  # decoupled: PRM items per call; 0 = no cap
     # decoupled: what speculation generates ahead of selection (see tts/engine/decoupled_spec.py)
     decoupled_spec_scope: DecoupledSpecScope = DecoupledSpecScope.survivors
+    # adaptive compute (ours; see tts/engine/adaptive.py): early exit when a problem's
+    # answer settles, early rejection of beams whose partial step cannot make the cut
+    early_exit: bool = False
+    exit_top: int = 4  # best completed candidates compared
+    exit_agree: float = 0.75  # share of them that must give equivalent answers
+    exit_patience: int = 2  # consecutive iterations the agreement (or plateau) must hold
+    exit_plateau: float = 0.0  # or: best path score gained less than this (0 = off)
+    early_reject: bool = False
+    reject_interval: int = 16  # generator steps between partial scorings
+    reject_margin: float = 0.1  # rejected when `keep` others estimate above by more than this
 
     def __post_init__(self) -> None:
         _require(self.request_order in ("fifo", "random"), "optim.request_order",
@@ -236,6 +169,16 @@ class OptimConfig:
                  "needs optim.speculative=true (it verifies speculative steps)")
         _require(self.engine != EngineKind.baseline or not (self.speculative or self.prefix_aware),
                  "optim.engine", "speculative/prefix_aware need engine=flash (or decoupled)")
+        _require(self.exit_top >= 1, "optim.exit_top", "must be >= 1")
+        _require(0.0 < self.exit_agree <= 1.0, "optim.exit_agree", "must be in (0, 1]")
+        _require(self.exit_patience >= 1, "optim.exit_patience", "must be >= 1")
+        _require(self.exit_plateau >= 0.0, "optim.exit_plateau", "must be >= 0 (0 = off)")
+        _require(self.reject_interval >= 1, "optim.reject_interval", "must be >= 1")
+        _require(self.reject_margin >= 0.0, "optim.reject_margin", "must be >= 0")
+        _require(not (self.early_reject and self.engine == EngineKind.decoupled), "optim.early_reject",
+                 "not available with engine=decoupled yet (its steps are scored as they finish)")
+        _require(not (self.early_reject and not self.score_cache), "optim.early_reject",
+                 "needs optim.score_cache=true (steps finished early are scored into the cache)")
 
 
 @dataclass

@@ -19,20 +19,25 @@ second, smaller call. `auto` picks `kept` for such a verifier and `all` otherwis
 from __future__ import annotations
 
 import enum
+import logging
 import time
 from collections import deque
 from collections.abc import Iterable
 
 from tts.backends.base import GenDelta, StepStats
 from tts.config.schema import LookaheadScope
+from tts.engine.adaptive import EarlyRejection
 from tts.engine.barrier_generation import IterationGeneration
 from tts.engine.requests import Request
 from tts.engine.schedule import Generate, Problem, ProblemInput, Schedule, Score
 from tts.engine.scoring import ScoreItem, ScoringStats
 from tts.engine.speculation import inherit_speculation, spec_priorities
-from tts.metrics.events import IterationDone, ModelTime, SpeculationAdopted
+from tts.metrics.events import BeamsRejected, IterationDone, ModelTime, SpeculationAdopted
 from tts.search.base import ProblemSearch
 from tts.search.tree import Beam, BeamState, StepEnd
+
+
+log = logging.getLogger(__name__)
 
 
 def _lookahead_scope(value: LookaheadScope | str) -> LookaheadScope:
@@ -70,6 +75,8 @@ class BarrierSchedule(Schedule):
         self._requests: list[Request] = []
         self._generation_started = 0.0
         self._lookahead: list[ScoreItem] | None = None  # the second call's items, when due
+        self.rejection = self._early_rejection()
+        self._rejections: dict[str, tuple[list[Request], int]] = {}  # this iteration's, by problem
         self._looked_ahead = False  # this iteration's second call is decided
 
     def add(self, problems: Iterable[ProblemInput]) -> None:
@@ -89,6 +96,11 @@ class BarrierSchedule(Schedule):
             self._begin_iteration()
         if self._stage is _Stage.GENERATING:
             if self.generation.active:
+                if self.rejection is not None and self.rejection.due(self.generation.running()):
+                    items = [i for p in self._live for i in self.rejection.items(
+                        p.input.problem, p.search, [r for r in self._requests if r.problem_id == p.id])]
+                    if items:  # early rejection: score the steps as they stand
+                        return Score(items, self._charge())
                 return Generate()
             self._end_generation()
             items = [self._score_item(p, beam) for p in self._live for beam in p.search.frontier]
@@ -99,8 +111,13 @@ class BarrierSchedule(Schedule):
 
     def generated(self, outputs: list[tuple[Request, GenDelta]], stats: StepStats) -> None:
         self.generation.advance(outputs, stats)
+        if self.rejection is not None:
+            self.rejection.steps_since += 1
 
     def scored(self, stats: ScoringStats) -> None:
+        if self._stage is _Stage.GENERATING:  # a partial call of early rejection
+            self._reject(stats.partial)
+            return
         if self.lookahead_kept and not self._looked_ahead:
             self._looked_ahead = True
             ahead = [ScoreItem(beam, p.input.problem, (), look) for p in self._live
@@ -110,6 +127,56 @@ class BarrierSchedule(Schedule):
                 self._lookahead = ahead
                 return
         self._select_all()
+
+    # ------------------------------------------------------------ early rejection
+
+    def _early_rejection(self) -> EarlyRejection | None:
+        adaptive, verifier = self.opts.adaptive, self.runner.verifier
+        if not adaptive.early_reject:
+            return None
+        if verifier is None or not verifier.reads_partial_steps:
+            log.warning("optim.early_reject: off, the verifier does not read partial steps")
+            return None
+        return EarlyRejection(adaptive, self.policy, self.runner.gen.decode)
+
+    def _reject(self, partial: dict[int, float]) -> None:
+        """Stop the requests whose beams cannot make the cut on the scores just made."""
+        cache = self.engine.cache
+        for p in self._live:
+            mine = [r for r in self._requests if r.problem_id == p.id]
+            done = {r.beam.uid: s for r in mine if r.finished and (s := cache.peek(
+                p.id, r.beam.step_texts + (self.runner.gen.decode(r.tokens),))) is not None}
+            out = self.rejection.rejected(p.search, mine, partial, done)
+            if out:
+                self.generation.reject(out)
+
+    def _drop_rejected(self, p: Problem, mine: list[Request]) -> None:
+        """Rejected beams leave the frontier before scoring; what they saved is noted for
+        the selection, which tells how many would have made the cut."""
+        gone = [r for r in mine if r.rejected]
+        if not gone:
+            return
+        uids = {r.beam.uid for r in gone}
+        p.search.frontier = [b for b in p.search.frontier if b.uid not in uids]
+        for r in gone:
+            r.beam.state = BeamState.PRUNED
+        self._rejections[p.id] = (gone, sum(self._tokens_left(r, mine) for r in gone))
+
+    @staticmethod
+    def _tokens_left(rejected: Request, mine: list[Request]) -> int:
+        """A rejected step's tokens still to come, estimated: the mean length of this
+        iteration's steps that ran longer than it had, else its step's token limit."""
+        longer = [len(r.tokens) for r in mine if not r.rejected and len(r.tokens) > len(rejected.tokens)]
+        total = sum(longer) / len(longer) if longer else rejected.limit
+        return max(0, round(total) - len(rejected.tokens))
+
+    def _count_rejections(self, p: Problem, kept_parents: list[Beam]) -> None:
+        gone, saved = self._rejections.pop(p.id, ([], 0))
+        if not gone:
+            return
+        cut = min((self.policy.path_score(b) for b in kept_parents), default=None)
+        above = sum(1 for r in gone if cut is not None and self.rejection.estimates.get(r.beam.uid, -1.0) >= cut)
+        self.emit(BeamsRejected(p.id, len(gone), saved, above))
 
     # ------------------------------------------------------------ the iteration
 
@@ -125,6 +192,8 @@ class BarrierSchedule(Schedule):
         if self.engine.on_iteration:
             self.engine.on_iteration([r.beam for r in requests])
         self._requests = self.order(requests)
+        if self.rejection is not None:
+            self.rejection.begin()
         self.collector.logs["generator"].start_phase()
         self._generation_started = time.perf_counter()
         self.generation.begin(self._requests)
@@ -163,6 +232,8 @@ class BarrierSchedule(Schedule):
 
     def _apply_generation(self) -> None:
         for request in self._requests:
+            if request.rejected:
+                continue  # no step: its beam leaves the frontier
             total_left = self.policy.max_total_tokens - request.beam.num_tokens
             for step in self.cut.steps(request, total_left):
                 request.beam.append(step)
@@ -173,7 +244,8 @@ class BarrierSchedule(Schedule):
                 request.beam.spec_tokens = tuple(request.spec)
         for p in self._live:
             mine = [r for r in self._requests if r.beam.problem_id == p.id]
-            self.emit(IterationDone(p.id, tuple(len(r.tokens) - r.adopted for r in mine)))
+            self._drop_rejected(p, mine)
+            self.emit(IterationDone(p.id, tuple(len(r.tokens) - r.adopted for r in mine if not r.rejected)))
             used: dict[tuple[int | None, int], int] = {}
             for r in mine:  # run-on: siblings share one parent's speculative tokens: count them once
                 key = (r.beam.parent, r.beam.seed if self.generation.spec_branches else 0)
@@ -226,6 +298,8 @@ class BarrierSchedule(Schedule):
         parents = {b.uid: b for b in search.frontier}
         self.policy.select(search, p.metrics.elapsed())
         search.iteration += 1
+        self._count_rejections(p, [parents[uid] for uid in {b.parent for b in search.frontier} if uid in parents])
+        self.exit_if_settled(p)
         if self.opts.speculative:
             step_lens = {uid: self._spec_step_len(b, search) for uid, b in parents.items()
                          if b.spec_tokens and not b.spec_branches}

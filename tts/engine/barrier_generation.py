@@ -114,6 +114,17 @@ class IterationGeneration:
             stops += [(r, _WAITING) for r in finished_now]
         self._stop(stops)
 
+    def running(self) -> list[Request]:
+        """The real requests still decoding their step."""
+        return list(self._pending)
+
+    def reject(self, requests: Sequence[Request]) -> None:
+        """Early rejection: stop these requests; their beams get no step this iteration."""
+        for request in requests:
+            request.rejected = True
+            self._pending.discard(request)
+        self.runner.stop(requests)
+
     def end(self) -> None:
         """Every request has its step: running branches wait for selection (a kept child
         takes one over), running run-ons stop."""

@@ -343,6 +343,7 @@ class DecoupledSchedule(Schedule):
         problem.lengths = []
         self.policy.select(search, problem.metrics.elapsed())
         search.iteration += 1
+        self.exit_if_settled(problem)
         nodes, problem.spec = problem.spec, {}
         self.speculation.exhausted = False
         self._event("select", problem.id, search.iteration, [(b.uid, b.parent) for b in search.frontier])

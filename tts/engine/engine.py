@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from tts.backends.base import Generator, Verifier
 from tts.config.schema import LookaheadScope
+from tts.engine.adaptive import AdaptiveOptions
 from tts.engine.barrier import BarrierSchedule
 from tts.engine.decoupled import DecoupledSchedule
 from tts.engine.model_runner import ModelRunner
@@ -69,6 +70,7 @@ class EngineOptions:
     # then does not depend on what ran before it (bf16 logits change with what the cache
     # served), so a resumed run or a problem re-run alone repeats it
     fresh_cache_per_problem: bool = False
+    adaptive: AdaptiveOptions = AdaptiveOptions()  # early exit and early rejection (all off)
 
 
 class Engine:

@@ -67,6 +67,7 @@ class Request:
     generated: int = 0  # backend tokens produced for it (a final EOS included)
     capped: bool = False  # its backend budget is below the step's: LENGTH is not a step end
     stalled: bool = False  # a speculative step that reached its cap before its end
+    rejected: bool = False  # early rejection stopped it: its beam leaves the frontier
     # speculative steps: the branches of a finished step (barrier schedule), the request a
     # branch belongs to, and the beam whose child a decoupled speculative step is
     branches: list[Request] = field(default_factory=list)

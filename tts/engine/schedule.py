@@ -15,11 +15,13 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from tts.backends.base import GenDelta, StepStats
+from tts.engine.adaptive import AnswerSettling
 from tts.engine.requests import Request, RequestKind
 from tts.engine.scoring import ScoreItem, ScoringStats
 from tts.metrics.collector import ProblemMetrics
+from tts.metrics.events import SearchSettled
 from tts.search.base import ProblemSearch
-from tts.search.tree import Beam
+from tts.search.tree import Beam, BeamState
 
 if TYPE_CHECKING:
     from tts.engine.engine import Engine
@@ -71,6 +73,8 @@ class Schedule(ABC):
         self.collector = engine.collector
         self.emit = engine.collector.emit
         self._finished: list[Problem] = []
+        adaptive = engine.opts.adaptive
+        self.settling = AnswerSettling(adaptive, self.policy) if adaptive.early_exit else None
 
     @abstractmethod
     def add(self, problems: Iterable[ProblemInput]) -> None:
@@ -139,6 +143,19 @@ class Schedule(ABC):
                                cut_into_steps=not policy.stops_at_boundary, spec_priority=prio, kind=kind,
                                problem=problem))
         return out
+
+    def exit_if_settled(self, problem: Problem) -> None:
+        """Early exit, after a selection: a search whose answer has settled stops here
+        (its frontier is pruned; its completed paths are the candidates)."""
+        search = problem.search
+        if self.settling is None or not search.frontier:
+            return
+        if self.settling.settled(search):
+            for beam in search.frontier:
+                beam.state = BeamState.PRUNED
+            search.frontier = []
+            self.settling.forget(problem.id)
+            self.emit(SearchSettled(problem.id, search.iteration))
 
     def order(self, requests: list[Request]) -> list[Request]:
         """Request order (P)."""

@@ -43,6 +43,10 @@ class ScoreCache:
                 self._lookahead_keys.discard(key)
         return score
 
+    def peek(self, problem_id: str, path: tuple[str, ...]) -> float | None:
+        """The step's score if known (not counted as a hit or a miss)."""
+        return self._scores.get((problem_id, path))
+
     def has(self, problem_id: str, path: tuple[str, ...]) -> bool:
         """Whether the step's score is known (not counted as a hit or a miss)."""
         return (problem_id, path) in self._scores
@@ -62,12 +66,17 @@ class ScoreCache:
 
 @dataclass
 class ScoreItem:
-    """Score `indices` of `beam`; `lookahead_step` is a speculative next step's text."""
+    """Score `indices` of `beam`. `lookahead_step` is the text of a next step not yet in
+    the beam (speculative, or with `early` a finished step scored while others decode),
+    scored into the cache only; `partial_step` is the text of a step still decoding,
+    scored for `ScoringStats.partial` only (early rejection)."""
 
     beam: Beam
     problem: str
     indices: tuple[int, ...]
     lookahead_step: str | None = None
+    partial_step: str | None = None
+    early: bool = False
 
 
 @dataclass
@@ -76,6 +85,8 @@ class ScoringStats:
     requested: int = 0  # step scores the policy needed
     computed: int = 0  # step scores the verifier computed (lookahead included)
     lookahead: int = 0
+    partial_scored: int = 0  # partial steps scored (early rejection)
+    partial: dict[int, float] = field(default_factory=dict)  # their scores, by beam uid
     batches: list[ScoreBatchStats] = field(default_factory=list)
     by_problem: dict[str, Counter] = field(default_factory=dict)  # the counters above, per problem
 
@@ -89,6 +100,7 @@ class ScoringStats:
         """Add another call's stats (a second call in the same iteration)."""
         self.wall_s += other.wall_s
         self.batches.extend(other.batches)
+        self.partial.update(other.partial)
         for pid, counts in other.by_problem.items():
             self.add(pid, **counts)
 
@@ -131,6 +143,7 @@ class ScoringPhase:
                     look = None
                 else:
                     asked.add(key)
+            look = item.partial_step if item.partial_step is not None else look
             if not missing and look is None:
                 continue
             steps = texts + ((look,) if look is not None else ())
@@ -166,7 +179,12 @@ class ScoringPhase:
                 item.beam.set_score(i, score)
                 if self.cache is not None:
                     self.cache.put(item.beam.problem_id, texts[: i + 1], score)
-            else:  # the lookahead step: cache only
-                stats.add(item.beam.problem_id, lookahead=1)
+            elif item.partial_step is not None:  # a step still decoding: for early rejection only
+                stats.add(item.beam.problem_id, partial_scored=1)
+                stats.partial[item.beam.uid] = score
+            else:  # the lookahead step (or a finished one scored early): cache only
+                if not item.early:
+                    stats.add(item.beam.problem_id, lookahead=1)
                 assert self.cache is not None and item.lookahead_step is not None
-                self.cache.put(item.beam.problem_id, texts + (item.lookahead_step,), score, lookahead=True)
+                self.cache.put(item.beam.problem_id, texts + (item.lookahead_step,), score,
+                               lookahead=not item.early)

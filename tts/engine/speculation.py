@@ -8,7 +8,7 @@ speculative *next step* whose length is a fraction drawn around R of that step, 
 duplicates start ahead yet diverge within it. (Run-on speculation may run past the next
 step while stragglers finish; a fraction of all those tokens would often hold child 0's
 whole next step, and the duplicates would start as copies of child 0.) With
-speculative branches (`GenerationPhase(spec_branches=True)`) each child inherits its own
+speculative branches (`IterationGeneration(spec_branches=True)`) each child inherits its own
 branch instead: exactly the step it would have generated.
 """
 

@@ -69,6 +69,11 @@ class ProblemMetrics:
     lookahead_used: int = 0  # of those, scores a later iteration read instead of computing
     spec_generated: int = 0
     spec_used: int = 0
+    partial_scored: int = 0  # early rejection: partial steps scored
+    beams_rejected: int = 0  # early rejection: beams whose step was stopped
+    reject_tokens_saved: int = 0  # their steps' estimated remaining tokens (the iteration's mean step)
+    rejected_above_cut: int = 0  # rejected beams whose estimate ended above selection's cut
+    settled_at: int | None = None  # early exit: the iteration after which the search stopped
     step_tokens_mean: list[float] = field(default_factory=list)  # per iteration
     step_tokens_max: list[int] = field(default_factory=list)
     beam_tokens: list[int] = field(default_factory=list)  # final candidates
@@ -186,7 +191,8 @@ def summarize_problems(problems: list[dict]) -> dict:
     gen_tokens = sum(p["gen_tokens"] for p in problems)
     keys = ["gen_prompt_tokens", "gen_cached_tokens", "ver_prompt_tokens", "ver_cached_tokens",
             "spec_generated", "spec_used", "scores_requested", "scores_computed", "score_cache_hits",
-            "lookahead_scored", "lookahead_used", "gen_tokens", "gen_requests", "ver_requests"]
+            "lookahead_scored", "lookahead_used", "gen_tokens", "gen_requests", "ver_requests",
+            "partial_scored", "beams_rejected", "reject_tokens_saved", "rejected_above_cut"]
     sums = {k: sum(p.get(k, 0) for p in problems) for k in keys}
     return {
         "num_problems": len(problems),
@@ -209,6 +215,9 @@ def summarize_problems(problems: list[dict]) -> dict:
         "step_tokens_mean": _mean(x for p in problems for x in p["step_tokens_mean"]),
         "step_tokens_max_mean": _mean(x for p in problems for x in p["step_tokens_max"]),
         "straggler_gap": _mean(p["straggler_gap"] for p in problems),
+        # adaptive compute: the share of problems whose search stopped early, and when
+        "settled_share": _mean(p.get("settled_at") is not None for p in problems),
+        "settled_at_mean": _mean(p["settled_at"] for p in problems if p.get("settled_at") is not None),
         **{f"total_{k}": v for k, v in sums.items()},
     }
 

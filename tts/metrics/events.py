@@ -79,6 +79,25 @@ class SpeculationAdopted:
 
 
 @dataclass(frozen=True)
+class BeamsRejected:
+    """Early rejection in one iteration: beams stopped, the tokens their steps would
+    still have taken (estimated), and how many of them ended above selection's cut."""
+
+    problem_id: str
+    beams: int
+    tokens_saved: int
+    above_cut: int = 0
+
+
+@dataclass(frozen=True)
+class SearchSettled:
+    """Early exit: the problem's search stopped after this iteration."""
+
+    problem_id: str
+    iteration: int
+
+
+@dataclass(frozen=True)
 class ProblemFinished:
     """A problem's final candidates: their tokens and completion times, and what its
     score cache served."""
@@ -92,7 +111,7 @@ class ProblemFinished:
 
 
 Event = (RequestAdded | TokensGenerated | StepDone | ModelTime | ScoresMade | IterationDone
-         | SpeculationAdopted | ProblemFinished)
+         | SpeculationAdopted | BeamsRejected | SearchSettled | ProblemFinished)
 
 
 class MetricsCollector:
@@ -142,6 +161,7 @@ class MetricsCollector:
             m.scores_requested += counts["requested"]
             m.scores_computed += counts["computed"]
             m.lookahead_scored += counts["lookahead"]
+            m.partial_scored += counts["partial_scored"]
             for prompt, cached, requests in shares:
                 m.ver_prompt_tokens += prompt[pid]
                 m.ver_cached_tokens += cached[pid]
@@ -158,6 +178,15 @@ class MetricsCollector:
 
     def _adopted(self, e: SpeculationAdopted) -> None:
         self.problems[e.problem_id].spec_used += e.tokens
+
+    def _rejected(self, e: BeamsRejected) -> None:
+        m = self.problems[e.problem_id]
+        m.beams_rejected += e.beams
+        m.reject_tokens_saved += e.tokens_saved
+        m.rejected_above_cut += e.above_cut
+
+    def _settled(self, e: SearchSettled) -> None:
+        self.problems[e.problem_id].settled_at = e.iteration
 
     def _finished(self, e: ProblemFinished) -> None:
         m = self.problems.pop(e.problem_id)
@@ -178,5 +207,6 @@ _HANDLERS: dict[type, Callable[[MetricsCollector, object], None]] = {
     RequestAdded: MetricsCollector._request, TokensGenerated: MetricsCollector._tokens,
     StepDone: MetricsCollector._step, ModelTime: MetricsCollector._time,
     ScoresMade: MetricsCollector._scores, IterationDone: MetricsCollector._iteration,
-    SpeculationAdopted: MetricsCollector._adopted, ProblemFinished: MetricsCollector._finished,
+    SpeculationAdopted: MetricsCollector._adopted, BeamsRejected: MetricsCollector._rejected,
+    SearchSettled: MetricsCollector._settled, ProblemFinished: MetricsCollector._finished,
 }

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tts.report.tables import Column, engine_label
+from tts.results.plots import plot_frontier as draw_frontier
 
 ACCURACY = [("acc_majority", "majority"), ("acc_weighted", "weighted"), ("acc_prm_max", "PRM-max"),
             ("pass@n", "pass@N")]
@@ -151,10 +152,16 @@ def plot_memory_split(path: Path, profiles: dict[str, dict[str, Any]]) -> Path |
 
 
 PlotFn = Callable[[Path, list[Column]], Path | None]
+def plot_frontier(path: Path, columns: list[Column]) -> Path | None:
+    """Accuracy with its interval against tokens and latency, a point per column."""
+    return draw_frontier(path, {c.name: c.metrics for c in columns})
+
+
 COLUMN_PLOTS: list[tuple[str, str, PlotFn]] = [
     ("goodput_latency_by_n.png", "Goodput and latency by N", plot_by_n),
     ("accuracy.png", "Accuracy", plot_accuracy),
     ("cache_hit_rates.png", "Prefix-cache hit rates", plot_cache_hits),
+    ("accuracy_frontier.png", "Accuracy against compute", plot_frontier),
 ]
 
 

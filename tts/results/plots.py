@@ -41,7 +41,37 @@ def make_plots(store: RunStore, summary: dict, step_logs: dict[str, dict]) -> li
            if s.get("generator", {}).get("tokens_per_request_hist")}
     if tpr:
         out.append(_tpr(store.plots / "generator_tokens_per_request.png", tpr))
+    path = plot_frontier(store.plots / "accuracy_frontier.png", variants)
+    if path:
+        out.append(path)
     return out
+
+
+def plot_frontier(path: Path, summaries: dict[str, dict]) -> Path | None:
+    """Accuracy (majority, with its 95% interval) against generated tokens per problem and
+    against completion latency, a point per variant (or per run of a threshold sweep, in
+    `tts report`): the picture to choose a method and its threshold by. None without
+    graded accuracy."""
+    points = [(name, s) for name, s in summaries.items() if s.get("acc_majority_ci") and s.get("num_problems")]
+    if not points:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(9.5, 3.6), sharey=True)
+    axis = (("generated tokens per problem", lambda s: s["total_gen_tokens"] / s["num_problems"]),
+            ("completion latency (s, mean)", lambda s: s["latency_s_mean"]))
+    for ax, (xlabel, x) in zip(axes, axis):
+        for name, s in points:
+            acc, (lo, hi) = s["acc_majority"], s["acc_majority_ci"]
+            ax.errorbar([x(s)], [acc], yerr=[[acc - lo], [hi - acc]], fmt="o", capsize=3, label=name)
+            ax.annotate(name, (x(s), acc), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        ax.set_xlabel(xlabel)
+    axes[0].set_ylabel("accuracy (majority), 95% interval")
+    axes[1].legend(fontsize=7, loc="best")
+    fig.suptitle("Accuracy against compute")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def _bars(path: Path, variants: dict, baseline: str) -> Path:

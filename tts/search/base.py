@@ -106,6 +106,12 @@ class SearchPolicy(ABC):
         choose what to generate ahead. None: the policy cannot tell (the default)."""
         return None
 
+    def rejection_cut(self, search: ProblemSearch) -> int | None:
+        """How many of the frontier's beams selection keeps in one ranking, for early
+        rejection: a beam that at least this many others outrank cannot be kept. None:
+        the policy's selection is not one ranking of the frontier (no early rejection)."""
+        return None
+
     def ranked(self, beams: list[Beam], k: int) -> list[Beam]:
         """The k best by path score, best first (ties: earlier beam); marks nothing."""
         order = sorted(range(len(beams)), key=lambda i: (-self.path_score(beams[i]), i))

@@ -14,6 +14,9 @@ class BeamSearch(SearchPolicy):
         kept = self.top_k(active, self.cfg.n // self.cfg.beam_width)
         search.frontier = expand(kept, self.cfg.n)
 
+    def rejection_cut(self, search: ProblemSearch) -> int:
+        return self.cfg.n // self.cfg.beam_width
+
     def likely_kept(self, search: ProblemSearch) -> list[tuple[Beam, int]]:
         if self.is_last_iteration(search):
             return []

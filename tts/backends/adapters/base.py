@@ -69,6 +69,9 @@ class PrmAdapter(ABC):
     engine_kwargs: ClassVar[dict[str, Any]] = {}
     # `build` makes one backend request per scored index (a chat judge), not one per path
     request_per_index: ClassVar[bool] = False
+    # a step cut off mid-way gets a meaningful score (early rejection): only a family that
+    # reads the text as it stands (the judge), not a head trained on whole steps
+    reads_partial_steps: ClassVar[bool] = False
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer

@@ -49,6 +49,7 @@ class JudgeAdapter(PrmAdapter):
 
     name = "judge"
     request_per_index = True
+    reads_partial_steps = True  # it asks whether the text so far is correct
 
     def __init__(self, tokenizer: Any, prompt_file: str = "judge.txt",
                  use_chat_template: bool = True) -> None:

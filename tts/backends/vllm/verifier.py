@@ -66,6 +66,10 @@ class VllmVerifier(Verifier):
     def request_per_score(self) -> bool:
         return self.adapter.request_per_index
 
+    @property
+    def reads_partial_steps(self) -> bool:
+        return self.adapter.reads_partial_steps
+
     def _score(
         self, requests: Sequence[ScoreRequest],
     ) -> tuple[list[tuple[float, ...]], ScoreBatchStats]:

@@ -1,0 +1,86 @@
+"""The enumerated choices of the config schemas (`tts.config.schema`)."""
+
+from __future__ import annotations
+
+import enum
+
+
+class Algorithm(str, enum.Enum):
+    beam = "beam"
+    dvts = "dvts"
+    best_of_n = "best_of_n"
+    self_consistency = "self_consistency"
+    dynamic_branching = "dynamic_branching"
+    varying_granularity = "varying_granularity"
+
+
+class Aggregation(str, enum.Enum):
+    last = "last"
+    min = "min"
+    prod = "prod"
+    mean = "mean"
+
+
+class Adapter(str, enum.Enum):
+    judge = "judge"
+    math_shepherd = "math_shepherd"
+    rlhflow = "rlhflow"
+    skywork = "skywork"
+    qwen_prm = "qwen_prm"
+
+
+class BackendKind(str, enum.Enum):
+    vllm = "vllm"
+    fake = "fake"
+
+
+class Sampler(str, enum.Enum):
+    """How a seeded generator request draws its random numbers.
+
+    position: from (seed, absolute position), so a request resumed from part of its output,
+    or run on past a step boundary, samples what a fresh request with that seed would, as
+    long as its logits are the same: in float32, or with batch-invariant kernels
+    (speculative steps are then reused exactly; `tts.backends.vllm.sampling`).
+    vllm: vLLM's own per-request generator, started at the request's first sampled token.
+    auto: position where the generator runs float32 (or vLLM's batch-invariant kernels),
+    vllm elsewhere (bf16: the logits move with the batch, so exactness cannot hold).
+    """
+
+    auto = "auto"
+    position = "position"
+    vllm = "vllm"
+
+
+class BenchMode(str, enum.Enum):
+    search = "search"  # run the search variants over the problems (the default)
+    ceiling = "ceiling"  # time the generator path against raw vLLM (tts.benchmarks.ceiling)
+
+
+class EngineKind(str, enum.Enum):
+    baseline = "baseline"
+    flash = "flash"
+    decoupled = "decoupled"
+
+
+class DecoupledPolicy(str, enum.Enum):
+    eager_first = "eager_first"
+    speculative_first = "speculative_first"
+    adaptive = "adaptive"
+
+
+class DecoupledSpecScope(str, enum.Enum):
+    survivors = "survivors"  # the children selection would keep, judged on the scores known so far
+    all = "all"  # child 0 of every generated beam (the thesis's speculation)
+
+
+class LookaheadScope(str, enum.Enum):
+    auto = "auto"  # kept where the verifier makes a request per score (judge, rlhflow), else all
+    all = "all"  # every beam's whole speculative step, in the call that scores its current one (the paper's)
+    kept = "kept"  # only the beams selection keeps on the new scores, in a second verifier call
+
+
+class DatasetName(str, enum.Enum):
+    embedded = "embedded"
+    math500 = "math500"
+    aime24 = "aime24"
+    amc23 = "amc23"

@@ -1,0 +1,149 @@
+"""Adaptive compute (ours, beyond FlashTTS): spend less where the search has decided.
+
+Two policies, each with its own switch, off in every FlashTTS preset:
+
+- **Early exit** (`AnswerSettling`; Dynasor's Certaindex in spirit): a problem's search
+  stops once the answers of its best completed candidates agree, by `exit_agree` of the
+  `exit_top` best (answers grouped by our grader's equivalence), for `exit_patience`
+  consecutive iterations; or, with `exit_plateau` > 0, once its best path score gained
+  less than that for as many iterations. The candidates are the paths completed so far.
+- **Early rejection** (`EarlyRejection`; Speculative Rejection and early rejection with
+  partial PRM scores in spirit): every `reject_interval` generator steps the verifier
+  scores the steps still decoding as they stand (partial steps) and the steps already
+  finished (whole, into the score cache, so the iteration's own scoring reads them
+  back). A beam whose estimated path score, with its partial step, lies more than
+  `reject_margin` below `keep` others that selection could keep (`SearchPolicy.
+  rejection_cut`: N/M for beam search) is rejected: its request stops, and selection
+  runs without it. Only where the verifier reads partial steps (`Verifier.
+  reads_partial_steps`: the LLM judge does; the PRM heads are trained on whole steps).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from eval.accuracy import group_answers
+from eval.extract import extract_answer
+from tts.engine.requests import Request
+from tts.engine.scoring import ScoreItem
+from tts.search.base import ProblemSearch, SearchPolicy, aggregate
+from tts.search.tree import Beam, StepEnd, has_answer
+
+
+@dataclass(frozen=True)
+class AdaptiveOptions:
+    early_exit: bool = False
+    exit_top: int = 4
+    exit_agree: float = 0.75
+    exit_patience: int = 2
+    exit_plateau: float = 0.0
+    early_reject: bool = False
+    reject_interval: int = 16
+    reject_margin: float = 0.1
+
+
+class AnswerSettling:
+    """Early exit: whether a problem's answer has settled (the module docstring)."""
+
+    def __init__(self, opts: AdaptiveOptions, policy: SearchPolicy, equiv=None) -> None:
+        self.opts = opts
+        self.policy = policy
+        self.equiv = equiv  # answer equivalence; default: the grader's
+        self._streak: dict[str, int] = {}
+        self._best: dict[str, float] = {}
+
+    def settled(self, search: ProblemSearch) -> bool:
+        """Call once per iteration, after selection: True when the search may stop."""
+        pid, o = search.problem_id, self.opts
+        agree = self._agreement(search.completed) >= o.exit_agree
+        plateau = False
+        if o.exit_plateau > 0:
+            best = max((self.policy.path_score(b) for b in search.frontier + search.completed), default=0.0)
+            prev = self._best.get(pid)
+            plateau = prev is not None and best - prev < o.exit_plateau
+            self._best[pid] = best if prev is None else max(prev, best)
+        self._streak[pid] = self._streak.get(pid, 0) + 1 if agree or plateau else 0
+        return self._streak[pid] >= o.exit_patience
+
+    def _agreement(self, completed: Sequence[Beam]) -> float:
+        """The share of the `exit_top` best answered candidates in the largest group of
+        equivalent answers (0 while fewer have an answer)."""
+        ranked = sorted(completed, key=lambda b: -self.policy.path_score(b)) if self.policy.uses_verifier \
+            else list(completed)
+        answers = [a for b in ranked if (a := extract_answer(b.text))][: self.opts.exit_top]
+        if len(answers) < self.opts.exit_top:
+            return 0.0
+        labels = group_answers(answers, self.equiv)
+        return max(Counter(labels).values()) / len(answers)
+
+    def forget(self, problem_id: str) -> None:
+        self._streak.pop(problem_id, None)
+        self._best.pop(problem_id, None)
+
+
+class EarlyRejection:
+    """Early rejection inside a step (the module docstring)."""
+
+    def __init__(self, opts: AdaptiveOptions, policy: SearchPolicy, decode) -> None:
+        self.opts = opts
+        self.policy = policy
+        self.decode = decode
+        self.steps_since = 0  # generator steps since the last partial scoring
+        self.estimates: dict[int, float] = {}  # beam uid -> estimated path score, this iteration
+
+    def begin(self) -> None:
+        self.steps_since = 0
+        self.estimates = {}
+
+    def due(self, running: Sequence[Request]) -> bool:
+        """A partial scoring is due: `reject_interval` steps passed and a request runs
+        that selection could still prune."""
+        return self.steps_since >= self.opts.reject_interval and any(not r.to_eos for r in running)
+
+    def items(self, problem: str, search: ProblemSearch, requests: Sequence[Request]) -> list[ScoreItem]:
+        """The partial call's items for one problem: running steps as they stand, finished
+        ones whole (scored into the cache, as lookahead steps are)."""
+        self.steps_since = 0
+        out = []
+        for r in requests:
+            if r.to_eos or r.rejected or not r.tokens or r.beam.is_finished_path:
+                continue
+            text = self.decode(r.tokens)
+            if r.finished:
+                out.append(ScoreItem(r.beam, problem, (), lookahead_step=text, early=True))
+            else:
+                out.append(ScoreItem(r.beam, problem, (), partial_step=text))
+        return out
+
+    def rejected(self, search: ProblemSearch, requests: Sequence[Request], partial: dict[int, float],
+                 cached: dict[int, float]) -> list[Request]:
+        """The running requests whose beams cannot make the cut: at least `keep` others
+        that selection could keep estimate above theirs by more than the margin.
+        `partial` and `cached` hold the new step's score by beam uid (partial steps,
+        finished steps)."""
+        keep = self.policy.rejection_cut(search)
+        if keep is None:
+            return []
+        agg = self.policy.cfg.aggregation
+        est: dict[int, float] = {}
+        for r in requests:
+            score = partial.get(r.beam.uid, cached.get(r.beam.uid))
+            if r.rejected or score is None or (r.finished and self._completes_path(r)):
+                continue
+            est[r.beam.uid] = aggregate(list(r.beam.scores) + [score], agg)
+        self.estimates.update(est)
+        out = []
+        for r in requests:
+            mine = est.get(r.beam.uid)
+            if r.finished or r.rejected or r.to_eos or mine is None or r.beam.uid not in partial:
+                continue
+            above = sum(1 for uid, e in est.items() if uid != r.beam.uid and e > mine + self.opts.reject_margin)
+            if above >= keep:
+                out.append(r)
+        return out
+
+    def _completes_path(self, r: Request) -> bool:
+        """A finished step that ends its path: it does not compete for selection's slots."""
+        return r.end is StepEnd.EOS or has_answer(self.decode(r.tokens))
