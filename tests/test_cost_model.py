@@ -127,3 +127,29 @@ def test_problems_in_flight_together_share_steps_but_not_their_critical_paths():
     assert steps(3) == pytest.approx(100) == steps(8)  # never below the longest path
     alone = sum(work_bounds([m], model, None, (64, 4096))["gen_bound_s"] for m in problems)
     assert alone == pytest.approx(work_bounds(problems, model, None, (64, 4096))["gen_bound_s"])
+
+
+def test_time_above_the_bound_is_split_into_parts_that_add_up():
+    """A schedule run under the exact cost model, one path at a time, with a preempted
+    prompt computed twice and 0.5 s of host time between steps: its time above the bound
+    is the extra steps' `a` each, the recomputed prompt, the host time, and no residual."""
+    from tts.metrics.cost_model import above_bound, work_of
+
+    lengths, prompt = [40, 30, 20], 50
+    model = fit(sums_of(random_steps(random.Random(5), 200)))
+    metrics = {"gen_tokens": sum(lengths) + 3, "gen_requests": 3, "gen_prompt_tokens": 3 * prompt,
+               "gen_cached_tokens": 0, "beam_tokens": [max(lengths)]}
+    steps = []
+    for n in lengths:  # one at a time: a prefill (the first path's twice), then n decodes
+        steps += [step(0, prompt)] * (2 if n == lengths[0] else 1) + [step(1)] * n
+    sums = sums_of(steps)
+    wall = sums.wall_s + 0.5
+    work = work_of([metrics], (64, 4096))
+    parts = above_bound(wall, work, {"generator": model, "verifier": None}, {"generator": sums})
+    bound = work_bounds([metrics], model, None, (64, 4096))["gen_bound_s"]
+    assert sum(parts.values()) == pytest.approx(wall - bound)
+    assert parts["host_s"] == pytest.approx(0.5)
+    assert parts["gen_steps_s"] == pytest.approx(A * (len(steps) - max(lengths)), rel=1e-6)
+    assert parts["recomputed_s"] == pytest.approx(C * prompt - B * 0, rel=1e-6)  # the prompt computed again
+    assert abs(parts["residual_s"]) < 1e-6 and parts["ver_steps_s"] == 0.0
+    assert above_bound(wall, work, {"generator": None}, {"generator": sums}) is None  # worked, but no fit

@@ -423,3 +423,33 @@ def test_outcomes_stream_as_problems_finish():
     first = next(it)
     assert first.problem.id == "a" and eng.schedule.queued  # b not started yet with concurrency 1
     assert [o.problem.id for o in it] == ["b"]
+
+
+def test_the_memory_policy_sees_the_decoupled_schedules_beams():
+    """M is the engine's policy whatever the schedule: the decoupled one shows it the
+    committed beams of every problem in flight after each admission and selection, and
+    the batch cap it sets is the one the schedule fills to."""
+    cfg = cfg_for(Algorithm.beam, 4, 2, 3)
+    gen = FakeGenerator(endless, batch_cap=8)
+    eng = Engine(gen, FakeVerifier(), lambda: make_policy(cfg, 30, 300), "sys", EngineOptions(concurrency=2),
+                 schedule="decoupled", optim=OptimConfig(engine=EngineKind.decoupled))
+    seen, running = [], []
+
+    def plan(beams):
+        seen.append(len(beams))
+        gen.set_limits(batch_cap=4 if len(beams) > 4 else 8)
+
+    eng.on_iteration = plan
+    orig = gen.step
+
+    def step():
+        deltas, stats = orig()
+        running.append((stats.num_running, gen.batch_cap))
+        return deltas, stats
+
+    gen.step = step
+    outs = list(eng.run(inputs(("a", "b", "c"))))
+    assert len(outs) == 3 and seen and max(seen) == 8  # two problems of 4 beams in flight
+    assert all(n <= cap for n, cap in running) and any(cap == 4 for _, cap in running)
+    base, *_ = baseline(endless, n=4, m=2, iters=3, problems=("a", "b", "c"), concurrency=2)
+    assert candidates(outs) == candidates(base)  # M changes how it runs, not what it decides

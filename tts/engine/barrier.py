@@ -74,6 +74,7 @@ class BarrierSchedule(Schedule):
         self._stage = _Stage.SELECTED
         self._requests: list[Request] = []
         self._generation_started = 0.0
+        self._verifier_wall = 0.0  # early rejection's calls within the generation phase
         self._lookahead: list[ScoreItem] | None = None  # the second call's items, when due
         self.rejection = self._early_rejection()
         self._rejections: dict[str, tuple[list[Request], int]] = {}  # this iteration's, by problem
@@ -116,6 +117,7 @@ class BarrierSchedule(Schedule):
 
     def scored(self, stats: ScoringStats) -> None:
         if self._stage is _Stage.GENERATING:  # a partial call of early rejection
+            self._verifier_wall += stats.wall_s  # not the generator's time
             self._reject(stats.partial)
             return
         if self.lookahead_kept and not self._looked_ahead:
@@ -195,13 +197,13 @@ class BarrierSchedule(Schedule):
         if self.rejection is not None:
             self.rejection.begin()
         self.collector.logs["generator"].start_phase()
-        self._generation_started = time.perf_counter()
+        self._generation_started, self._verifier_wall = time.perf_counter(), 0.0
         self.generation.begin(self._requests)
         self._stage = _Stage.GENERATING
 
     def _end_generation(self) -> None:
         self.generation.end()
-        wall = time.perf_counter() - self._generation_started
+        wall = time.perf_counter() - self._generation_started - self._verifier_wall
         self.emit(ModelTime("generator", self._charge(), wall))
         self._apply_generation()
         self._stage, self._looked_ahead = _Stage.SCORING, False

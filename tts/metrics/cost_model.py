@@ -136,6 +136,61 @@ def min_steps(critical_path: int, decode: int, prefill: int, batch_cap: int = 0,
     return need
 
 
+@dataclass(frozen=True)
+class Work:
+    """A variant's work as its records count it: each model's fewest steps, decode
+    sequences and prefill tokens (the verifier decodes nothing)."""
+
+    gen_steps: int
+    decode: int
+    prefill: int
+    ver_steps: int
+    ver_prefill: int
+
+
+def work_of(problems: list[dict], gen_caps: tuple[int, int] = (0, 0), ver_caps: tuple[int, int] = (0, 0),
+            concurrency: int = 1) -> Work:
+    """The problems' work (see `work_bounds`)."""
+    decode = sum(max(0, m["gen_tokens"] - m.get("gen_requests", 0)) for m in problems)
+    prefill = sum(max(0, m["gen_prompt_tokens"] - m["gen_cached_tokens"]) for m in problems)
+    paths = [max(m.get("beam_tokens") or [0]) for m in problems]
+    path = max(math.ceil(sum(paths) / concurrency), max(paths, default=0))
+    tokens = sum(max(0, m.get("ver_prompt_tokens", 0) - m.get("ver_cached_tokens", 0)) for m in problems)
+    return Work(min_steps(path, decode, prefill, *gen_caps), decode, prefill,
+                min_steps(0, 0, tokens, *ver_caps), tokens)
+
+
+def above_bound(wall_s: float, work: Work, models: dict[str, CostModel | None],
+                sums: dict[str, CostSums]) -> dict[str, float] | None:
+    """Where the time above the bound goes, in seconds; the parts add up to the wall time
+    less the bound. With each model's steps as it took them (`sums`) against the fewest
+    its work allows:
+
+    - `host_s`: time inside no model step (Python, tokenizer, selection, statistics);
+    - `gen_steps_s`, `ver_steps_s`: each model's steps beyond the fewest, `a` each
+      (stragglers, barriers, batches run under-filled: the same tokens over more steps;
+      for the verifier, more calls than its tokens need, as a lookahead second call makes);
+    - `recomputed_s`: tokens the models computed beyond the records' work (a preempted
+      request's prompt computed again, prefills repeated);
+    - `residual_s`: step time the linear cost model does not explain.
+
+    None without a fit for a model that worked."""
+    parts = {"host_s": wall_s, "gen_steps_s": 0.0, "ver_steps_s": 0.0, "recomputed_s": 0.0, "residual_s": 0.0}
+    for model, steps, decode, prefill in (("generator", work.gen_steps, work.decode, work.prefill),
+                                          ("verifier", work.ver_steps, 0, work.ver_prefill)):
+        s, m = sums.get(model), models.get(model)
+        if s is None or not s.steps:
+            continue
+        if m is None:
+            return None
+        taken, decoded, prefilled = s.xtx[0]  # steps, decode sequences, prefill tokens
+        parts["host_s"] -= s.wall_s
+        parts[f"{model[:3]}_steps_s"] = m.step_s * (taken - steps)
+        parts["recomputed_s"] += m.per_decode_seq_s * (decoded - decode) + m.per_prefill_token_s * (prefilled - prefill)
+        parts["residual_s"] += s.wall_s - m.time(taken, decoded, prefilled)
+    return parts
+
+
 def work_bounds(problems: list[dict], gen: CostModel | None, ver: CostModel | None,
                 gen_caps: tuple[int, int] = (0, 0), ver_caps: tuple[int, int] = (0, 0),
                 concurrency: int = 1) -> dict:
@@ -148,16 +203,12 @@ def work_bounds(problems: list[dict], gen: CostModel | None, ver: CostModel | No
     longest one). Caps are (batch cap, token cap) per step. None where a model that
     worked has no fit."""
     out: dict[str, float | None] = {"gen_bound_s": None, "ver_bound_s": None}
+    w = work_of(problems, gen_caps, ver_caps, concurrency)
     if gen is not None:
-        decode = sum(max(0, m["gen_tokens"] - m.get("gen_requests", 0)) for m in problems)
-        prefill = sum(max(0, m["gen_prompt_tokens"] - m["gen_cached_tokens"]) for m in problems)
-        paths = [max(m.get("beam_tokens") or [0]) for m in problems]
-        path = max(math.ceil(sum(paths) / concurrency), max(paths, default=0))
-        out["gen_bound_s"] = gen.time(min_steps(path, decode, prefill, *gen_caps), decode, prefill)
-    tokens = sum(max(0, m.get("ver_prompt_tokens", 0) - m.get("ver_cached_tokens", 0)) for m in problems)
+        out["gen_bound_s"] = gen.time(w.gen_steps, w.decode, w.prefill)
     if ver is not None:
-        out["ver_bound_s"] = ver.time(min_steps(0, 0, tokens, *ver_caps), 0, tokens)
-    elif gen is not None and not tokens:
+        out["ver_bound_s"] = ver.time(w.ver_steps, 0, w.ver_prefill)
+    elif gen is not None and not w.ver_prefill:
         out["ver_bound_s"] = 0.0  # no verifier work
     return out
 

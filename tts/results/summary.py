@@ -8,7 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tts.metrics.collector import KV_BLOCKS, summarize_problems
-from tts.metrics.cost_model import COST, CostModel, CostSums, fit, work_bounds
+from tts.metrics.cost_model import COST, CostModel, CostSums, above_bound, fit, work_bounds, work_of
 from tts.results.records import accuracy_summary, paired_accuracy
 from tts.results.store import RunStore
 
@@ -43,6 +43,13 @@ RATIO_METRICS = [
     ("spec_hit_rate", "speculation hit rate", True),
     ("lookahead_hit_rate", "lookahead hit rate (scores used / scored ahead)", True),
     ("same_candidates", "final candidates = baseline's (share of problems)", True),
+    ("above_bound_s", "wall time above the bound (s), of which:", False),
+    ("above_host_s", "- host, outside any model step (Python, tokenizer, selection) (s)", False),
+    ("above_gen_steps_s", "- generator steps beyond the fewest (stragglers, barriers) (s)", False),
+    ("above_ver_steps_s", "- verifier steps beyond the fewest (more calls than its tokens need) (s)", False),
+    ("above_recomputed_s", "- tokens computed beyond the work (preemption, repeated prefill) (s)", False),
+    ("above_residual_s", "- step time the cost model does not explain (s)", False),
+    ("spec_wasted_s", "wasted speculative tokens, inside the bound (s)", False),
 ]
 
 
@@ -107,6 +114,14 @@ def add_bounds(summary: dict, records: list[dict], models: dict[str, CostModel |
     summary["wall_bound_s"] = whole["gen_bound_s"] + whole["ver_bound_s"]
     if summary["wall_bound_s"] > 0:
         summary["problems_per_min_bound"] = 60.0 * len(records) / summary["wall_bound_s"]
+    wall = summary.get("wall_s") or sum(m["latency_s"] for m in metrics)
+    sums = {model: CostSums.from_dict((summary.get(model) or {}).get(COST, {})) for model in ("generator", "verifier")}
+    parts = above_bound(wall, work_of(metrics, caps["generator"], caps["verifier"], concurrency), models, sums)
+    if parts is not None:  # where the wall time above the bound went (`above_bound`)
+        summary["above_bound_s"] = wall - summary["wall_bound_s"]
+        summary.update({f"above_{k}": v for k, v in parts.items()})
+    if gen is not None:  # inside the bound, but bought nothing
+        summary["spec_wasted_s"] = gen.per_decode_seq_s * summary.get("spec_wasted", 0)
 
 
 ACCURACY_LABELS = {"acc_majority": "majority", "acc_weighted": "weighted", "acc_prm_max": "PRM-max",
