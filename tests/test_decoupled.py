@@ -453,3 +453,66 @@ def test_the_memory_policy_sees_the_decoupled_schedules_beams():
     assert all(n <= cap for n, cap in running) and any(cap == 4 for _, cap in running)
     base, *_ = baseline(endless, n=4, m=2, iters=3, problems=("a", "b", "c"), concurrency=2)
     assert candidates(outs) == candidates(base)  # M changes how it runs, not what it decides
+
+
+def test_speculation_guard_follows_the_cost_model_break_even():
+    """Speculation pays while hit rate x (b + a / B) > b: on a GPU-like model (b = 0) any
+    hit rate pays; on a CPU-like one (b = 7% of a, 16 real requests a step) it takes more
+    than half; before enough tokens settled, or before a fit, it is not judged."""
+    from tts.engine.decoupled_stats import DecoupledStats
+    from tts.engine.spec_guard import MIN_EVIDENCE, PROBE_EVERY, PROBE_FOR, SpeculationGuard
+    from tts.metrics.cost_model import CostModel
+
+    def guard(a, b, used, wasted):
+        stats = DecoupledStats(spec_used=used, spec_wasted=wasted)
+        g = SpeculationGuard(stats, CostModel(a, b, 0.0, steps=100, r2=1.0))
+        return g, stats
+
+    step = StepStats(16, 0, 16, 64, 1 << 16, 0.0, 0.05)
+    g, _ = guard(0.05, 0.0, 10, 1000)
+    g.observe(step, 16)
+    assert g.breakeven() == 0.0 and g.paying()  # GPU-like: free slots cost nothing
+    g, stats = guard(0.05, 0.0034, 400, 600)
+    g.observe(step, 16)
+    assert g.breakeven() == pytest.approx(0.0034 / (0.0034 + 0.05 / 16))
+    assert not g.paying() and not g.allows()  # 0.4 < 0.52
+    for _ in range(PROBE_EVERY - 1):
+        g.observe(step, 16)
+    assert g.allows() and g.off_steps == PROBE_EVERY  # a probe measures again
+    for _ in range(PROBE_FOR):
+        g.observe(step, 16)
+    assert not g.allows()
+    stats.spec_used = 700  # it pays now
+    g.observe(step, 16)
+    assert g.paying() and g.allows()
+    g, _ = guard(0.05, 0.0034, 10, MIN_EVIDENCE - 11)
+    g.observe(step, 16)
+    assert g.hit_rate() is None and g.allows()  # too little evidence to judge
+
+
+def test_guarded_speculation_stops_when_it_does_not_pay_and_keeps_the_answers():
+    """With a cost model under which no hit rate pays (a = 0), the guard stops new
+    speculation once enough of it settled; the answers stay the baseline's. (The fake
+    backend's own step times fit nothing, r2 near 0: unjudged, as in every other test.)"""
+    from tts.engine.spec_guard import SpeculationGuard
+    from tts.metrics.cost_model import CostModel
+
+    kw = dict(n=8, m=4, iters=6, cap=16, policy="speculative_first", concurrency=2, scope="all",
+              problems=("a", "b", "c", "d"))
+    free, feng, *_ = decoupled(endless, **kw)
+    cfg = cfg_for(Algorithm.beam, 8, 4, 6)
+    gen = FakeGenerator(endless, batch_cap=16)
+    optim = OptimConfig(engine=EngineKind.decoupled, decoupled_policy="speculative_first",
+                        decoupled_spec_scope="all")
+    eng = Engine(gen, FakeVerifier(), lambda: make_policy(cfg, 30, 300), "sys", EngineOptions(concurrency=2),
+                 schedule="decoupled", optim=optim)
+    stats = eng.schedule.stats
+    evidence = 32
+    eng.schedule.speculation.guard = SpeculationGuard(stats, CostModel(0.0, 0.004, 0.0, steps=100, r2=1.0), evidence)
+    outs = list(eng.run(inputs(("a", "b", "c", "d"))))
+    assert candidates(outs) == candidates(free)
+    unguarded = feng.schedule.stats.spec_generated
+    assert unguarded > 4 * evidence  # plenty to judge on
+    assert evidence <= stats.spec_used + stats.spec_wasted and stats.spec_generated < unguarded
+    logs = eng.step_logs()["decoupled"]
+    assert logs["spec_guard_off_steps"] > 0 and logs["spec_breakeven"] == 1.0

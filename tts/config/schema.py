@@ -146,6 +146,8 @@ class OptimConfig:
     verifier_batch_size: int = 0  # decoupled: PRM items per call; 0 = no cap
     # decoupled: what speculation generates ahead of selection (see tts/engine/decoupled_spec.py)
     decoupled_spec_scope: DecoupledSpecScope = DecoupledSpecScope.survivors
+    # decoupled: start no speculation while the run's cost model says it does not pay
+    decoupled_spec_guard: bool = True
     # adaptive compute (ours; see tts/engine/adaptive.py): early exit when a problem's
     # answer settles, early rejection of beams whose partial step cannot make the cut
     early_exit: bool = False

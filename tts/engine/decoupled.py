@@ -31,9 +31,7 @@ the step-log summary in `decoupled_stats.py`. The memory policy (M, the engine's
 admission and selection.
 
 Not used here: `options.speculative` and `options.lookahead` (FlashTTS's run-on
-speculation and lookahead scoring); speculation is what the fill policy does, and the
-PRM never sees a speculative step. `options.score_cache` still lets beams with equal
-paths share a score.
+speculation and lookahead scoring): the PRM never sees a speculative step.
 """
 
 from __future__ import annotations
@@ -52,6 +50,7 @@ from tts.engine.decoupled_stats import DecoupledStats
 from tts.engine.requests import Request, RequestKind, RequestState
 from tts.engine.decoupled_problem import DecoupledProblem, LLMRound, PRMCall
 from tts.engine.schedule import Generate, ProblemInput, Schedule, Score
+from tts.engine.spec_guard import SpeculationGuard
 from tts.engine.scoring import ScoreItem, ScoringStats
 from tts.metrics.events import IterationDone, ModelTime, SpeculationAdopted
 from tts.search.tree import Beam
@@ -85,6 +84,8 @@ class DecoupledSchedule(Schedule):
         self.speculation = SpeculativeSteps(
             self.runner, self.cut, self.policy, self.stats, self._requests_ahead, self._submit, self._event,
             survivors, kv_spec_limit)
+        if self.optim.decoupled_spec_guard:
+            self.speculation.guard = SpeculationGuard(self.stats)
         self._queue: deque[ProblemInput] = deque()
         self._lives: list[DecoupledProblem] = []
         self._real: deque[Request] = deque()  # real requests waiting for a batch slot
@@ -245,6 +246,9 @@ class DecoupledSchedule(Schedule):
         self.stats.llm_steps += 1
         self._util = 0.8 * self._util + 0.2 * min(1.0, st.num_running / max(1, st.batch_cap))
         self.speculation.observe(st)
+        if self.speculation.guard is not None:
+            spec = sum(1 for r in self.runner.requests.values() if r.kind is RequestKind.SPEC)
+            self.speculation.guard.observe(st, max(0, st.num_running - spec))
         self._event("step", st.num_running, st.kv_usage)
         stopped, done = [], []
         for request, d in outputs:
@@ -385,7 +389,10 @@ class DecoupledSchedule(Schedule):
         return self.speculation.paths(self._lives)
 
     def step_logs(self) -> dict[str, dict]:
-        return {"decoupled": self.stats.summary(self.collector.logs["generator"], self.fill_policy, self.prm_cap)}
+        out = self.stats.summary(self.collector.logs["generator"], self.fill_policy, self.prm_cap)
+        if self.speculation.guard is not None:
+            out.update(self.speculation.guard.summary())
+        return {"decoupled": out}
 
     def _event(self, *event) -> None:
         if self.trace is not None:

@@ -30,7 +30,8 @@ and counted as wasted.
 Real work (and eager work, when the fill policy ranks it first) preempts running
 speculation; so does memory pressure (KV usage at `kv_spec_limit`, or requests queued
 inside the backend two steps running), after which speculation pauses for
-`SPEC_PAUSE_STEPS` generator steps.
+`SPEC_PAUSE_STEPS` generator steps. With `optim.decoupled_spec_guard` (the default) no new
+speculation starts while the run's own cost model says it does not pay (`spec_guard.py`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from tts.engine.decoupled_problem import DecoupledProblem
 from tts.engine.decoupled_stats import DecoupledStats
 from tts.engine.model_runner import ModelRunner
 from tts.engine.requests import Request, RequestKind, RequestState
+from tts.engine.spec_guard import SpeculationGuard
 from tts.engine.steps import StepCutter
 from tts.search.base import SearchPolicy
 from tts.search.tree import Beam, StepEnd, child_seed
@@ -69,6 +71,7 @@ class SpeculativeSteps:
         self._pause = 0  # generator steps left without speculation after a preemption
         self.kv_usage = 0.0
         self._backend_waiting = 0  # consecutive steps with requests queued in the backend
+        self.guard: SpeculationGuard | None = None  # whether speculation pays (`spec_guard.py`)
 
     # ------------------------------------------------------------ memory
 
@@ -83,7 +86,8 @@ class SpeculativeSteps:
         return self.kv_usage >= self.kv_spec_limit or self._backend_waiting >= 2
 
     def allowed(self) -> bool:
-        return not self.memory_short() and self._pause == 0
+        """Speculation may start: memory allows, and it pays (`guard`, when set)."""
+        return not self.memory_short() and self._pause == 0 and (self.guard is None or self.guard.allows())
 
     def relieve_memory(self) -> None:
         """After a generator step: when memory is short, stop speculation for a while."""
