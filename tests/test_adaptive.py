@@ -152,3 +152,32 @@ def test_a_run_reports_adaptive_compute_and_draws_the_frontier(tmp_path):
     assert adaptive["total_partial_scored"] > 0
     assert 0 <= adaptive["settled_share"] <= 1 and "acc_majority_ci" in adaptive
     assert (path / "plots" / "accuracy_frontier.png").exists()
+
+
+def sampling(script, algo, n=8, wave=0, **adaptive):
+    cfg = SearchConfig(algorithm=algo, n=n, sample_wave=wave, max_iterations=8)
+    gen = FakeGenerator(script, batch_cap=16)
+    eng = Engine(gen, FakeVerifier(answer_scorer), lambda: make_policy(cfg, STEP_LIMIT, 300), "sys",
+                 EngineOptions(adaptive=AdaptiveOptions(**adaptive)))
+    return list(eng.run([ProblemInput("p", "problem p")]))[0]
+
+
+@pytest.mark.parametrize("algo", [Algorithm.self_consistency, Algorithm.best_of_n])
+def test_adaptive_sampling_stops_drawing_once_the_answers_agree(algo):
+    """Samples drawn 2 at a time are the same 8 samples as one wave of 8; with early exit,
+    drawing stops after the wave at which 3 answers agree: the second."""
+    def script(problem, steps, seed):
+        return f"{seed % 7} so \\boxed{{7}}"  # one step, then EOS
+
+    whole = sampling(script, algo)
+    waves = sampling(script, algo, wave=2)
+    assert sorted(b.text for b in waves.candidates) == sorted(b.text for b in whole.candidates)
+    assert waves.metrics.iterations == 4 and whole.metrics.iterations == 1
+    early = sampling(script, algo, wave=2, early_exit=True, exit_top=3, exit_agree=1.0, exit_patience=1)
+    assert early.metrics.settled_at == 2 == early.metrics.iterations
+    assert early.metrics.gen_tokens == whole.metrics.gen_tokens // 2  # 4 of the 8 samples drawn
+
+
+def test_sample_wave_is_validated():
+    with pytest.raises(ValueError, match="search.sample_wave"):
+        SearchConfig(algorithm=Algorithm.self_consistency, n=4, sample_wave=5)

@@ -80,6 +80,9 @@ class SearchConfig:
     early_steps: int = 3
     verify_every: int = 1
     temperature: float | None = None  # over generator.temperature (None: it); greedy.yaml: 0
+    # best_of_n, self_consistency: draw the N samples k at a time (0: all at once); with
+    # optim.early_exit, adaptive sampling that stops once the answers agree
+    sample_wave: int = 0
 
     def __post_init__(self) -> None:
         _require(self.n >= 1, "search.n", "must be >= 1")
@@ -93,6 +96,7 @@ class SearchConfig:
                      f"n={self.n} must be divisible by search.beam_width={self.beam_width}")
         _require(self.max_iterations >= 1, "search.max_iterations", "must be >= 1")
         _require(self.verify_every >= 1, "search.verify_every", "must be >= 1")
+        _require(0 <= self.sample_wave <= self.n, "search.sample_wave", f"must be in [0, n={self.n}] (0: all at once)")
         _require(self.early_step_max_tokens >= 1, "search.early_step_max_tokens", "must be >= 1")
 
 

@@ -69,10 +69,13 @@ class AnswerSettling:
 
     def _agreement(self, completed: Sequence[Beam]) -> float:
         """The share of the `exit_top` best answered candidates in the largest group of
-        equivalent answers (0 while fewer have an answer)."""
-        ranked = sorted(completed, key=lambda b: -self.policy.path_score(b)) if self.policy.uses_verifier \
-            else list(completed)
-        answers = [a for b in ranked if (a := extract_answer(b.text))][: self.opts.exit_top]
+        equivalent answers (0 while fewer have an answer). Without a verifier to rank them
+        (self-consistency) every answered candidate counts: adaptive self-consistency."""
+        if self.policy.uses_verifier:
+            ranked = sorted(completed, key=lambda b: -self.policy.path_score(b))
+            answers = [a for b in ranked if (a := extract_answer(b.text))][: self.opts.exit_top]
+        else:
+            answers = [a for b in completed if (a := extract_answer(b.text))]
         if len(answers) < self.opts.exit_top:
             return 0.0
         labels = group_answers(answers, self.equiv)
