@@ -219,16 +219,15 @@ def _run_variant(name: str, engine, todo: list, store: RunStore, step_logs: dict
     earlier = step_logs.get(name)  # the part of this variant a killed process ran
     # each vLLM engine's block pool: evictions and blocks recomputed after one (thrash)
     counters = attach_counters(generator=engine.gen, verifier=engine.verifier)
+    if counters:
+        engine.log_sources[KV_BLOCKS] = lambda: {model: c.counts() for model, c in counters.items()}
     try:
         for outcome in engine.run([ProblemInput(p.id, p.problem) for p in todo]):
             p = gold[outcome.problem.id]
             record = build_record(outcome, p.answer, name, {"level": p.level, "subject": p.subject})
             record["variant_wall_s"] = time.perf_counter() - start
             store.append(record)
-            logs = engine.step_logs()
-            if counters:
-                logs[KV_BLOCKS] = {model: c.counts() for model, c in counters.items()}
-            step_logs[name] = merge_step_logs(earlier, logs)
+            step_logs[name] = merge_step_logs(earlier, engine.step_logs())
             store.write_step_logs(step_logs)
             logger.log_problem(record)
             if progress:

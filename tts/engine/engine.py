@@ -95,6 +95,9 @@ class Engine:
                                   options.temperature, options.top_p)
         self.ordering: Ordering = make_ordering(options.ordering, options.seed)
         self.on_iteration: Callable[[list[Beam]], None] | None = None
+        # more step-log entries, by name, from instrumentation outside the engine (the
+        # runner's block-pool counters): each called when the logs are read
+        self.log_sources: dict[str, Callable[[], dict]] = {}
         self.schedule: Schedule = make_schedule(schedule, self, **schedule_args)
 
     @property
@@ -165,6 +168,7 @@ class Engine:
     def step_logs(self) -> dict[str, dict]:
         out = {name: log.summary() for name, log in self.collector.logs.items()}
         out.update(self.schedule.step_logs())
+        out.update((name, source()) for name, source in self.log_sources.items())
         return out
 
 
