@@ -72,12 +72,13 @@ def test_rejection_needs_the_margin_and_a_verifier_that_reads_partial_steps():
         return ("b" * (3 + seed % 17)) + "\n\n"
 
     base, _ = run(script, iters=4, problems=("a", "b"))
-    for kw in (dict(reject_margin=1.0), dict(read_partial=False)):
+    scored = {}
+    for name, kw in (("margin", dict(reject_margin=1.0)), ("whole steps only", dict(read_partial=False))):
         outs, _ = run(script, iters=4, problems=("a", "b"), early_reject=True, reject_interval=2, **kw)
-        assert trees(outs) == trees(base), kw
+        assert trees(outs) == trees(base), name
         assert sum(o.metrics.beams_rejected for o in outs) == 0
-    outs, _ = run(script, iters=4, problems=("a", "b"), early_reject=True, reject_interval=2, reject_margin=1.0)
-    assert sum(o.metrics.partial_scored for o in outs) > 0  # it did score partial steps
+        scored[name] = sum(o.metrics.partial_scored for o in outs)
+    assert scored["margin"] > 0 and scored["whole steps only"] == 0  # it scored partial steps, where it could
 
 
 def answer_script(problem, steps, seed):

@@ -28,8 +28,9 @@ from eval.accuracy import group_answers
 from eval.extract import extract_answer
 from tts.engine.requests import Request
 from tts.engine.scoring import ScoreItem
+from tts.engine.steps import completes_path
 from tts.search.base import ProblemSearch, SearchPolicy, aggregate
-from tts.search.tree import Beam, StepEnd, has_answer
+from tts.search.tree import Beam
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,10 @@ class EarlyRejection:
         self.steps_since = 0
         self.estimates = {}
 
+    def stepped(self) -> None:
+        """One more generator step ran."""
+        self.steps_since += 1
+
     def due(self, running: Sequence[Request]) -> bool:
         """A partial scoring is due: `reject_interval` steps passed and a request runs
         that selection could still prune."""
@@ -133,7 +138,7 @@ class EarlyRejection:
         est: dict[int, float] = {}
         for r in requests:
             score = partial.get(r.beam.uid, cached.get(r.beam.uid))
-            if r.rejected or score is None or (r.finished and self._completes_path(r)):
+            if r.rejected or score is None or (r.finished and completes_path(r, self.decode)):
                 continue
             est[r.beam.uid] = aggregate(list(r.beam.scores) + [score], agg)
         self.estimates.update(est)
@@ -146,7 +151,3 @@ class EarlyRejection:
             if above >= keep:
                 out.append(r)
         return out
-
-    def _completes_path(self, r: Request) -> bool:
-        """A finished step that ends its path: it does not compete for selection's slots."""
-        return r.end is StepEnd.EOS or has_answer(self.decode(r.tokens))

@@ -98,8 +98,8 @@ class BarrierSchedule(Schedule):
         if self._stage is _Stage.GENERATING:
             if self.generation.active:
                 if self.rejection is not None and self.rejection.due(self.generation.running()):
-                    items = [i for p in self._live for i in self.rejection.items(
-                        p.input.problem, p.search, [r for r in self._requests if r.problem_id == p.id])]
+                    items = [i for p in self._live
+                             for i in self.rejection.items(p.input.problem, p.search, self._requests_of(p))]
                     if items:  # early rejection: score the steps as they stand
                         return Score(items, self._charge())
                 return Generate()
@@ -113,7 +113,7 @@ class BarrierSchedule(Schedule):
     def generated(self, outputs: list[tuple[Request, GenDelta]], stats: StepStats) -> None:
         self.generation.advance(outputs, stats)
         if self.rejection is not None:
-            self.rejection.steps_since += 1
+            self.rejection.stepped()
 
     def scored(self, stats: ScoringStats) -> None:
         if self._stage is _Stage.GENERATING:  # a partial call of early rejection
@@ -145,7 +145,7 @@ class BarrierSchedule(Schedule):
         """Stop the requests whose beams cannot make the cut on the scores just made."""
         cache = self.engine.cache
         for p in self._live:
-            mine = [r for r in self._requests if r.problem_id == p.id]
+            mine = self._requests_of(p)
             done = {r.beam.uid: s for r in mine if r.finished and (s := cache.peek(
                 p.id, r.beam.step_texts + (self.runner.gen.decode(r.tokens),))) is not None}
             out = self.rejection.rejected(p.search, mine, partial, done)
@@ -208,6 +208,10 @@ class BarrierSchedule(Schedule):
         self._apply_generation()
         self._stage, self._looked_ahead = _Stage.SCORING, False
 
+    def _requests_of(self, p: Problem) -> list[Request]:
+        """The iteration's requests of one problem, in the iteration's order."""
+        return [r for r in self._requests if r.problem_id == p.id]
+
     def _charge(self) -> tuple[str, ...]:
         """Every problem in flight waits for each model call of the iteration."""
         return tuple(p.id for p in self._live)
@@ -245,7 +249,7 @@ class BarrierSchedule(Schedule):
             else:
                 request.beam.spec_tokens = tuple(request.spec)
         for p in self._live:
-            mine = [r for r in self._requests if r.beam.problem_id == p.id]
+            mine = self._requests_of(p)
             self._drop_rejected(p, mine)
             self.emit(IterationDone(p.id, tuple(len(r.tokens) - r.adopted for r in mine if not r.rejected)))
             used: dict[tuple[int | None, int], int] = {}

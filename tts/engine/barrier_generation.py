@@ -34,8 +34,8 @@ from collections.abc import Sequence
 from tts.backends.base import GenDelta, StepStats
 from tts.engine.model_runner import ModelRunner
 from tts.engine.requests import Request, RequestState
-from tts.engine.steps import StepCutter
-from tts.search.tree import StepEnd, child_seed, has_answer
+from tts.engine.steps import StepCutter, completes_path
+from tts.search.tree import StepEnd, child_seed
 
 _WAITING, _FINISHED = RequestState.WAITING, RequestState.FINISHED
 
@@ -213,7 +213,7 @@ class IterationGeneration:
         """Speculation on a finished step: not past EOS, nor past a step with a boxed
         answer, which completes the path (no child would use what it generated)."""
         return (self.speculative and request.spec_priority > 0 and not request.to_eos
-                and request.end is not StepEnd.EOS and not has_answer(self.gen.decode(request.tokens)))
+                and not completes_path(request, self.gen.decode))
 
     # ------------------------------------------------------------ speculation
 

@@ -78,7 +78,8 @@ class SpeculationGuard:
 
     def allows(self) -> bool:
         """New speculation may start: it pays, or a probe measures it again."""
-        return self._off == 0 or self._off % PROBE_EVERY < PROBE_FOR and self._off >= PROBE_EVERY
+        probing = self._off >= PROBE_EVERY and self._off % PROBE_EVERY < PROBE_FOR
+        return self._off == 0 or probing
 
     def summary(self) -> dict:
         return {"spec_breakeven": self.breakeven(), "spec_guard_hit_rate": self.hit_rate(),

@@ -12,9 +12,14 @@ from collections.abc import Sequence
 
 from tts.backends.base import FinishReason, Generator
 from tts.engine.requests import Request
-from tts.search.tree import Step, StepEnd
+from tts.search.tree import Step, StepEnd, has_answer
 
 BOUNDARY = "\n\n"
+
+
+def completes_path(request: Request, decode) -> bool:
+    """The request's finished step ends its path: at EOS, or with a boxed answer."""
+    return request.end is StepEnd.EOS or has_answer(decode(request.tokens))
 
 
 class StepCutter:

@@ -125,8 +125,8 @@ class MetricsCollector:
 
     def start(self, problem_id: str) -> ProblemMetrics:
         """A problem starts: its metrics, read-only to everyone but this collector."""
-        m = self.problems[problem_id] = ProblemMetrics(problem_id)
-        return m
+        self.problems[problem_id] = ProblemMetrics(problem_id)
+        return self.problems[problem_id]
 
     def emit(self, event: Event) -> None:
         _HANDLERS[type(event)](self, event)
