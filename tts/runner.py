@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from tts import clock
 from tts.backends.factory import Backends, read_prompt, static_split
 from tts.backends.vllm.thrash import attach_counters, detach_counters
 from tts.config.compose import CONF_DIR, ConfigError, preset_optims, to_yaml, validate
@@ -22,6 +22,7 @@ from tts.engine.adaptive import AdaptiveOptions
 from tts.engine.engine import Engine, EngineOptions, ProblemInput
 from tts.metrics.collector import KV_BLOCKS, merge_step_logs
 from tts.problems import load_problems_for
+from tts.replay.trace import TRACE, TraceRecorder
 from tts.results.records import build_record
 from tts.results.store import RunStore
 from tts.results.summary import variant_wall, write_summary
@@ -179,6 +180,8 @@ def run_bench(cfg_node: DictConfig, progress: Callable | None = None,
     # step statistics of every variant, carried across a resume like the records
     step_logs: dict[str, dict] = store.step_logs() if cfg.bench.resume else {}
     backends = Backends(cfg)
+    trace = TraceRecorder(store.path / TRACE, {"generator": cfg.generator.model, "verifier": cfg.verifier.model,
+                                               "adapter": cfg.verifier.adapter.value, "sampler": host.get("sampler")})
     try:
         for name, optim, search in variants:
             todo = [p for p in problems if (name, p.id) not in done]
@@ -186,7 +189,7 @@ def run_bench(cfg_node: DictConfig, progress: Callable | None = None,
                 engine = build_engine(cfg, optim, backends, search)
                 if on_iteration:
                     engine.on_problem_iteration = functools.partial(on_iteration, name)
-                _run_variant(name, engine, todo, store, step_logs, logger, progress)
+                _run_variant(name, engine, todo, store, step_logs, logger, progress, trace)
     finally:
         backends.close()
     summary, plots = write_summary(store, [n for n, _, _ in variants], step_logs, host)
@@ -210,30 +213,34 @@ def _open_store(cfg: Config, cfg_node: DictConfig, names: list[str]) -> RunStore
 
 
 def _run_variant(name: str, engine, todo: list, store: RunStore, step_logs: dict[str, dict],
-                 logger: RunLogger, progress: Callable | None) -> None:
-    """Run one variant's remaining problems: a record and the step statistics written as
-    each problem finishes, so a killed run keeps them."""
+                 logger: RunLogger, progress: Callable | None, trace: TraceRecorder) -> None:
+    """Run one variant's remaining problems: a record, the step statistics and the trace
+    written as each problem finishes, so a killed run keeps them."""
     gold = {p.id: p for p in todo}
     # the variant's wall clock, carried across a resume by the records themselves
-    start = time.perf_counter() - variant_wall(store.records(), name)
+    start = clock.now() - variant_wall(store.records(), name)
     earlier = step_logs.get(name)  # the part of this variant a killed process ran
     # each vLLM engine's block pool: evictions and blocks recomputed after one (thrash)
     counters = attach_counters(generator=engine.gen, verifier=engine.verifier)
     if counters:
         engine.log_sources[KV_BLOCKS] = lambda: {model: c.counts() for model, c in counters.items()}
+    detach_trace = trace.attach(name, engine.gen, engine.verifier)
     try:
         for outcome in engine.run([ProblemInput(p.id, p.problem) for p in todo]):
             p = gold[outcome.problem.id]
             record = build_record(outcome, p.answer, name, {"level": p.level, "subject": p.subject})
-            record["variant_wall_s"] = time.perf_counter() - start
+            record["variant_wall_s"] = clock.now() - start
             store.append(record)
             step_logs[name] = merge_step_logs(earlier, engine.step_logs())
             store.write_step_logs(step_logs)
+            trace.flush()
             logger.log_problem(record)
             if progress:
                 progress(name, record)
     finally:
         detach_counters(counters)
+        detach_trace()
+        trace.flush()
 
 
 def _table_rows(records: list[dict]) -> list[dict]:

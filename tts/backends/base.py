@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tts import clock
+
 
 class FinishReason(str, enum.Enum):
     """Why the backend stopped a generation request."""
@@ -88,6 +90,8 @@ class Generator(ABC):
 
     resumable_sampling: bool = False
     _step_observers: tuple[Callable[[list[GenDelta], StepStats, float], None], ...] = ()
+    _add_observers: tuple[Callable[[GenRequest], None], ...] = ()
+    _abort_observers: tuple[Callable[[list[str]], None], ...] = ()
 
     @property
     @abstractmethod
@@ -115,16 +119,23 @@ class Generator(ABC):
     def token_text(self, token_id: int) -> str:
         """The text of one token in isolation (cached): used to find step boundaries."""
 
+    def add(self, request: GenRequest) -> None:
+        """Queue a request (the class contract); each request observer then sees it."""
+        self._add(request)
+        for observer in self._add_observers:
+            observer(request)
+
     @abstractmethod
-    def add(self, request: GenRequest) -> None: ...
+    def _add(self, request: GenRequest) -> None:
+        """The backend's own queueing (what `add` runs)."""
 
     def step(self) -> tuple[list[GenDelta], StepStats]:
         """Run one step (the class contract); each step observer then sees its deltas, its
         statistics and its wall time."""
-        start = time.perf_counter()
+        start = clock.now()
         deltas, stats = self._step()
         for observer in self._step_observers:
-            observer(deltas, stats, time.perf_counter() - start)
+            observer(deltas, stats, clock.now() - start)
         return deltas, stats
 
     @abstractmethod
@@ -135,14 +146,34 @@ class Generator(ABC):
         """Call `observer(deltas, stats, wall_s)` after every step; returns its remover."""
         return _add_observer(self, "_step_observers", observer)
 
+    def add_request_observer(self, on_add: Callable[[GenRequest], None],
+                             on_abort: Callable[[list[str]], None]) -> Callable[[], None]:
+        """Call `on_add(request)` after every `add` and `on_abort(request_ids)` after every
+        `abort` (a run's trace records them); returns the remover of both."""
+        removers = (_add_observer(self, "_add_observers", on_add), _add_observer(self, "_abort_observers", on_abort))
+
+        def remove() -> None:
+            for remover in removers:
+                remover()
+
+        return remove
+
     @property
     def llm(self) -> Any | None:
         """The vLLM engine behind this backend, for instrumentation (block-pool counters,
         memory breakdown); None for a backend without one (the fake)."""
         return None
 
+    def abort(self, request_ids: Iterable[str]) -> None:
+        """Remove requests at once (the class contract); each abort observer then sees them."""
+        ids = list(request_ids)
+        self._abort(ids)
+        for observer in self._abort_observers:
+            observer(ids)
+
     @abstractmethod
-    def abort(self, request_ids: Iterable[str]) -> None: ...
+    def _abort(self, request_ids: list[str]) -> None:
+        """The backend's own abort (what `abort` runs)."""
 
     @abstractmethod
     def num_unfinished(self) -> int: ...
@@ -187,14 +218,17 @@ class Verifier(ABC):
     """
 
     _score_observers: tuple[Callable[[ScoreBatchStats, float], None], ...] = ()
+    _result_observers: tuple[Callable[[Sequence[ScoreRequest], list[tuple[float, ...]]], None], ...] = ()
 
     def score(self, requests: Sequence[ScoreRequest]) -> tuple[list[tuple[float, ...]], ScoreBatchStats]:
         """Score the requests (the class contract); each score observer then sees the call's
-        statistics and its wall time."""
-        start = time.perf_counter()
+        statistics and its wall time, each result observer the requests and their scores."""
+        start = clock.now()
         scores, stats = self._score(requests)
         for observer in self._score_observers:
-            observer(stats, time.perf_counter() - start)
+            observer(stats, clock.now() - start)
+        for result_observer in self._result_observers:
+            result_observer(requests, scores)
         return scores, stats
 
     @abstractmethod
@@ -204,6 +238,12 @@ class Verifier(ABC):
     def add_score_observer(self, observer: Callable[[ScoreBatchStats, float], None]) -> Callable[[], None]:
         """Call `observer(stats, wall_s)` after every `score` call; returns its remover."""
         return _add_observer(self, "_score_observers", observer)
+
+    def add_result_observer(self, observer: Callable[[Sequence[ScoreRequest], list[tuple[float, ...]]], None],
+                            ) -> Callable[[], None]:
+        """Call `observer(requests, scores)` after every `score` call (a run's trace records
+        them); returns its remover."""
+        return _add_observer(self, "_result_observers", observer)
 
     @property
     def llm(self) -> Any | None:

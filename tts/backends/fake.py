@@ -22,11 +22,11 @@ It is never used by `tts bench` unless `generator.backend=fake` is chosen explic
 from __future__ import annotations
 
 import hashlib
-import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from tts import clock
 from tts.backends.base import (FinishReason, GenDelta, Generator, GenRequest, ScoreBatchStats,
                                ScoreRequest, StepStats, Verifier)
 
@@ -129,10 +129,10 @@ class FakeGenerator(Generator):
     def token_text(self, token_id: int) -> str:
         return decode([token_id])
 
-    def add(self, request: GenRequest) -> None:
+    def _add(self, request: GenRequest) -> None:
         self._queue.append(_Running(request))
 
-    def abort(self, request_ids: Iterable[str]) -> None:
+    def _abort(self, request_ids: list[str]) -> None:
         ids = set(request_ids)
         self._queue = [r for r in self._queue if r.request.request_id not in ids]
 
@@ -170,7 +170,7 @@ class FakeGenerator(Generator):
         return cached
 
     def _step(self) -> tuple[list[GenDelta], StepStats]:
-        start = time.perf_counter()
+        start = clock.now()
         running, deltas, per_req = self._queue[: self._cap], [], []
         for run in running:
             req = run.request
@@ -190,7 +190,7 @@ class FakeGenerator(Generator):
         self._queue = [r for r in self._queue if r.request.request_id not in done]
         stats = StepStats(len(running), len(self._queue) - len(running) + len(done), sum(per_req),
                           self._cap, 1 << 16, min(1.0, len(self._cache) / self._cache_blocks),
-                          time.perf_counter() - start, tuple(per_req))
+                          clock.now() - start, tuple(per_req))
         return deltas, stats
 
 
@@ -203,7 +203,7 @@ class FakeVerifier(Verifier):
         self.scored: list[tuple[str, tuple[str, ...]]] = []
 
     def _score(self, requests: Sequence[ScoreRequest]) -> tuple[list[tuple[float, ...]], ScoreBatchStats]:
-        start = time.perf_counter()
+        start = clock.now()
         out = []
         for req in requests:
             scores = []
@@ -213,7 +213,7 @@ class FakeVerifier(Verifier):
                 scores.append(self.scorer(req.problem, path))
             out.append(tuple(scores))
         n = sum(len(r.indices) for r in requests)
-        return out, ScoreBatchStats(n, 0, 0, time.perf_counter() - start)
+        return out, ScoreBatchStats(n, 0, 0, clock.now() - start)
 
     @property
     def request_per_score(self) -> bool:

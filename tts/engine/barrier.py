@@ -24,6 +24,7 @@ import time
 from collections import deque
 from collections.abc import Iterable
 
+from tts import clock
 from tts.backends.base import GenDelta, StepStats
 from tts.config.schema import LookaheadScope
 from tts.engine.adaptive import EarlyRejection
@@ -197,13 +198,13 @@ class BarrierSchedule(Schedule):
         if self.rejection is not None:
             self.rejection.begin()
         self.collector.logs["generator"].start_phase()
-        self._generation_started, self._verifier_wall = time.perf_counter(), 0.0
+        self._generation_started, self._verifier_wall = clock.now(), 0.0
         self.generation.begin(self._requests)
         self._stage = _Stage.GENERATING
 
     def _end_generation(self) -> None:
         self.generation.end()
-        wall = time.perf_counter() - self._generation_started - self._verifier_wall
+        wall = clock.now() - self._generation_started - self._verifier_wall
         self.emit(ModelTime("generator", self._charge(), wall))
         self._apply_generation()
         self._stage, self._looked_ahead = _Stage.SCORING, False

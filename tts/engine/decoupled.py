@@ -38,10 +38,10 @@ from __future__ import annotations
 
 import enum
 import itertools
-import time
 from collections import deque
 from collections.abc import Iterable
 
+from tts import clock
 from tts.backends.base import FinishReason, GenDelta, StepStats
 from tts.config.schema import DecoupledSpecScope, EngineKind, OptimConfig
 from tts.engine.decoupled_policy import EAGER_FIRST, Filler, FillPolicy, FillState, make_fill_policy
@@ -122,7 +122,7 @@ class DecoupledSchedule(Schedule):
         while True:
             if self._turn is _Turn.LLM:
                 if self._round is None:
-                    self._round = LLMRound(time.perf_counter())
+                    self._round = LLMRound(clock.now())
                 self._round.progressed = self._fill() or self._round.progressed
                 if self.runner.requests:
                     self._round.touched.update((r.problem.id, r.problem) for r in self.runner.requests.values())
@@ -146,7 +146,7 @@ class DecoupledSchedule(Schedule):
         self._progressed = r.progressed or r.steps > 0
         if r.steps:
             self.stats.llm_rounds += 1
-            wall = time.perf_counter() - r.start
+            wall = clock.now() - r.start
             self.emit(ModelTime("generator", tuple(p.id for p in r.touched.values() if not p.search.done), wall))
 
     def _round_over(self, steps: int) -> bool:
@@ -357,7 +357,7 @@ class DecoupledSchedule(Schedule):
             self._finished.append(problem)
             if self._round is not None and problem.id in self._round.touched:  # its share of the round so far
                 del self._round.touched[problem.id]
-                self.emit(ModelTime("generator", (problem.id,), time.perf_counter() - self._round.start))
+                self.emit(ModelTime("generator", (problem.id,), clock.now() - self._round.start))
         else:
             requests = self.order(self.requests_for(search, problem=problem))
             problem.waiting = {r.beam.uid for r in requests}

@@ -17,6 +17,7 @@ from tts.engine.scoring import ScoreItem, ScoringPhase, ScoringStats
 from tts.metrics.events import MetricsCollector, ModelTime, RequestAdded, ScoresMade, StepDone, TokensGenerated
 
 _request_ids = itertools.count()
+SPECULATIVE_PREFIX = "s"  # the ids of requests sent as speculation start with it (a run's trace reads it)
 
 
 class ModelRunner:
@@ -39,7 +40,7 @@ class ModelRunner:
                speculative: bool = False) -> str:
         """Send the request to the generator: its beam's path plus `prefix` (tokens it
         already has), sampled with its beam's seed, for at most `max_tokens` tokens."""
-        rid = f"r{next(_request_ids)}"
+        rid = f"{SPECULATIVE_PREFIX if speculative else 'r'}{next(_request_ids)}"
         request.request_id = rid
         request.state = RequestState.SPECULATIVE if speculative else RequestState.RUNNING
         self.requests[rid] = request

@@ -7,11 +7,11 @@ current selection never sees speculative work, and the next iteration finds it t
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from tts import clock
 from tts.backends.base import ScoreBatchStats, ScoreRequest, Verifier
 from tts.search.tree import Beam
 
@@ -118,7 +118,7 @@ class ScoringPhase:
 
     def run(self, items: Sequence[ScoreItem], order: Callable[[list[ScoreItem]], list[ScoreItem]] = list,
             ) -> ScoringStats:
-        stats, start = ScoringStats(), time.perf_counter()
+        stats, start = ScoringStats(), clock.now()
         requests: list[ScoreRequest] = []
         pending: list[tuple[ScoreItem, tuple[int, ...]]] = []
         asked: set[tuple[str, tuple[str, ...]]] = set()  # paths this call computes
@@ -158,7 +158,7 @@ class ScoringPhase:
                 self._store(item, indices, scores, stats)
         for item, i in deferred:
             assert self._from_cache(item, item.beam.step_texts, i)
-        stats.wall_s = time.perf_counter() - start
+        stats.wall_s = clock.now() - start
         return stats
 
     def _from_cache(self, item: ScoreItem, texts: tuple[str, ...], i: int) -> bool:

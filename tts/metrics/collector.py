@@ -7,10 +7,10 @@ their mean completion time (seconds from the problem's start until the beam comp
 from __future__ import annotations
 
 import statistics
-import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
+from tts import clock
 from tts.backends.base import StepStats
 from tts.metrics.cost_model import COST, CostSums
 
@@ -50,7 +50,7 @@ class ProblemMetrics:
     """Everything measured while one problem ran."""
 
     problem_id: str
-    started: float = field(default_factory=time.perf_counter)
+    started: float = field(default_factory=clock.now)
     latency_s: float = 0.0
     generator_s: float = 0.0
     verifier_s: float = 0.0
@@ -80,7 +80,7 @@ class ProblemMetrics:
     beam_completion_s: list[float] = field(default_factory=list)
 
     def elapsed(self) -> float:
-        return time.perf_counter() - self.started
+        return clock.now() - self.started
 
     @property
     def precise_goodput(self) -> float:
@@ -111,7 +111,7 @@ class StepLog:
     running_sum: int = 0
     kv_trace: list[tuple[float, float]] = field(default_factory=list)  # (t, kv usage)
     util_trace: list[tuple[float, float]] = field(default_factory=list)  # (t, batch util)
-    t0: float = field(default_factory=time.perf_counter)
+    t0: float = field(default_factory=clock.now)
     # full-resolution (t since phase start, utilisation) traces of the first phases, for
     # the "utilisation within one iteration" plot
     phase_traces: list[list[tuple[float, float]]] = field(default_factory=list)
@@ -122,7 +122,7 @@ class StepLog:
 
     def start_phase(self) -> None:
         """Mark the start of a generation phase (one iteration of the search)."""
-        self._phase_t0 = time.perf_counter()
+        self._phase_t0 = clock.now()
         self._recording = len(self.phase_traces) < self.keep_phases
         if self._recording:
             self.phase_traces.append([])
@@ -138,11 +138,11 @@ class StepLog:
         self.util_sum += util
         self.running_sum += s.num_running
         self.cost.observe(s)
-        now = time.perf_counter() - self.t0
+        now = clock.now() - self.t0
         self.kv_trace.append((now, s.kv_usage))
         self.util_trace.append((now, util))
         if self._recording:
-            self.phase_traces[-1].append((round(time.perf_counter() - self._phase_t0, 4), round(util, 4)))
+            self.phase_traces[-1].append((round(clock.now() - self._phase_t0, 4), round(util, 4)))
 
     def summary(self) -> dict:
         return {

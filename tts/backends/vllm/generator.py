@@ -11,7 +11,7 @@ next step, and any output of an aborted request is dropped here as well.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -122,7 +122,7 @@ class VllmGenerator(Generator):
             text = self._texts[token_id] = self.decode([token_id])
         return text
 
-    def add(self, request: GenRequest) -> None:
+    def _add(self, request: GenRequest) -> None:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -167,7 +167,7 @@ class VllmGenerator(Generator):
             num_prompt_tokens=live.num_prompt_tokens if first else None,
         )
 
-    def abort(self, request_ids: Iterable[str]) -> None:
+    def _abort(self, request_ids: list[str]) -> None:
         ids = [rid for rid in request_ids if self._live.pop(rid, None) is not None]
         if ids:
             self._engine.abort_request(ids)
