@@ -124,6 +124,18 @@ def report(runs: Annotated[list[Path], typer.Argument(help="Result folders (or W
     raise typer.Exit(run_report(runs, baseline, out))
 
 
+@app.command()
+def replay(run: Annotated[Path, typer.Argument(help="A run folder that recorded a trace (trace.jsonl.gz).")],
+           overrides: Overrides = None, multirun: Multirun = False,
+           out: Annotated[Optional[Path], typer.Option(help="Where the replay folders go (default: beside the run).")] = None,
+           ) -> None:
+    """Replay a run's trace through the engine on a simulated clock, e.g. device=rtx4090
+    generator=qwen2.5-math-1.5b verifier=skywork_1.5b; every figure is simulated."""
+    from tts.cli_support import run_replays
+
+    raise typer.Exit(run_replays(run, list(overrides or []), multirun, out))
+
+
 @models_app.command("list")
 def models_list() -> None:
     """Known models, which are present locally, and which need a hub."""

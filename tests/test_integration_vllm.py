@@ -192,9 +192,15 @@ def test_decoupled_engine_on_real_vllm(backends):
 # the module's engines: the tests that use `backends` come before it.
 
 
-def test_run_bench_embedded_writes_complete_records(tmp_path):
-    cfg = compose("config", TINY + ["dataset.first_k=2", f"bench.results_dir={tmp_path}", "bench.run_name=r"])
-    path = run_bench(cfg)
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory):
+    """A small real run (two problems, the baseline), shared by the tests that read it."""
+    tmp = tmp_path_factory.mktemp("real_run")
+    return run_bench(compose("config", TINY + ["dataset.first_k=2", f"bench.results_dir={tmp}", "bench.run_name=r"]))
+
+
+def test_run_bench_embedded_writes_complete_records(real_run):
+    path = real_run
     records = RunStore(path).records()
     assert len(records) == 2
     for r in records:
@@ -223,6 +229,26 @@ def test_run_bench_embedded_writes_complete_records(tmp_path):
     # four beams in a batch of eight barely straggle: the bound is near the time, never far over
     assert 0.3 < summary["gen_bound_s_mean"] / summary["generator_s_mean"] < 1.1
     assert 0.3 < summary["bound_share"] < 1.1
+
+
+def test_replaying_a_real_run_on_its_own_fitted_cost_model_gives_back_its_times(real_run):
+    """The trace of a real vLLM run, replayed with the run's own fitted step model on the
+    same device: the same trees, nothing drawn, and each model's time within 10% of what
+    was measured (the replay reproduces the steps; the fit prices them)."""
+    from tts.replay.run import run_replay
+
+    replayed = run_replay(real_run, [])
+    recorded, simulated = RunStore(real_run), RunStore(replayed)
+    def tree(store):
+        return [[(c["text"], c["score"]) for c in r["candidates"]] for r in store.records()]
+    assert tree(simulated) == tree(recorded)
+    summary = simulated.summary()
+    served = summary["simulated"]["served"]["baseline"]
+    assert served["drawn_tokens"] == 0 and served["drawn_scores"] == 0 and served["requests"] > 0
+    assert summary["host"]["simulated"] and summary["simulated"]["cost"] == "fitted"
+    against = summary["simulated"]["against_recorded"]["variants"]["baseline"]
+    for key in ("generator_s_mean", "verifier_s_mean", "latency_s_mean"):
+        assert against[key]["replayed/recorded"] == pytest.approx(1.0, abs=0.1), (key, against[key])
 
 
 def test_too_small_kv_budget_is_a_clear_error_before_loading():

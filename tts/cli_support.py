@@ -301,6 +301,40 @@ def run_profile(jobs: list[Job], calibrate: bool) -> int:
     return 0
 
 
+def run_replays(run: Path, overrides: list[str], multirun: bool, out: Path | None) -> int:
+    """`tts replay`: one replay, or one per sweep combination (`-m`), each printed with its
+    simulated host line; a sweep's replays share a sweep folder (`tts report` reads it)."""
+    from tts.config.compose import expand_sweep
+    from tts.replay.run import run_replay
+    from tts.results.store import RunStore
+
+    try:
+        combos = expand_sweep(overrides) if multirun else [overrides]
+        if not multirun and any(_is_sweep(o) for o in overrides):
+            raise ValueError(f"{[o for o in overrides if _is_sweep(o)]}: comma-separated values sweep; add -m")
+        base = out or Path(run).parent
+        if multirun:
+            base = base / f"{Path(run).name}-replay-{time.strftime('%Y%m%d-%H%M%S')}-sweep"
+        swept = _swept_keys(combos)
+        for i, combo in enumerate(combos):
+            label = ",".join(o for o in combo if o.split("=", 1)[0] in swept) or "job"
+            name = f"{i}_{re.sub(r'[^A-Za-z0-9_.=-]+', '_', label)[:80]}" if multirun else None
+            path = run_replay(Path(run), combo, base, name)
+            print_summary(path)
+            against = RunStore(path).summary().get("simulated", {}).get("against_recorded_md")
+            if against:
+                Console().print(against, soft_wrap=True, highlight=False, markup=False)
+    except (ValueError, FileExistsError, FileNotFoundError) as err:
+        console.print(f"[red]error:[/red] {escape(str(err))}")
+        return 2
+    if multirun:
+        from tts.results.store import write_sweep_summary
+
+        write_sweep_summary(base)
+        Console().print(f"sweep: {base}; compare the replays: tts report {base}", soft_wrap=True, highlight=False)
+    return 0
+
+
 def run_report(runs: list[Path], baseline: str | None, out: Path | None) -> int:
     from tts.report import ReportError, write_report
 

@@ -168,28 +168,36 @@ def run_bench(cfg_node: DictConfig, progress: Callable | None = None,
     problems = load_problems_for(cfg)
     if not problems:
         raise ConfigError("dataset: the subset selects no problems")
+    return run_problems(cfg, cfg_node, problems, Backends(cfg), None, progress, on_folder, on_iteration)
+
+
+def run_problems(cfg: Config, cfg_node: DictConfig, problems: list, backends, host: dict | None,
+                 progress: Callable | None = None, on_folder: Callable[[Path], None] | None = None,
+                 on_iteration: Callable[[str, str, int], None] | None = None, record_trace: bool = True) -> Path:
+    """Run every variant over `problems` on `backends` (`Backends`, or a replay's), writing
+    the run folder; `host` None is this machine's (`run_host`). Returns the folder."""
     variants = run_variants(cfg)
     store = _open_store(cfg, cfg_node, [n for n, _, _ in variants])
     if on_folder:
         on_folder(store.path)
-    host = run_host(cfg)
+    host = host or run_host(cfg)
     done = store.done_keys() if cfg.bench.resume else set()
     logger = RunLogger(cfg.logger.wandb, cfg.logger.mode, cfg.logger.project, cfg.logger.entity,
                        list(cfg.logger.tags), store.path,
                        OmegaConf.to_container(cfg_node, resolve=True), store.path.name)
     # step statistics of every variant, carried across a resume like the records
     step_logs: dict[str, dict] = store.step_logs() if cfg.bench.resume else {}
-    backends = Backends(cfg)
     trace = TraceRecorder(store.path / TRACE, {"generator": cfg.generator.model, "verifier": cfg.verifier.model,
                                                "adapter": cfg.verifier.adapter.value, "sampler": host.get("sampler")})
     try:
         for name, optim, search in variants:
             todo = [p for p in problems if (name, p.id) not in done]
             if todo:
+                backends.start_variant(name)
                 engine = build_engine(cfg, optim, backends, search)
                 if on_iteration:
                     engine.on_problem_iteration = functools.partial(on_iteration, name)
-                _run_variant(name, engine, todo, store, step_logs, logger, progress, trace)
+                _run_variant(name, engine, todo, store, step_logs, logger, progress, trace if record_trace else None)
     finally:
         backends.close()
     summary, plots = write_summary(store, [n for n, _, _ in variants], step_logs, host)
@@ -213,7 +221,7 @@ def _open_store(cfg: Config, cfg_node: DictConfig, names: list[str]) -> RunStore
 
 
 def _run_variant(name: str, engine, todo: list, store: RunStore, step_logs: dict[str, dict],
-                 logger: RunLogger, progress: Callable | None, trace: TraceRecorder) -> None:
+                 logger: RunLogger, progress: Callable | None, trace: TraceRecorder | None) -> None:
     """Run one variant's remaining problems: a record, the step statistics and the trace
     written as each problem finishes, so a killed run keeps them."""
     gold = {p.id: p for p in todo}
@@ -224,7 +232,7 @@ def _run_variant(name: str, engine, todo: list, store: RunStore, step_logs: dict
     counters = attach_counters(generator=engine.gen, verifier=engine.verifier)
     if counters:
         engine.log_sources[KV_BLOCKS] = lambda: {model: c.counts() for model, c in counters.items()}
-    detach_trace = trace.attach(name, engine.gen, engine.verifier)
+    detach_trace = trace.attach(name, engine.gen, engine.verifier) if trace else None
     try:
         for outcome in engine.run([ProblemInput(p.id, p.problem) for p in todo]):
             p = gold[outcome.problem.id]
@@ -233,14 +241,16 @@ def _run_variant(name: str, engine, todo: list, store: RunStore, step_logs: dict
             store.append(record)
             step_logs[name] = merge_step_logs(earlier, engine.step_logs())
             store.write_step_logs(step_logs)
-            trace.flush()
+            if trace:
+                trace.flush()
             logger.log_problem(record)
             if progress:
                 progress(name, record)
     finally:
         detach_counters(counters)
-        detach_trace()
-        trace.flush()
+        if trace:
+            detach_trace()
+            trace.flush()
 
 
 def _table_rows(records: list[dict]) -> list[dict]:

@@ -65,6 +65,10 @@ class Backends:
         self._gen: tuple[tuple, Generator] | None = None
         self._ver: tuple[tuple, Verifier] | None = None
 
+    def start_variant(self, name: str) -> None:
+        """The next engines built serve variant `name` (a replay's backends keep per-variant
+        state; vLLM's need none)."""
+
     def get(self, gen_spec: EngineSpec, ver_spec: EngineSpec | None) -> tuple[Generator, Verifier | None]:
         g, v = self.cfg.generator, self.cfg.verifier
         gen_key = (gen_spec, g.model, g.backend, g.dtype, g.sampler)

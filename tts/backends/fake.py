@@ -22,13 +22,13 @@ It is never used by `tts bench` unless `generator.backend=fake` is chosen explic
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tts import clock
 from tts.backends.base import (FinishReason, GenDelta, Generator, GenRequest, ScoreBatchStats,
                                ScoreRequest, StepStats, Verifier)
+from tts.backends.prefix_cache import PrefixCache
 
 EOS_CHAR = "\x03"
 EOS_ID = 3
@@ -67,6 +67,11 @@ def default_scorer(problem: str, steps: tuple[str, ...]) -> float:
     return (_h("score", problem, steps) % 1000) / 1000.0
 
 
+def prompt_text(problem: str, system_prompt: str) -> str:
+    """The fake's chat prompt."""
+    return f"<{system_prompt}|{problem}>"
+
+
 def encode(text: str) -> list[int]:
     return [EOS_ID if c == EOS_CHAR else ord(c) + OFFSET for c in text]
 
@@ -95,9 +100,7 @@ class FakeGenerator(Generator):
         self._cap = batch_cap
         self._prompts: dict[str, str] = {}  # prompt text -> problem
         self._queue: list[_Running] = []
-        self._cache: OrderedDict[int, None] = OrderedDict()
-        self._cache_blocks = cache_blocks
-        self._block = block
+        self._cache = PrefixCache(block, cache_blocks)
         self.calls: list[str] = []  # request ids in the order they were first scheduled
 
     @property
@@ -119,7 +122,7 @@ class FakeGenerator(Generator):
             self._cap = batch_cap
 
     def encode_prompt(self, problem: str, system_prompt: str) -> list[int]:
-        text = f"<{system_prompt}|{problem}>"
+        text = prompt_text(problem, system_prompt)
         self._prompts[text] = problem
         return encode(text)
 
@@ -155,27 +158,13 @@ class FakeGenerator(Generator):
             return encode(step[len(partial)])[0]
         return EOS_ID  # a script step without "\n\n" or EOS ends the sequence
 
-    def _admit(self, run: _Running) -> int:
-        ids = run.request.prompt_token_ids
-        cached, full = 0, len(ids) // self._block
-        for b in range(full):
-            key = hash(tuple(ids[: (b + 1) * self._block]))
-            if key in self._cache and cached == b * self._block:
-                cached += self._block
-                self._cache.move_to_end(key)
-            else:
-                self._cache[key] = None
-        while len(self._cache) > self._cache_blocks:
-            self._cache.popitem(last=False)
-        return cached
-
     def _step(self) -> tuple[list[GenDelta], StepStats]:
         start = clock.now()
         running, deltas, per_req = self._queue[: self._cap], [], []
         for run in running:
             req = run.request
             first = not run.reported_prompt
-            cached = self._admit(run) if first else None
+            cached = self._cache.admit(run.request.prompt_token_ids) if first else None
             if first:
                 self.calls.append(req.request_id)
                 run.reported_prompt = True
@@ -189,7 +178,7 @@ class FakeGenerator(Generator):
         done = {d.request_id for d in deltas if d.finished}
         self._queue = [r for r in self._queue if r.request.request_id not in done]
         stats = StepStats(len(running), len(self._queue) - len(running) + len(done), sum(per_req),
-                          self._cap, 1 << 16, min(1.0, len(self._cache) / self._cache_blocks),
+                          self._cap, 1 << 16, self._cache.usage,
                           clock.now() - start, tuple(per_req))
         return deltas, stats
 

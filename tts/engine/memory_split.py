@@ -20,12 +20,25 @@ from tts.memory.roofline import ModelShape
 PROMPT_TOKENS = 160  # a typical chat-templated problem prompt; refined at run time
 
 
+def model_config(model: str) -> dict:
+    """A model's config.json: its folder's when it is here, else the registry's
+    architecture for a hub model not downloaded (a replay prices it without weights), else
+    the folder `resolve_model` fetches."""
+    from tts.models.cache import folder_problems, local_path
+    from tts.models.registry import find_spec
+    from tts.models.resolve import resolve_model
+
+    spec = find_spec(model)
+    if spec is not None and spec.architecture and folder_problems(local_path(spec.key)):
+        return dict(spec.architecture)
+    return json.loads((Path(resolve_model(model)) / "config.json").read_text())
+
+
 def model_shape(model: str, dtype: str = "auto") -> ModelShape:
     """The roofline shape of a registry model or folder, at the dtype its engine runs in."""
     from tts.backends.vllm.engine import dtype_bytes
-    from tts.models.resolve import resolve_model
 
-    config = json.loads((Path(resolve_model(model)) / "config.json").read_text())
+    config = model_config(model)
     return ModelShape.from_hf_config(config, dtype_bytes=dtype_bytes(dtype, config))
 
 
@@ -75,8 +88,7 @@ def _with_floors(cfg: Config, gen_kv: int, ver_kv: int) -> tuple[int, int]:
     sequence, plus its null block), taken from the other's share: a small workload's split
     can give an engine less than that. ValueError when the budget cannot hold both."""
     from tts.backends.factory import PROMPT_ROOM
-    from tts.backends.vllm.engine import kv_bytes_per_token, read_hf_config
-    from tts.models.resolve import resolve_model
+    from tts.backends.vllm.engine import kv_bytes_per_token
 
     g = cfg.generator
     longest = PROMPT_ROOM + g.max_total_tokens + 2 * g.step_max_tokens
@@ -84,7 +96,7 @@ def _with_floors(cfg: Config, gen_kv: int, ver_kv: int) -> tuple[int, int]:
     blocks = -(-longest // block) + 1
 
     def floor(model: str, dtype: str) -> int:
-        return blocks * block * kv_bytes_per_token(read_hf_config(resolve_model(model)), dtype)
+        return blocks * block * kv_bytes_per_token(model_config(model), dtype)
 
     gen_floor, ver_floor = floor(g.model, g.dtype), floor(cfg.verifier.model, cfg.verifier.dtype)
     total = gen_kv + ver_kv

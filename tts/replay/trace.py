@@ -49,13 +49,20 @@ class TraceRecorder:
 
     def __init__(self, path: Path, header: dict) -> None:
         self.path = Path(path)
-        self._lines: list[dict] = [] if self.path.exists() else [{"t": "h", "version": VERSION, **header}]
+        if self.path.exists():  # a resume: a member a kill cut off goes, so what follows reads
+            _, _, whole = _members(self.path.read_bytes())
+            with open(self.path, "r+b") as f:
+                f.truncate(whole)
+        fresh = not self.path.exists() or not self.path.stat().st_size
+        self._lines: list[dict] = [{"t": "h", "version": VERSION, **header}] if fresh else []
         self._live: dict[str, dict] = {}
         self.variant = ""
 
     def attach(self, variant: str, generator: Generator, verifier: Verifier | None):
         """Record `variant`'s requests and scores on these backends; returns the detacher."""
         self.variant = variant
+        if self._lines and self._lines[0]["t"] == "h":  # the header, not written yet
+            self._lines[0].setdefault("eos", sorted(generator.eos_token_ids))
         removers = [generator.add_request_observer(self._added, self._aborted),
                     generator.add_step_observer(self._stepped)]
         if verifier is not None:
@@ -170,7 +177,7 @@ def read_trace(path: Path) -> Trace:
         raise ValueError(f"{path}: no trace here; runs record one since trace replay landed "
                          "(run the benchmark again to record it)")
     raw = path.read_bytes()
-    text, truncated = _members(raw)
+    text, truncated, _ = _members(raw)
     lines = text.decode(errors="replace").split("\n")
     if lines and lines[-1]:
         truncated = True  # a line cut off mid-way
@@ -192,17 +199,18 @@ def read_trace(path: Path) -> Trace:
     return trace
 
 
-def _members(raw: bytes) -> tuple[bytes, bool]:
-    """The text of each complete gzip member; True when the last one was cut off."""
+def _members(raw: bytes) -> tuple[bytes, bool, int]:
+    """The text of the complete gzip members, whether a last one was cut off, and the bytes
+    the complete ones take."""
     out, pos = [], 0
     while pos < len(raw):
         d = zlib.decompressobj(16 + zlib.MAX_WBITS)
         try:
             chunk = d.decompress(raw[pos:])
         except zlib.error:
-            return b"".join(out), True
+            return b"".join(out), True, pos
         if not d.eof:
-            return b"".join(out), True
+            return b"".join(out), True, pos
         out.append(chunk)
         pos = len(raw) - len(d.unused_data)
-    return b"".join(out), False
+    return b"".join(out), False, pos

@@ -157,11 +157,58 @@ def plot_frontier(path: Path, columns: list[Column]) -> Path | None:
     return draw_frontier(path, {c.name: c.metrics for c in columns})
 
 
+def device_ratios(columns: list[Column]) -> list[tuple[str, str, float, float]]:
+    """(device, "models: variant/first", goodput ratio, latency ratio) of each simulated
+    run (`tts replay`) among the columns: each variant against the run's first."""
+    runs: dict[int, tuple[Any, dict[str, dict]]] = {}
+    for c in columns:
+        if (c.run.host or {}).get("simulated"):
+            runs.setdefault(id(c.run), (c.run, {}))[1][c.variant] = c.metrics
+    out = []
+    for run, variants in runs.values():
+        host, names = run.host, list(variants)
+        models = "/".join(Path(str(m)).name for m in (host.get("models") or {}).values())
+        for name in names[1:]:
+            first, mine = variants[names[0]], variants[name]
+            if _num(first, "precise_goodput") and _num(first, "latency_s_mean"):
+                out.append(((host.get("device") or {}).get("name", "?"), f"{models}: {name}/{names[0]}",
+                            _num(mine, "precise_goodput") / _num(first, "precise_goodput"),
+                            _num(mine, "latency_s_mean") / _num(first, "latency_s_mean")))
+    return out
+
+
+def plot_ratio_by_device(path: Path, columns: list[Column]) -> Path | None:
+    """Simulated runs only: each variant's precise goodput and latency over the run's first
+    variant, by device, one bar per model pair and variant."""
+    points = device_ratios(columns)
+    if not points:
+        return None
+    devices = list(dict.fromkeys(p[0] for p in points))
+    series = list(dict.fromkeys(p[1] for p in points))
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    width = 0.8 / len(series)
+    for k, label in enumerate(series):
+        xs = [i + (k - (len(series) - 1) / 2) * width for i in range(len(devices))]
+        for ax, col in zip(axes, (2, 3)):
+            values = {p[0]: p[col] for p in points if p[1] == label}
+            ax.bar(xs, [values.get(d, 0.0) for d in devices], width, label=label)
+    for ax, title in zip(axes, ("precise goodput ratio (SIMULATED)", "latency ratio (SIMULATED)")):
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xticks(range(len(devices)))
+        ax.set_xticklabels(devices)
+        ax.set_title(title)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].legend(fontsize=7)
+    return _save(fig, path)
+
+
 COLUMN_PLOTS: list[tuple[str, str, PlotFn]] = [
     ("goodput_latency_by_n.png", "Goodput and latency by N", plot_by_n),
     ("accuracy.png", "Accuracy", plot_accuracy),
     ("cache_hit_rates.png", "Prefix-cache hit rates", plot_cache_hits),
     ("accuracy_frontier.png", "Accuracy against compute", plot_frontier),
+    ("ratio_by_device.png", "Simulated ratio by device (trace replay)", plot_ratio_by_device),
 ]
 
 

@@ -63,6 +63,8 @@ def host_line(host: dict[str, Any] | None) -> str:
     """One line that says where the numbers below were measured."""
     if not host:
         return "host: not recorded (a run from before hosts were recorded)"
+    if host.get("simulated"):
+        return simulated_line(host)
     bf16 = "native bf16" if host.get("native_bf16") else "no native bf16"
     amx = "AMX" if host.get("amx") else "no AMX"
     dtypes = ", ".join(f"{model} {d}" for model, d in (host.get("dtype") or {}).items()) or "-"
@@ -72,6 +74,16 @@ def host_line(host: dict[str, Any] | None) -> str:
         parts.append(f"sampler {host['sampler']}")
     parts.append(f"torch {host.get('torch')}, vLLM {host.get('vllm') or '-'}, {host.get('threads')} threads")
     return "; ".join(parts)
+
+
+def simulated_line(host: dict[str, Any]) -> str:
+    """The line above a replay's tables: every figure below it is simulated."""
+    d, m = host.get("device") or {}, host.get("models") or {}
+    dtypes = ", ".join(f"{role} {d}" for role, d in (host.get("dtype") or {}).items())
+    return (f"SIMULATED (trace replay, not a measurement): device {d.get('name')} "
+            f"({d.get('peak_tflops')} TFLOP/s, {d.get('bandwidth_gbs')} GB/s); generator {m.get('generator')}, "
+            f"verifier {m.get('verifier')}; dtype {dtypes}; {host.get('cost')} step cost; trace recorded on "
+            + host_line(host.get("recorded_on")).removeprefix("host: "))
 
 
 def host_differences(hosts: dict[str, dict[str, Any] | None]) -> list[str]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tts.backends.base import FinishReason, GenDelta, Generator, GenRequest, StepStats
+from tts.backends.codec import ChatCodec
 from tts.backends.vllm.engine import make_llm
 from tts.backends.vllm.internals import shutdown_llm, token_prompt
 from tts.backends.vllm.stats import SchedulerProbe
@@ -60,14 +61,10 @@ class VllmGenerator(Generator):
         self._llm = llm
         self.resumable_sampling = resumable_sampling
         self._engine = llm.llm_engine
-        self._tokenizer = llm.get_tokenizer()
+        self._codec = ChatCodec(llm.get_tokenizer())
         self._probe = SchedulerProbe(llm)
         self._live: dict[str, _Live] = {}
-        self._texts: dict[int, str] = {}
-        eos = getattr(self._tokenizer, "eos_token_id", None)
-        if eos is None:
-            raise ValueError("generator model: its tokenizer defines no eos_token_id")
-        self._eos = int(eos)
+        self._eos = self._codec.eos_token_id
         # vLLM also stops at the generation config's end-of-sequence ids (its stop_token_ids)
         extra = self._engine.model_config.try_get_generation_config().get("eos_token_id")
         extra = [] if extra is None else [extra] if isinstance(extra, int) else list(extra)
@@ -104,23 +101,13 @@ class VllmGenerator(Generator):
         return self._probe.exact
 
     def encode_prompt(self, problem: str, system_prompt: str) -> list[int]:
-        """The chat template with a system turn (if non-empty), the problem as the user turn,
-        and the assistant header, tokenized without adding special tokens twice."""
-        messages = [{"role": "user", "content": problem}]
-        if system_prompt:
-            messages.insert(0, {"role": "system", "content": system_prompt})
-        text = self._tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True)
-        return list(self._tokenizer.encode(text, add_special_tokens=False))
+        return self._codec.encode_prompt(problem, system_prompt)
 
     def decode(self, token_ids: Sequence[int]) -> str:
-        return str(self._tokenizer.decode(list(token_ids), skip_special_tokens=True))
+        return self._codec.decode(token_ids)
 
     def token_text(self, token_id: int) -> str:
-        text = self._texts.get(token_id)
-        if text is None:
-            text = self._texts[token_id] = self.decode([token_id])
-        return text
+        return self._codec.token_text(token_id)
 
     def _add(self, request: GenRequest) -> None:
         from vllm import SamplingParams

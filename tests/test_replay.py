@@ -1,0 +1,186 @@
+"""Trace recording and replay (`tts replay`) on the fake backend: the trace survives a kill
+and a resume, a replay of the same engine reproduces its tree exactly, what the trace
+does not hold is drawn and counted, and the simulated engines' cost and memory rules."""
+
+import gzip
+import json
+
+import pytest
+
+from tts.backends.prefix_cache import PrefixCache
+from tts.clock import VirtualClock, now, simulated
+from tts.config.compose import ConfigError, compose
+from tts.memory.device import load_device
+from tts.metrics.cost_model import CostModel
+from tts.replay.backends import SimEngine, Slot
+from tts.replay.cost import FittedCost, RooflineCost
+from tts.replay.run import run_replay
+from tts.replay.trace import TRACE, extend_hash, read_trace
+from tts.results.store import RunStore
+from tts.runner import run_bench
+
+FAKE = ["generator=fake", "verifier=fake", "logger=none", "dataset.first_k=3", "search.n=4",
+        "search.beam_width=2", "search.max_iterations=5"]
+
+
+def bench(tmp_path, *extra, name="run"):
+    return run_bench(compose("config", FAKE + [f"bench.results_dir={tmp_path}", f"bench.run_name={name}", *extra]))
+
+
+def trees(path):
+    return {(r["variant"], r["problem_id"]): [(c["text"], c.get("score")) for c in r["candidates"]]
+            for r in RunStore(path).records()}
+
+
+@pytest.mark.parametrize("sampler", ["position", "vllm"])
+def test_replay_of_the_same_engines_reproduces_their_trees_exactly(tmp_path, sampler):
+    """Baseline, PMS (run-on speculation, lookahead) and decoupled exploration: each
+    replayed variant's candidates, texts and scores, are the recorded ones, and nothing
+    was drawn."""
+    path = bench(tmp_path, "bench.compare=[baseline,PMS,decoupled]", f"generator.sampler={sampler}")
+    replayed = run_replay(path, [])
+    assert trees(replayed) == trees(path)
+    served = RunStore(replayed).summary()["simulated"]["served"]
+    for name, counts in served.items():
+        assert counts["requests"] > 0 and counts["drawn_tokens"] == 0 and counts["drawn_scores"] == 0, name
+    assert served["baseline"]["recorded"] == served["baseline"]["requests"]
+
+
+def test_another_engines_speculation_is_drawn_and_counted(tmp_path):
+    """A baseline-only trace replayed with PMS: PMS's run-on tokens past the baseline's step
+    ends are not in the trace; they are drawn, and the replay says how many."""
+    path = bench(tmp_path, "bench.compare=[baseline]")
+    replayed = run_replay(path, ["bench.compare=[baseline,PMS]"])
+    served = RunStore(replayed).summary()["simulated"]["served"]
+    assert served["baseline"]["drawn_tokens"] == 0
+    assert served["PMS"]["drawn_tokens"] > 0 and 0 < served["PMS"]["drawn_token_share"] < 1
+
+
+def test_the_trace_survives_a_kill_and_a_resume(tmp_path):
+    """A run killed after its first problem, with its last trace member cut off, then
+    resumed: the trace reads back (the cut member dropped and said), and the replay of the
+    resumed run reproduces the uninterrupted run's trees."""
+    first = [o for o in FAKE if not o.startswith("dataset.first_k")]
+    killed = run_bench(compose("config", first + ["dataset.first_k=1", f"bench.results_dir={tmp_path}",
+                                                  "bench.run_name=run"]))
+    raw = (killed / TRACE).read_bytes()
+    (killed / TRACE).write_bytes(raw + gzip.compress(b'{"t":"s","k":"x","d":0,"r":0.5}\n')[:-9])
+    assert read_trace(killed / TRACE).truncated
+    resumed = bench(tmp_path, "bench.resume=true")
+    whole = bench(tmp_path, name="uninterrupted")
+    assert trees(resumed) == trees(whole)
+    assert trees(run_replay(resumed, [])) == trees(whole)
+
+
+def test_a_trace_that_is_not_one_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="no trace here"):
+        read_trace(tmp_path / TRACE)
+    (tmp_path / TRACE).write_bytes(gzip.compress(b'{"t":"h","version":1}\nnot json\n'))
+    with pytest.raises(ValueError, match=r"line 2"):
+        read_trace(tmp_path / TRACE)
+
+
+def test_bad_replay_overrides_name_the_field_and_the_choices(tmp_path):
+    path = bench(tmp_path, "bench.compare=[baseline]", "dataset.first_k=1")
+    with pytest.raises(ConfigError, match="replay.cost.*fitted, roofline"):
+        run_replay(path, ["replay.cost=exact"])
+    with pytest.raises(ConfigError, match="replay.speed"):
+        run_replay(path, ["replay.speed=2"])
+    with pytest.raises(ValueError, match="roofline needs real model shapes"):
+        run_replay(path, ["replay.cost=roofline"])
+
+
+def test_a_resumed_prompt_is_served_the_rest_of_its_recorded_step():
+    """With a resumable sampler, a prompt that is a recorded prompt plus the first k tokens
+    of its output is served the rest of that output; without, it is not found."""
+    from tts.replay.trace import Generation, Trace
+
+    trace = Trace({"t": "h"})
+    trace.add({"t": "g", "seed": 7, "h": extend_hash(0, [1, 2]), "o": [5, 6, 7], "f": "eos"})
+    resumed = extend_hash(0, [1, 2, 5])
+    assert trace.generation(7, resumed, resumable=True) == (Generation((5, 6, 7), "eos", False), 1)
+    assert trace.generation(7, resumed, resumable=False) is None
+    assert trace.generation(8, resumed, resumable=True) is None
+
+
+def test_the_virtual_clock_moves_only_when_told():
+    clock = VirtualClock()
+    with simulated(clock):
+        assert now() == 0.0
+        clock.advance(1.5)
+        assert now() == 1.5
+    assert now() != 1.5
+    with pytest.raises(ValueError):
+        clock.advance(-1)
+
+
+def _engine(batch_cap=4, token_cap=64, kv_blocks=100, block=4):
+    cost = FittedCost(CostModel(0.01, 0.001, 0.0001, steps=10, r2=1.0))
+    return SimEngine(cost, PrefixCache(block, kv_blocks), batch_cap, token_cap, kv_blocks)
+
+
+def test_the_simulated_engine_prefills_less_its_cached_blocks_then_decodes():
+    eng = _engine()
+    eng.waiting.append(Slot(list(range(10))))
+    sampled, seconds, tokens = eng.step()
+    assert tokens == (10,) and seconds == pytest.approx(0.01 + 10 * 0.0001) and len(sampled) == 1
+    slot = sampled[0]
+    sampled, seconds, tokens = eng.step()  # now it decodes
+    assert tokens == (1,) and seconds == pytest.approx(0.011)
+    eng.release(slot)
+    eng.waiting.append(Slot(list(range(12))))  # shares the first two full blocks
+    _, _, tokens = eng.step()
+    assert tokens == (4,) and eng.running[0].cached == 8
+
+
+def test_the_simulated_engine_keeps_to_the_batch_cap_the_token_budget_and_the_kv_cache():
+    eng = _engine(batch_cap=2)
+    eng.waiting.extend(Slot([i] * 5) for i in range(3))
+    _, _, tokens = eng.step()
+    assert len(tokens) == 2 and len(eng.waiting) == 1
+    eng = _engine(token_cap=6)
+    eng.waiting.append(Slot(list(range(10))))
+    assert eng.step()[2] == (6,) and eng.step()[2] == (4,)  # a long prompt prefills in chunks
+    eng = _engine(kv_blocks=4, block=4)
+    eng.waiting.extend(Slot([i] * 10) for i in range(2))  # 3 blocks each: only one fits
+    eng.step()
+    assert len(eng.running) == 1 and len(eng.waiting) == 1
+
+
+def test_the_roofline_step_is_memory_bound_in_decode_and_compute_bound_in_prefill():
+    from tts.engine.memory_split import model_shape
+
+    shape = model_shape("qwen2.5-math-1.5b-instruct", "bfloat16")
+    h100 = load_device("h100")
+    cost = RooflineCost(shape, h100, launch_s=0.0)
+    one = cost.step_s([500], [])
+    assert one == pytest.approx(shape.weight_bytes / (h100.bandwidth_gbs * 1e9), rel=0.05)  # the weights' read
+    assert cost.step_s([500] * 16, []) < 1.2 * one  # 16 sequences cost little more than one
+    prefill = cost.step_s([], [(4096, 0)])
+    assert prefill == pytest.approx(2 * shape.num_params * 4096 / (h100.peak_tflops * 1e12), rel=0.3)
+    assert RooflineCost(shape, h100, launch_s=0.002).step_s([500], []) == pytest.approx(one + 0.002)
+    assert cost.step_s([], []) == 0.0
+
+
+def test_paper_models_are_priced_from_the_registry_without_their_weights():
+    from tts.engine.memory_split import model_shape
+
+    small, large = (model_shape(m, "bfloat16") for m in ("Qwen/Qwen2.5-Math-1.5B-Instruct",
+                                                          "qwen2.5-math-7b-instruct"))
+    assert 1.4e9 < small.num_params < 1.6e9 and 7.4e9 < large.num_params < 7.8e9
+    assert small.kv_bytes_per_token == 2 * 28 * 2 * 128 * 2
+
+
+def test_tts_replay_prints_a_simulated_host_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    path = bench(tmp_path, "bench.compare=[baseline,PMS]", "dataset.first_k=1")
+    result = CliRunner().invoke(app, ["replay", str(path), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert "SIMULATED" in result.output and "simulated/recorded" in result.output
+    bad = CliRunner().invoke(app, ["replay", str(path), "device=h100,a100"])
+    assert bad.exit_code == 2 and "add -m" in bad.output
+    summary = json.loads(next((tmp_path / "out").glob("*/summary.json")).read_text())
+    assert summary["host"]["simulated"] and summary["simulated"]["cost"] == "fitted"

@@ -1,0 +1,40 @@
+"""A generator's text side without its weights: the chat prompt, decoding, token texts.
+
+`VllmGenerator` reads it from its engine's tokenizer; a trace replay (`tts.replay`) loads
+the recorded generator's tokenizer alone and gets the same prompts and the same step cuts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+class ChatCodec:
+    """Prompt encoding and decoding over one Hugging Face tokenizer."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._texts: dict[int, str] = {}
+        eos = getattr(tokenizer, "eos_token_id", None)
+        if eos is None:
+            raise ValueError("generator model: its tokenizer defines no eos_token_id")
+        self.eos_token_id = int(eos)
+
+    def encode_prompt(self, problem: str, system_prompt: str) -> list[int]:
+        """The chat template with a system turn (if non-empty), the problem as the user turn,
+        and the assistant header, tokenized without adding special tokens twice."""
+        messages = [{"role": "user", "content": problem}]
+        if system_prompt:
+            messages.insert(0, {"role": "system", "content": system_prompt})
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
+
+    def token_text(self, token_id: int) -> str:
+        text = self._texts.get(token_id)
+        if text is None:
+            text = self._texts[token_id] = self.decode([token_id])
+        return text

@@ -1,0 +1,289 @@
+"""Replay backends: a generator and a verifier that answer the engine from a trace and move
+a virtual clock by a step cost model, so the engine's own code (scheduling, speculation,
+lookahead, ordering, the memory policy) runs unchanged on a simulated device.
+
+Each backend keeps a simulated vLLM engine (`SimEngine`): running sequences decode one
+token per step, new ones are admitted while the batch cap, the step's token budget and the
+KV cache allow, their prompts prefilled less what the prefix cache holds (full blocks,
+LRU); a finished or aborted sequence leaves its blocks cached, as vLLM does. Not modelled:
+preemption of running sequences when the KV cache runs out mid-decode (a sequence is only
+admitted when its prompt fits), and anything a step costs that the cost model does not see.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+
+from tts.backends.base import (FinishReason, GenDelta, Generator, GenRequest, ScoreBatchStats, ScoreRequest,
+                               StepStats, Verifier)
+from tts.backends.prefix_cache import PrefixCache
+from tts.clock import VirtualClock
+from tts.replay.cost import StepCost
+from tts.replay.sampler import StepSampler
+from tts.replay.trace import Trace, extend_hash, score_key
+
+
+@dataclass
+class ReplayCounts:
+    """How much of a replay the trace answered, and how much was drawn (`StepSampler`)."""
+
+    requests: int = 0  # generation requests the engine sent
+    recorded: int = 0  # ... found in the trace as they were sent
+    resumed: int = 0  # ... found as the rest of a recorded request (resumable sampler)
+    drawn_requests: int = 0  # ... that needed at least one drawn token
+    tokens: int = 0
+    drawn_tokens: int = 0
+    scores: int = 0
+    drawn_scores: int = 0
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["drawn_token_share"] = self.drawn_tokens / self.tokens if self.tokens else 0.0
+        out["drawn_score_share"] = self.drawn_scores / self.scores if self.scores else 0.0
+        return out
+
+
+@dataclass(eq=False)
+class Slot:
+    """One sequence in a simulated engine."""
+
+    ids: list[int]
+    todo: int = 0  # prompt tokens still to compute
+    cached: int = 0  # prompt tokens the prefix cache served
+
+
+class SimEngine:
+    """A vLLM engine's scheduling, as far as the clock goes (module docstring)."""
+
+    def __init__(self, cost: StepCost, cache: PrefixCache, batch_cap: int, token_cap: int, kv_blocks: int) -> None:
+        self.cost = cost
+        self.cache = cache
+        self.batch_cap = batch_cap
+        self.token_cap = token_cap
+        self.kv_blocks = kv_blocks
+        self.waiting: list[Slot] = []
+        self.running: list[Slot] = []
+
+    def _blocks(self, tokens: int) -> int:
+        return -(-tokens // self.cache.block)
+
+    def in_use(self) -> int:
+        return sum(self._blocks(len(s.ids) + 1) for s in self.running)
+
+    def step(self) -> tuple[list[Slot], float, tuple[int, ...]]:
+        """Schedule and cost one step: the sequences that sample a token in it (decoders,
+        and those whose prefill completes), its seconds, its tokens per sequence."""
+        budget = self.token_cap
+        decode = [s for s in self.running if not s.todo][:budget]
+        budget -= len(decode)
+        chunks = []
+        for s in self.running:
+            if s.todo and budget > 0:
+                chunks.append((s, min(s.todo, budget)))
+                budget -= chunks[-1][1]
+        in_use = self.in_use()
+        while self.waiting and len(self.running) < self.batch_cap and budget > 0:
+            s = self.waiting[0]
+            need = self._blocks(len(s.ids) + 1)
+            if self.running and in_use + need > self.kv_blocks:
+                break  # waits for KV blocks, as vLLM's scheduler makes it
+            self.waiting.pop(0)
+            # vLLM computes at least a prompt's last token: a hit stops at the last full block before it
+            s.cached = min(self.cache.admit(s.ids, reserve=in_use), (len(s.ids) - 1) // self.cache.block * self.cache.block)
+            s.todo = len(s.ids) - s.cached
+            self.running.append(s)
+            in_use += need
+            chunks.append((s, min(s.todo, budget)))
+            budget -= chunks[-1][1]
+        seconds = self.cost.step_s([len(s.ids) for s in decode], [(n, len(s.ids) - s.todo) for s, n in chunks])
+        for s, n in chunks:
+            s.todo -= n
+        sampled = decode + [s for s, _ in chunks if not s.todo]
+        return sampled, seconds, (1,) * len(decode) + tuple(n for _, n in chunks)
+
+    def release(self, slot: Slot) -> None:
+        """A sequence leaves (finished or aborted); its full blocks stay cached."""
+        if slot in self.running:
+            self.running.remove(slot)
+            self.cache.admit(slot.ids, reserve=self.in_use())
+        elif slot in self.waiting:
+            self.waiting.remove(slot)
+
+    def stats(self, tokens: tuple[int, ...], seconds: float) -> StepStats:
+        return StepStats(len(tokens), len(self.waiting), sum(tokens), self.batch_cap, self.token_cap,
+                         min(1.0, self.in_use() / self.kv_blocks) if self.kv_blocks else 0.0, seconds, tokens)
+
+
+@dataclass
+class _Run:
+    request: GenRequest
+    slot: Slot
+    source: Iterator[tuple[int, bool]]  # (token, drawn)
+    produced: int = 0
+    reported: bool = False
+    drawn: bool = False
+
+
+class ReplayGenerator(Generator):
+    """Serves each request the tokens the trace recorded for it (its seed and prompt), then
+    drawn steps where the trace runs out; the clock moves by each step's cost plus
+    `host_s` (the recorded host time per step)."""
+
+    def __init__(self, codec, eos_ids: frozenset[int], trace: Trace, sampler: StepSampler, engine: SimEngine,
+                 clock: VirtualClock, counts: ReplayCounts, host_s: float, resumable: bool) -> None:
+        self.codec = codec
+        self._eos_ids = eos_ids
+        self.trace = trace
+        self.sampler = sampler
+        self.engine = engine
+        self.clock = clock
+        self.counts = counts
+        self.host_s = host_s
+        self.resumable_sampling = resumable
+        self._runs: dict[str, _Run] = {}
+
+    @property
+    def eos_token_id(self) -> int:
+        return self.codec.eos_token_id
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self._eos_ids
+
+    @property
+    def batch_cap(self) -> int:
+        return self.engine.batch_cap
+
+    def set_limits(self, batch_cap: int | None = None) -> None:
+        if batch_cap:
+            self.engine.batch_cap = batch_cap
+
+    def reset_prefix_cache(self) -> bool:
+        if self._runs:
+            return False
+        self.engine.cache.clear()
+        return True
+
+    def encode_prompt(self, problem: str, system_prompt: str) -> list[int]:
+        return self.codec.encode_prompt(problem, system_prompt)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.codec.decode(token_ids)
+
+    def token_text(self, token_id: int) -> str:
+        return self.codec.token_text(token_id)
+
+    def num_unfinished(self) -> int:
+        return len(self._runs)
+
+    def _add(self, request: GenRequest) -> None:
+        h = extend_hash(0, request.prompt_token_ids)
+        found = self.trace.generation(request.seed, h, self.resumable_sampling)
+        self.counts.requests += 1
+        recorded: tuple[int, ...] = ()
+        ended = False
+        if found is not None:
+            gen, start = found
+            recorded, ended = gen.tokens[start:], gen.finish == FinishReason.EOS.value
+            self.counts.recorded += start == 0
+            self.counts.resumed += start > 0
+        drawn = () if ended else self.sampler.tokens(request.seed * 1_000_003 + h)
+        source = itertools.chain(((t, False) for t in recorded), ((t, True) for t in drawn))
+        slot = Slot(list(request.prompt_token_ids))
+        self._runs[request.request_id] = _Run(request, slot, source)
+        self.engine.waiting.append(slot)
+
+    def _abort(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            run = self._runs.pop(rid, None)
+            if run is not None:
+                self.engine.release(run.slot)
+
+    def _step(self) -> tuple[list[GenDelta], StepStats]:
+        sampled, seconds, tokens = self.engine.step()
+        by_slot = {id(r.slot): (rid, r) for rid, r in self._runs.items()}
+        deltas = []
+        for slot in sampled:
+            rid, run = by_slot[id(slot)]
+            deltas.append(self._emit(rid, run))
+        self.clock.advance(seconds + self.host_s)
+        return deltas, self.engine.stats(tokens, seconds)
+
+    def _emit(self, rid: str, run: _Run) -> GenDelta:
+        token, drawn = next(run.source, (self.eos_token_id, True))
+        self.counts.tokens += 1
+        self.counts.drawn_tokens += drawn
+        if drawn and not run.drawn:
+            run.drawn = True
+            self.counts.drawn_requests += 1
+        run.produced += 1
+        run.slot.ids.append(token)
+        finish = (FinishReason.EOS if token in self._eos_ids else
+                  FinishReason.LENGTH if run.produced >= run.request.max_tokens else None)
+        first = not run.reported
+        run.reported = True
+        if finish is not None:
+            del self._runs[rid]
+            self.engine.release(run.slot)
+        n_prompt = len(run.request.prompt_token_ids)
+        return GenDelta(rid, (token,), finish, run.slot.cached if first else None, n_prompt if first else None)
+
+
+@dataclass
+class ReplayVerifier(Verifier):
+    """Scores from the trace (drawn where it has none), each call's prompts built as the
+    recorded verifier builds them (`build`), its time from the simulated engine plus
+    `host_s` per engine step."""
+
+    build: Callable[[ScoreRequest], list[Sequence[int]]]
+    trace: Trace
+    sampler: StepSampler
+    engine: SimEngine
+    clock: VirtualClock
+    counts: ReplayCounts
+    host_s: float = 0.0
+    per_score: bool = False
+    partial_steps: bool = False
+
+    @property
+    def request_per_score(self) -> bool:
+        return self.per_score
+
+    @property
+    def reads_partial_steps(self) -> bool:
+        return self.partial_steps
+
+    def set_limits(self, batch_cap: int | None = None) -> None:
+        if batch_cap:
+            self.engine.batch_cap = batch_cap
+
+    def reset_prefix_cache(self) -> bool:
+        self.engine.cache.clear()
+        return True
+
+    def _lookup(self, req: ScoreRequest, i: int) -> float:
+        key = score_key(req.problem, req.steps[: i + 1])
+        self.counts.scores += 1
+        value = self.trace.scores.get(key)
+        if value is None:
+            self.counts.drawn_scores += 1
+            value = self.sampler.score(key, i)
+        return value
+
+    def _score(self, requests: Sequence[ScoreRequest]) -> tuple[list[tuple[float, ...]], ScoreBatchStats]:
+        scores = [tuple(self._lookup(req, i) for i in req.indices) for req in requests]
+        slots = [Slot(list(ids)) for req in requests for ids in self.build(req)]
+        self.engine.waiting.extend(slots)
+        steps, wall = [], 0.0
+        while self.engine.waiting or self.engine.running:
+            sampled, seconds, tokens = self.engine.step()
+            for slot in sampled:
+                self.engine.release(slot)
+            wall += seconds
+            steps.append(self.engine.stats(tokens, seconds))
+        self.clock.advance(wall + self.host_s * len(steps))
+        stats = ScoreBatchStats(len(slots), sum(len(s.ids) for s in slots), sum(s.cached for s in slots), wall,
+                                tuple(steps))
+        return scores, stats

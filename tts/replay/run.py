@@ -1,0 +1,224 @@
+"""`tts replay RUN [OVERRIDES]`: a recorded run's trace replayed through the engine's own
+scheduling on a simulated clock, for another device or other model sizes.
+
+The replay runs the recorded run's variants (its `bench.compare`, or as overridden) with
+the real engine code over the recorded problems, on replay backends (`tts.replay.backends`)
+that answer from the trace and move a virtual clock (`tts.clock`) by a step cost model:
+the run's own fitted one (`replay.cost=fitted`, the default on the recorded device with
+the recorded models) or the roofline of a device profile for the models named
+(`replay.cost=roofline`, the default otherwise). Tokens stay the recorded generator's:
+the tree is the recorded one; what changes is what each step costs, and therefore every
+decision the engine takes from time (the speculation guard, the memory policy).
+
+It writes a results folder like a bench run's whose host is the simulated device: every
+figure in it is simulated, and `tts report` says so above every table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from tts.clock import VirtualClock, simulated
+from tts.config.compose import ConfigError, compose, validate
+from tts.config.schema import Config
+from tts.replay.trace import TRACE, read_trace
+from tts.results.store import RunStore
+
+GROUPS = ("device", "generator", "verifier", "memory")
+COSTS = ("auto", "fitted", "roofline")
+HOSTS = ("recorded", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayOptions:
+    """`replay.*` overrides: the step cost model, the per-step launch overhead a roofline
+    adds (an assumption, not a datasheet figure), and whether the engine's host time per
+    step (Python between model steps, as recorded) is charged."""
+
+    cost: str = "auto"
+    launch_ms: float = 2.0
+    host: str = "recorded"
+
+    def __post_init__(self) -> None:
+        if self.cost not in COSTS:
+            raise ConfigError(f"replay.cost: {self.cost!r}; valid choices: {', '.join(COSTS)}")
+        if self.host not in HOSTS:
+            raise ConfigError(f"replay.host: {self.host!r}; valid choices: {', '.join(HOSTS)}")
+        if self.launch_ms < 0:
+            raise ConfigError(f"replay.launch_ms: {self.launch_ms} must be >= 0")
+
+
+def replay_config(saved: dict, overrides: list[str]) -> tuple[DictConfig, ReplayOptions]:
+    """The recorded run's config with the overrides: a group choice (`device=h100`,
+    `generator=qwen2.5-math-1.5b`, `verifier=...`, `memory=...`) takes that group's
+    config; `replay.KEY=VALUE` sets an option; any other `KEY=VALUE` sets that key (e.g.
+    `bench.compare=[baseline,PMS,decoupled]` replays other variants over the trace).
+    `dtype: auto` is pinned to what the recorded run resolved, or bf16 on a GPU."""
+    from tts.config.schema import register_configs
+
+    register_configs()
+    groups, options, dotted = [], {}, []
+    for o in overrides:
+        if "=" not in o:
+            raise ConfigError(f"{o!r}: an override is KEY=VALUE")
+        key, value = o.split("=", 1)
+        if key in GROUPS:
+            groups.append(o)
+        elif key.startswith("replay."):
+            name = key.removeprefix("replay.")
+            if name not in {f.name for f in dataclasses.fields(ReplayOptions)}:
+                raise ConfigError(f"{key}: no such replay option; valid: replay.cost, replay.launch_ms, replay.host")
+            options[name] = float(value) if name == "launch_ms" else value
+        else:
+            dotted.append(o)
+    cfg = OmegaConf.merge(OmegaConf.structured(Config), saved)
+    if groups:
+        fresh = compose("config", groups)
+        for o in groups:
+            key = o.split("=", 1)[0]
+            cfg[key] = fresh[key]
+    if dotted:
+        try:
+            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(dotted))
+        except Exception as err:
+            raise ConfigError(f"{dotted}: {err}") from err
+    if cfg.device.kind == "gpu" and not any(o.startswith("memory=") for o in groups):
+        cfg.memory = compose("config", ["memory=gpu"]).memory
+    cfg.bench.resume = False
+    cfg.logger.wandb = False
+    return cfg, ReplayOptions(**options)
+
+
+def pin_dtypes(cfg: DictConfig, recorded_host: dict | None) -> None:
+    """`dtype: auto` as the recorded run resolved it (a model unchanged, on the recorded
+    device), else the model's own dtype as a GPU runs it (bf16)."""
+    recorded = (recorded_host or {}).get("dtype") or {}
+    for role in ("generator", "verifier"):
+        if cfg[role].dtype == "auto" and cfg[role].backend != "fake":
+            same = cfg.device.kind == "cpu" and recorded.get(role) not in (None, "fake")
+            cfg[role].dtype = recorded[role] if same else "bfloat16"
+
+
+def check_fits(cfg: Config) -> None:
+    """On a GPU, both models' weights and the KV budget must fit the device's memory (the
+    replay does not model offloading); ConfigError naming the numbers otherwise."""
+    if cfg.device.kind != "gpu":
+        return
+    from tts.engine.memory_split import model_shape
+
+    weights = sum(model_shape(m.model, m.dtype).weight_bytes for m in (cfg.generator, cfg.verifier)) / 1e9
+    kv = cfg.memory.kv_cache_gib * (1 << 30) / 1e9
+    if weights + kv > cfg.device.memory_gb:
+        raise ConfigError(f"memory.kv_cache_gib={cfg.memory.kv_cache_gib}: {weights:.1f} GB of weights and "
+                          f"{kv:.1f} GB of KV cache do not fit {cfg.device.name}'s {cfg.device.memory_gb:g} GB; "
+                          "lower memory.kv_cache_gib")
+
+
+def problems_from_records(records: list[dict]) -> list:
+    """The recorded run's problems, in the order first recorded."""
+    from eval.problem import Problem
+
+    seen: dict[str, Problem] = {}
+    for r in records:
+        if r["problem_id"] not in seen:
+            seen[r["problem_id"]] = Problem(r["problem_id"], r["problem"], r["gold"], r.get("level"),
+                                            r.get("subject"))
+    return list(seen.values())
+
+
+def run_replay(run_dir: Path, overrides: list[str], results_dir: Path | None = None,
+               run_name: str | None = None, progress=None) -> Path:
+    """Replay the run in `run_dir` (module docstring); returns the replay's results folder."""
+    from tts.replay.setup import ReplayBackends, simulated_host
+    from tts.runner import run_problems
+
+    run_dir = Path(run_dir)
+    store = RunStore(run_dir)
+    saved = store.saved_config()
+    if not saved:
+        raise ConfigError(f"{run_dir}: not a run folder (no config.yaml)")
+    trace = read_trace(run_dir / TRACE)
+    recorded = store.summary()
+    cfg_node, options = replay_config(saved, overrides)
+    pin_dtypes(cfg_node, recorded.get("host"))
+    cfg: Config = validate(cfg_node)
+    problems = problems_from_records(store.records())
+    if not problems:
+        raise ConfigError(f"{run_dir}: the run recorded no problems")
+    cfg_node.bench.results_dir = str(results_dir or run_dir.parent)
+    cfg_node.bench.run_name = run_name or f"{run_dir.name}-replay-{cfg.device.name}-{_short(cfg)}"
+    cfg = validate(cfg_node)
+    check_fits(cfg)
+    clock = VirtualClock()
+    backends = ReplayBackends(cfg, _recorded_cfg(saved), trace, recorded, options, clock)
+    host = simulated_host(cfg, backends, recorded.get("host"))
+    with simulated(clock):
+        path = run_problems(cfg, cfg_node, problems, backends, host, progress=progress,
+                            on_iteration=backends.on_iteration, record_trace=False)
+    out = RunStore(path)
+    summary = out.summary()
+    against = against_recorded(recorded, summary)
+    summary["simulated"] = {**host, "options": dataclasses.asdict(options), "trace": str(run_dir / TRACE),
+                            "trace_truncated": trace.truncated, "served": backends.counts_dict(),
+                            "against_recorded": against, "against_recorded_md": format_against(against)}
+    out.write_summary(summary)
+    return path
+
+
+def _recorded_cfg(saved: dict) -> Config:
+    return validate(OmegaConf.merge(OmegaConf.structured(Config), saved))
+
+
+def _short(cfg: Config) -> str:
+    return "-".join(Path(m).name.split("/")[-1] for m in (cfg.generator.model, cfg.verifier.model))
+
+
+COMPARED = (("generator_s_mean", "generator time per problem (s)"), ("verifier_s_mean", "verifier time per problem (s)"),
+            ("latency_s_mean", "completion latency (s)"), ("precise_goodput", "precise goodput (tok/s)"),
+            ("wall_s", "variant wall time (s)"), ("total_gen_tokens", "generated tokens"))
+
+
+def against_recorded(recorded: dict, replayed: dict) -> dict:
+    """Per variant in both, each compared metric recorded, replayed and their ratio; and
+    the ratio of each variant to the first, recorded and replayed (a validation when the
+    replay prices the recorded device with its own fitted model)."""
+    rec, rep = recorded.get("variants", {}), replayed.get("variants", {})
+    names = [n for n in rep if n in rec]
+    out: dict = {"variants": {}, "ratios": {}}
+    for name in names:
+        out["variants"][name] = {key: _trio(rec[name].get(key), rep[name].get(key)) for key, _ in COMPARED}
+    if names:
+        first = names[0]
+        for name in names[1:]:
+            out["ratios"][f"{name}/{first}"] = {
+                key: _trio(_div(rec[name].get(key), rec[first].get(key)), _div(rep[name].get(key), rep[first].get(key)))
+                for key, _ in COMPARED}
+    return out
+
+
+def format_against(against: dict) -> str:
+    """The replay against the recorded run, as a Markdown table (each variant's compared
+    metrics, then each variant's ratio to the first)."""
+    labels = dict(COMPARED)
+    rows = ["| variant | metric | recorded | simulated | simulated/recorded |", "|---|---|---|---|---|"]
+    for group in ("variants", "ratios"):
+        for name, metrics in against.get(group, {}).items():
+            for key, trio in metrics.items():
+                rows.append(f"| {name} | {labels[key]} | {_fmt(trio['recorded'])} | {_fmt(trio['replayed'])} | "
+                            f"{_fmt(trio['replayed/recorded'])} |")
+    return "\n".join(rows) if len(rows) > 2 else ""
+
+
+def _fmt(x) -> str:
+    return "-" if x is None else f"{x:.4g}"
+
+
+def _div(a, b):
+    return a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
+
+
+def _trio(recorded, replayed) -> dict:
+    return {"recorded": recorded, "replayed": replayed, "replayed/recorded": _div(replayed, recorded)}
