@@ -184,3 +184,14 @@ def test_tts_replay_prints_a_simulated_host_line(tmp_path):
     assert bad.exit_code == 2 and "add -m" in bad.output
     summary = json.loads(next((tmp_path / "out").glob("*/summary.json")).read_text())
     assert summary["host"]["simulated"] and summary["simulated"]["cost"] == "fitted"
+
+
+def test_tts_report_plots_a_replays_ratios_by_device(tmp_path):
+    from tts.report import write_report
+
+    path = bench(tmp_path, "bench.compare=[baseline,PMS]", "dataset.first_k=1")
+    replayed = run_replay(path, ["replay.speculation=recorded"])
+    out = write_report([str(replayed)], None, tmp_path / "report")
+    text = out.read_text()
+    assert (tmp_path / "report" / "ratio_by_device.png").exists()
+    assert "SIMULATED" in text

@@ -12,7 +12,6 @@ admitted when its prompt fits), and anything a step costs that the cost model do
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 
@@ -31,7 +30,8 @@ class ReplayCounts:
 
     requests: int = 0  # generation requests the engine sent
     recorded: int = 0  # ... found in the trace as they were sent
-    resumed: int = 0  # ... found as the rest of a recorded request (resumable sampler)
+    resumed: int = 0  # recorded outputs served from their middle, or chained on where one ran out
+    # (resumable sampler: the same context and seed sample the same tokens)
     drawn_requests: int = 0  # ... that needed at least one drawn token
     tokens: int = 0
     drawn_tokens: int = 0
@@ -179,21 +179,33 @@ class ReplayGenerator(Generator):
         return len(self._runs)
 
     def _add(self, request: GenRequest) -> None:
-        h = extend_hash(0, request.prompt_token_ids)
-        found = self.trace.generation(request.seed, h, self.resumable_sampling)
         self.counts.requests += 1
-        recorded: tuple[int, ...] = ()
-        ended = False
-        if found is not None:
-            gen, start = found
-            recorded, ended = gen.tokens[start:], gen.finish == FinishReason.EOS.value
-            self.counts.recorded += start == 0
-            self.counts.resumed += start > 0
-        drawn = () if ended else self.sampler.tokens(request.seed * 1_000_003 + h)
-        source = itertools.chain(((t, False) for t in recorded), ((t, True) for t in drawn))
         slot = Slot(list(request.prompt_token_ids))
+        source = self._source(request.seed, extend_hash(0, request.prompt_token_ids))
         self._runs[request.request_id] = _Run(request, slot, source)
         self.engine.waiting.append(slot)
+
+    def _source(self, seed: int, prompt_hash: int) -> Iterator[tuple[int, bool]]:
+        """(token, drawn) for a request: what the trace recorded for its seed and prompt;
+        with a resumable sampler, where that runs out before EOS, what it recorded for the
+        prompt extended by those tokens (the next step's request: the same context and seed
+        sample the same tokens), and so on; then drawn steps."""
+        h, first = prompt_hash, True
+        while True:
+            found = self.trace.generation(seed, h, self.resumable_sampling)
+            if found is None or not found[0].tokens[found[1]:]:
+                break
+            gen, start = found
+            self.counts.recorded += first and start == 0
+            self.counts.resumed += not first or start > 0
+            first = False
+            for token in gen.tokens[start:]:
+                yield token, False
+                h = extend_hash(h, (token,))
+            if gen.finish == FinishReason.EOS.value or not self.resumable_sampling:
+                break
+        for token in self.sampler.tokens(seed * 1_000_003 + h):
+            yield token, True
 
     def _abort(self, request_ids: list[str]) -> None:
         for rid in request_ids:

@@ -28,8 +28,13 @@ from tts.replay.trace import TRACE, read_trace
 from tts.results.store import RunStore
 
 GROUPS = ("device", "generator", "verifier", "memory")
+# What a generator= / verifier= choice takes from its group: the model and how it runs. The
+# recorded run's step limits, path budget and temperature stay: the trace's tree is theirs.
+MODEL_KEYS = {"generator": ("model", "dtype", "tensor_parallel_size"),
+              "verifier": ("model", "dtype", "adapter", "judge_prompt_file")}
 COSTS = ("auto", "fitted", "roofline")
 HOSTS = ("recorded", "none")
+SPECULATION = ("device", "recorded")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,20 +46,26 @@ class ReplayOptions:
     cost: str = "auto"
     launch_ms: float = 2.0
     host: str = "recorded"
+    # `spec_batch_cap=-1` resolved for the simulated device (its decode ridge batch), or
+    # kept at what the recorded run resolved: the recorded tree, whose tokens are all in the trace
+    speculation: str = "device"
 
     def __post_init__(self) -> None:
         if self.cost not in COSTS:
             raise ConfigError(f"replay.cost: {self.cost!r}; valid choices: {', '.join(COSTS)}")
         if self.host not in HOSTS:
             raise ConfigError(f"replay.host: {self.host!r}; valid choices: {', '.join(HOSTS)}")
+        if self.speculation not in SPECULATION:
+            raise ConfigError(f"replay.speculation: {self.speculation!r}; valid choices: {', '.join(SPECULATION)}")
         if self.launch_ms < 0:
             raise ConfigError(f"replay.launch_ms: {self.launch_ms} must be >= 0")
 
 
 def replay_config(saved: dict, overrides: list[str]) -> tuple[DictConfig, ReplayOptions]:
     """The recorded run's config with the overrides: a group choice (`device=h100`,
-    `generator=qwen2.5-math-1.5b`, `verifier=...`, `memory=...`) takes that group's
-    config; `replay.KEY=VALUE` sets an option; any other `KEY=VALUE` sets that key (e.g.
+    `memory=...`) takes that group's config, and `generator=...` / `verifier=...` that
+    group's model, dtype (and verifier adapter) only (`MODEL_KEYS`); `replay.KEY=VALUE`
+    sets an option; any other `KEY=VALUE` sets that key (e.g.
     `bench.compare=[baseline,PMS,decoupled]` replays other variants over the trace).
     `dtype: auto` is pinned to what the recorded run resolved, or bf16 on a GPU."""
     from tts.config.schema import register_configs
@@ -70,7 +81,8 @@ def replay_config(saved: dict, overrides: list[str]) -> tuple[DictConfig, Replay
         elif key.startswith("replay."):
             name = key.removeprefix("replay.")
             if name not in {f.name for f in dataclasses.fields(ReplayOptions)}:
-                raise ConfigError(f"{key}: no such replay option; valid: replay.cost, replay.launch_ms, replay.host")
+                raise ConfigError(f"{key}: no such replay option; valid: replay.cost, replay.launch_ms, "
+                                  "replay.host, replay.speculation")
             options[name] = float(value) if name == "launch_ms" else value
         else:
             dotted.append(o)
@@ -79,14 +91,18 @@ def replay_config(saved: dict, overrides: list[str]) -> tuple[DictConfig, Replay
         fresh = compose("config", groups)
         for o in groups:
             key = o.split("=", 1)[0]
-            cfg[key] = fresh[key]
+            if key in MODEL_KEYS:  # the model named, not its group's search settings (step limits)
+                for name in MODEL_KEYS[key]:
+                    cfg[key][name] = fresh[key][name]
+            else:
+                cfg[key] = fresh[key]
+    if cfg.device.kind == "gpu" and not any(o.startswith("memory=") for o in groups):
+        cfg.memory = compose("config", ["memory=gpu"]).memory
     if dotted:
         try:
             cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(dotted))
         except Exception as err:
             raise ConfigError(f"{dotted}: {err}") from err
-    if cfg.device.kind == "gpu" and not any(o.startswith("memory=") for o in groups):
-        cfg.memory = compose("config", ["memory=gpu"]).memory
     cfg.bench.resume = False
     cfg.logger.wandb = False
     return cfg, ReplayOptions(**options)
@@ -117,6 +133,17 @@ def check_fits(cfg: Config) -> None:
                           "lower memory.kv_cache_gib")
 
 
+def keep_speculation_width(cfg: DictConfig, recorded: Config) -> None:
+    """Pin `spec_batch_cap` to what the recorded run resolved `-1` to (its device's ridge
+    batch), so the replayed variants speculate as wide as the recorded ones did."""
+    from tts.runner import spec_batch_cap, variant_optims
+
+    caps = {spec_batch_cap(recorded, optim) for _, optim in variant_optims(recorded)
+            if optim.speculative and optim.spec_batch_cap < 0}
+    if len(caps) == 1:
+        cfg.bench.optim_overrides = [*cfg.bench.optim_overrides, f"spec_batch_cap={caps.pop()}"]
+
+
 def problems_from_records(records: list[dict]) -> list:
     """The recorded run's problems, in the order first recorded."""
     from eval.problem import Problem
@@ -144,6 +171,8 @@ def run_replay(run_dir: Path, overrides: list[str], results_dir: Path | None = N
     recorded = store.summary()
     cfg_node, options = replay_config(saved, overrides)
     pin_dtypes(cfg_node, recorded.get("host"))
+    if options.speculation == "recorded":
+        keep_speculation_width(cfg_node, _recorded_cfg(saved))
     cfg: Config = validate(cfg_node)
     problems = problems_from_records(store.records())
     if not problems:
@@ -154,14 +183,14 @@ def run_replay(run_dir: Path, overrides: list[str], results_dir: Path | None = N
     check_fits(cfg)
     clock = VirtualClock()
     backends = ReplayBackends(cfg, _recorded_cfg(saved), trace, recorded, options, clock)
-    host = simulated_host(cfg, backends, recorded.get("host"))
+    host = {**simulated_host(cfg, backends, recorded.get("host")), "options": dataclasses.asdict(options)}
     with simulated(clock):
         path = run_problems(cfg, cfg_node, problems, backends, host, progress=progress,
                             on_iteration=backends.on_iteration, record_trace=False)
     out = RunStore(path)
     summary = out.summary()
     against = against_recorded(recorded, summary)
-    summary["simulated"] = {**host, "options": dataclasses.asdict(options), "trace": str(run_dir / TRACE),
+    summary["simulated"] = {**host, "trace": str(run_dir / TRACE),
                             "trace_truncated": trace.truncated, "served": backends.counts_dict(),
                             "against_recorded": against, "against_recorded_md": format_against(against)}
     out.write_summary(summary)

@@ -3,8 +3,8 @@ trace's own distributions.
 
 A variant that asks for tokens the trace does not hold (another engine's speculation, a
 step resumed under vLLM's own sampler, a path the recorded run pruned) gets steps whose
-lengths are drawn from the trace's step lengths, ending the path with EOS as often as the
-trace's steps do; a score the trace does not hold is drawn from the trace's scores at that
+lengths are drawn from the trace's step lengths, ending the path (with EOS) as often as the
+trace's steps end theirs (at EOS or with an answer), at such a step's length; a score the trace does not hold is drawn from the trace's scores at that
 step depth. Draws are seeded by the request (or the scored path), so a replay is
 reproducible. Such tokens carry no answer: replayed accuracy is not a result; the counts
 of what was drawn are reported with every replay.
@@ -18,30 +18,33 @@ from collections.abc import Callable, Iterator
 
 from tts.engine.steps import BOUNDARY
 from tts.replay.trace import Trace
+from tts.search.tree import has_answer
 
 
 class StepSampler:
     """Step lengths, path ends and scores fitted on a trace (module docstring)."""
 
-    def __init__(self, trace: Trace, token_text: Callable[[int], str], eos_ids: frozenset[int]) -> None:
-        lengths, ends, counts = [], 0, Counter()
+    def __init__(self, trace: Trace, token_text: Callable[[int], str], decode: Callable[[list[int]], str],
+                 eos_ids: frozenset[int]) -> None:
+        lengths: dict[bool, list[int]] = {False: [], True: []}  # step lengths: (does it end its path)
+        counts: Counter = Counter()
         for gen in trace.generations.values():
-            n, last = 0, ""
+            step, last = [], ""
             for token in gen.tokens:
+                step.append(token)
                 if token in eos_ids:
-                    lengths.append(n + 1)
-                    ends += 1
-                    n = 0
+                    lengths[True].append(len(step))
                     break
                 counts[token] += 1
-                n += 1
                 piece = token_text(token)
                 if BOUNDARY in last + piece:
-                    lengths.append(n)
-                    n = 0
+                    lengths[has_answer(decode(step))].append(len(step))
+                    step = []
                 last = piece[-1:] if piece else last
-        self.lengths = lengths or [32]
-        self.end_share = ends / len(lengths) if lengths else 0.0
+        steps = len(lengths[False]) + len(lengths[True])
+        self.lengths = lengths[False] or [32]
+        self.end_lengths = lengths[True] or self.lengths
+        self.end_share = len(lengths[True]) / steps if steps else 0.0
         self.eos = min(eos_ids)
         plain = [t for t, _ in counts.most_common() if "\n" not in token_text(t) and token_text(t).strip()]
         self.filler = plain[0] if plain else self.eos
@@ -52,15 +55,15 @@ class StepSampler:
         self._all_scores = sorted(v for values in trace.score_depths.values() for v in values) or [0.5]
 
     def tokens(self, seed: int) -> Iterator[int]:
-        """An endless run of drawn steps for one request."""
+        """An endless run of drawn steps for one request: each ends its path (EOS) with the
+        trace's share of path-ending steps (an answer, or EOS), at such a step's length."""
         rng = random.Random(seed)
         while True:
-            n = max(1, rng.choice(self.lengths))
             if rng.random() < self.end_share or not self.boundary:
-                yield from [self.filler] * (n - 1)
+                yield from [self.filler] * (max(1, rng.choice(self.end_lengths)) - 1)
                 yield self.eos
                 return
-            yield from [self.filler] * max(0, n - len(self.boundary))
+            yield from [self.filler] * max(0, rng.choice(self.lengths) - len(self.boundary))
             yield from self.boundary
 
     def score(self, key: str, depth: int) -> float:

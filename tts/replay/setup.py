@@ -70,7 +70,7 @@ class ReplayBackends:
         fake = recorded.generator.backend is BackendKind.fake
         self.codec = FakeCodec() if fake else self._chat_codec(recorded.generator.model)
         self.eos_ids = frozenset(trace.header.get("eos") or self._eos_ids(recorded.generator.model))
-        self.sampler = StepSampler(trace, self.codec.token_text, self.eos_ids)
+        self.sampler = StepSampler(trace, self.codec.token_text, self.codec.decode, self.eos_ids)
         self.resumable = trace.header.get("sampler") == "position"
         self.tokenizer_note = "fake verifier"
         self.build, self.per_score, self.partial = self._verifier_prompts()

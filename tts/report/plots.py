@@ -168,6 +168,9 @@ def device_ratios(columns: list[Column]) -> list[tuple[str, str, float, float]]:
     for run, variants in runs.values():
         host, names = run.host, list(variants)
         models = "/".join(Path(str(m)).name for m in (host.get("models") or {}).values())
+        options = host.get("options") or {}
+        if options.get("speculation") == "recorded":
+            models += " (speculation as recorded)"
         for name in names[1:]:
             first, mine = variants[names[0]], variants[name]
             if _num(first, "precise_goodput") and _num(first, "latency_s_mean"):
@@ -186,7 +189,7 @@ def plot_ratio_by_device(path: Path, columns: list[Column]) -> Path | None:
     devices = list(dict.fromkeys(p[0] for p in points))
     series = list(dict.fromkeys(p[1] for p in points))
     plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4 + 0.25 * len(series)))
     width = 0.8 / len(series)
     for k, label in enumerate(series):
         xs = [i + (k - (len(series) - 1) / 2) * width for i in range(len(devices))]
@@ -199,8 +202,11 @@ def plot_ratio_by_device(path: Path, columns: list[Column]) -> Path | None:
         ax.set_xticklabels(devices)
         ax.set_title(title)
         ax.grid(alpha=0.3, axis="y")
-    axes[0].legend(fontsize=7)
-    return _save(fig, path)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", fontsize=7, ncol=1)
+    fig.tight_layout(rect=(0, 0.07 * len(series), 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 COLUMN_PLOTS: list[tuple[str, str, PlotFn]] = [
