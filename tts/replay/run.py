@@ -169,20 +169,20 @@ def run_replay(run_dir: Path, overrides: list[str], results_dir: Path | None = N
         raise ConfigError(f"{run_dir}: not a run folder (no config.yaml)")
     trace = read_trace(run_dir / TRACE)
     recorded = store.summary()
+    recorded_cfg: Config = validate(OmegaConf.merge(OmegaConf.structured(Config), saved))
     cfg_node, options = replay_config(saved, overrides)
     pin_dtypes(cfg_node, recorded.get("host"))
     if options.speculation == "recorded":
-        keep_speculation_width(cfg_node, _recorded_cfg(saved))
-    cfg: Config = validate(cfg_node)
+        keep_speculation_width(cfg_node, recorded_cfg)
     problems = problems_from_records(store.records())
     if not problems:
         raise ConfigError(f"{run_dir}: the run recorded no problems")
     cfg_node.bench.results_dir = str(results_dir or run_dir.parent)
-    cfg_node.bench.run_name = run_name or f"{run_dir.name}-replay-{cfg.device.name}-{_short(cfg)}"
-    cfg = validate(cfg_node)
+    cfg_node.bench.run_name = run_name or f"{run_dir.name}-replay-{cfg_node.device.name}-{_short(cfg_node)}"
+    cfg: Config = validate(cfg_node)
     check_fits(cfg)
     clock = VirtualClock()
-    backends = ReplayBackends(cfg, _recorded_cfg(saved), trace, recorded, options, clock)
+    backends = ReplayBackends(cfg, recorded_cfg, trace, recorded, options, clock)
     host = {**simulated_host(cfg, backends, recorded.get("host")), "options": dataclasses.asdict(options)}
     with simulated(clock):
         path = run_problems(cfg, cfg_node, problems, backends, host, progress=progress,
@@ -197,12 +197,8 @@ def run_replay(run_dir: Path, overrides: list[str], results_dir: Path | None = N
     return path
 
 
-def _recorded_cfg(saved: dict) -> Config:
-    return validate(OmegaConf.merge(OmegaConf.structured(Config), saved))
-
-
-def _short(cfg: Config) -> str:
-    return "-".join(Path(m).name.split("/")[-1] for m in (cfg.generator.model, cfg.verifier.model))
+def _short(cfg) -> str:
+    return "-".join(Path(str(m)).name for m in (cfg.generator.model, cfg.verifier.model))
 
 
 COMPARED = (("generator_s_mean", "generator time per problem (s)"), ("verifier_s_mean", "verifier time per problem (s)"),

@@ -9,6 +9,7 @@ from dataclasses import asdict
 
 from tts.backends.base import Generator, ScoreRequest, Verifier
 from tts.backends.factory import PROMPT_ROOM, EngineSpec
+from tts.backends.fake import EOS_ID
 from tts.backends.prefix_cache import PrefixCache
 from tts.clock import VirtualClock
 from tts.config.schema import BackendKind, Config
@@ -22,7 +23,7 @@ from tts.replay.trace import Trace
 class FakeCodec:
     """The fake backend's text side (`tts.backends.fake`)."""
 
-    eos_token_id = 3
+    eos_token_id = EOS_ID
 
     def encode_prompt(self, problem: str, system_prompt: str) -> list[int]:
         from tts.backends.fake import encode, prompt_text
