@@ -252,7 +252,7 @@ def test_judge_scores_are_probabilities_and_deterministic(ver) -> None:
     assert [len(s) for s in first] == [2, 1]
     assert all(0.0 <= x <= 1.0 for s in first for x in s)
     assert stats.num_requests == 3 and stats.prompt_tokens > 0 and stats.step_stats
-    assert ver.request_per_score  # one request per score: lookahead scope auto means kept
+    assert ver.request_per_score  # one request per score: lookahead scope auto means none
     assert stats2.cached_tokens > 0 and stats2.cached_tokens >= stats.cached_tokens
 
 

@@ -110,26 +110,54 @@ def test_speculation_lookahead_prefix_order_keep_the_result():
         assert not eng.cache.lookahead_hits_by_problem  # handed to the metrics when each finished
 
 
+class _CallCounter(FakeVerifier):
+    """A fake verifier that counts its calls."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.calls = 0
+
+    def _score(self, requests):
+        self.calls += 1
+        return super()._score(requests)
+
+
 def test_lookahead_kept_scope_scores_ahead_only_for_kept_beams():
-    """Scope `kept` (what `auto` picks for a judge-like verifier): the current steps are
-    scored first, then lookahead only for the beams selection keeps. Same tree as scope
-    `all`, every lookahead score of beam search is read back (no duplicate filtering on
-    these texts), and fewer are made."""
+    """Scope `kept`: the current steps are scored first, then lookahead only for the beams
+    selection keeps. Same tree as scope `all`, every lookahead score of beam search is read
+    back (no duplicate filtering on these texts), and fewer are made."""
     common = dict(n=8, m=4, iters=5, problems=("a", "b"), speculative=True, lookahead=True,
                   ordering="prefix_aware", spec_truncate_ratio=0.0, spec_truncate_std=0.0)
     base, *_ = run(answering, n=8, m=4, iters=5, problems=("a", "b"))
     every, e_eng, _, e_ver = run(answering, lookahead_scope="all", **common)
     kept, k_eng, _, k_ver = run(answering, lookahead_scope="kept", **common)
-    auto, a_eng, _, a_ver = run(answering, verifier=FakeVerifier(request_per_score=True), **common)
-    assert candidates(every) == candidates(kept) == candidates(auto) == candidates(base)
-    assert not e_eng.schedule.lookahead_kept and k_eng.schedule.lookahead_kept and a_eng.schedule.lookahead_kept
-    assert len(a_ver.scored) == len(k_ver.scored)  # auto resolved to kept, call for call
+    assert candidates(every) == candidates(kept) == candidates(base)
+    assert not e_eng.schedule.lookahead_kept and k_eng.schedule.lookahead_kept
     assert 0 < k_eng.cache.lookahead_stored < e_eng.cache.lookahead_stored
     assert k_eng.cache.lookahead_hits == e_eng.cache.lookahead_hits > 0  # the same scores used
     assert k_eng.cache.lookahead_hits == k_eng.cache.lookahead_stored  # every one read back
     assert len(k_ver.scored) < len(e_ver.scored)
     for o in kept:  # counted per problem as before
         assert 0 < o.metrics.lookahead_used == o.metrics.lookahead_scored
+
+
+def test_lookahead_auto_is_off_for_a_per_score_verifier_and_all_for_a_path_prm():
+    """Scope `auto`: with a verifier that asks once per score, `kept` would score the same
+    requests one call early; auto scores nothing ahead, computes exactly the scores `kept`
+    computes, in fewer calls, on the same tree. With a whole-path PRM auto is `all`."""
+    common = dict(n=8, m=4, iters=5, problems=("a", "b"), speculative=True, lookahead=True,
+                  ordering="prefix_aware", spec_truncate_ratio=0.0, spec_truncate_std=0.0)
+    kept, k_eng, _, k_ver = run(answering, lookahead_scope="kept",
+                                verifier=_CallCounter(request_per_score=True), **common)
+    auto, a_eng, _, a_ver = run(answering, verifier=_CallCounter(request_per_score=True), **common)
+    assert candidates(auto) == candidates(kept)
+    assert not a_eng.schedule.lookahead and a_eng.cache.lookahead_stored == 0
+    assert sorted(a_ver.scored) == sorted(k_ver.scored)  # the same scores, none extra
+    assert a_ver.calls < k_ver.calls  # without the second call of every iteration
+    every, e_eng, _, e_ver = run(answering, lookahead_scope="all", **common)
+    path, p_eng, _, p_ver = run(answering, **common)  # the fake PRM reads a whole path
+    assert p_eng.schedule.lookahead and not p_eng.schedule.lookahead_kept
+    assert p_ver.scored == e_ver.scored
 
 
 def test_lookahead_scope_rejects_unknown_names():

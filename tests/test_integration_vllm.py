@@ -196,7 +196,8 @@ def test_decoupled_engine_on_real_vllm(backends):
 def real_run(tmp_path_factory):
     """A small real run (two problems, the baseline), shared by the tests that read it."""
     tmp = tmp_path_factory.mktemp("real_run")
-    return run_bench(compose("config", TINY + ["dataset.first_k=2", f"bench.results_dir={tmp}", "bench.run_name=r"]))
+    return run_bench(compose("config", TINY + ["dataset.first_k=2", f"bench.results_dir={tmp}", "bench.run_name=r",
+                                               "bench.raw_generator=true", "ceiling.repeats=1"]))
 
 
 def test_run_bench_embedded_writes_complete_records(real_run):
@@ -229,6 +230,12 @@ def test_run_bench_embedded_writes_complete_records(real_run):
     # four beams in a batch of eight barely straggle: the bound is near the time, never far over
     assert 0.3 < summary["gen_bound_s_mean"] / summary["generator_s_mean"] < 1.1
     assert 0.3 < summary["bound_share"] < 1.1
+    # raw vLLM timed first at the run's sequences in flight, and each variant against it
+    raw = whole["raw_generator"]
+    assert raw["batch"] == 4 and raw["new_tokens"] == 12 and raw["repeats"] == 1 and raw["tok_s"] > 0
+    assert summary["gen_phase_tok_s"] == pytest.approx(summary["total_gen_tokens"] / summary["generator"]["model_s"])
+    assert summary["gen_phase_vs_raw"] == pytest.approx(summary["gen_phase_tok_s"] / raw["tok_s"])
+    assert 0.05 < summary["gen_phase_vs_raw"] < 3  # the same engine's tokens: not off by a unit
 
 
 def test_replaying_a_real_run_on_its_own_fitted_cost_model_gives_back_its_times(real_run):

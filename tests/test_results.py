@@ -33,6 +33,21 @@ def test_run_folder_has_config_records_summary_plots(tmp_path):
     assert (path / "plots" / "goodput_by_variant.png").exists()
 
 
+def test_generator_phase_rate_and_raw_vllm_without_vllm(tmp_path):
+    """Each variant's generator phase rate is its decoded tokens over its generator time,
+    that time counted once per phase (not per problem in flight); raw vLLM cannot be timed
+    on the fake backend, which the summary says instead of a ratio."""
+    path = bench(tmp_path, "bench.raw_generator=true", "bench.concurrency=2")
+    summary = json.loads((path / "summary.json").read_text())
+    base = summary["variants"]["baseline"]
+    phase = base["generator"]["model_s"]
+    records = RunStore(path).records()
+    assert 0 < phase < sum(r["metrics"]["generator_s"] for r in records)  # two problems shared phases
+    assert base["gen_phase_tok_s"] == pytest.approx(base["total_gen_tokens"] / phase)
+    assert summary["raw_generator"] == {"skipped": "generator.backend=fake: raw vLLM needs a vLLM generator"}
+    assert "gen_phase_vs_raw" not in base
+
+
 def test_existing_folder_needs_resume(tmp_path):
     bench(tmp_path)
     with pytest.raises(FileExistsError, match="--resume"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,6 +29,8 @@ from tts.results.store import RunStore
 from tts.results.summary import variant_wall, write_summary
 from tts.results.wandb_logger import RunLogger
 from tts.search import make_policy
+
+log = logging.getLogger(__name__)
 
 
 def variant_optims(cfg: Config) -> list[tuple[str, OptimConfig]]:
@@ -168,18 +171,23 @@ def run_bench(cfg_node: DictConfig, progress: Callable | None = None,
     problems = load_problems_for(cfg)
     if not problems:
         raise ConfigError("dataset: the subset selects no problems")
-    return run_problems(cfg, cfg_node, problems, Backends(cfg), None, progress, on_folder, on_iteration)
+    return run_problems(cfg, cfg_node, problems, Backends(cfg), None, progress, on_folder, on_iteration,
+                        measure_raw=cfg.bench.raw_generator)
 
 
 def run_problems(cfg: Config, cfg_node: DictConfig, problems: list, backends, host: dict | None,
                  progress: Callable | None = None, on_folder: Callable[[Path], None] | None = None,
-                 on_iteration: Callable[[str, str, int], None] | None = None, record_trace: bool = True) -> Path:
+                 on_iteration: Callable[[str, str, int], None] | None = None, record_trace: bool = True,
+                 measure_raw: bool = False) -> Path:
     """Run every variant over `problems` on `backends` (`Backends`, or a replay's), writing
-    the run folder; `host` None is this machine's (`run_host`). Returns the folder."""
+    the run folder; `host` None is this machine's (`run_host`). With `measure_raw`, raw
+    vLLM's generator tok/s is timed first (`bench.raw_generator`). Returns the folder."""
     variants = run_variants(cfg)
     store = _open_store(cfg, cfg_node, [n for n, _, _ in variants])
     if on_folder:
         on_folder(store.path)
+    if measure_raw and store.raw_generator() is None:  # a resumed run keeps its measurement
+        store.write_raw_generator(_raw_generator(cfg, problems[0].problem))
     host = host or run_host(cfg)
     done = store.done_keys() if cfg.bench.resume else set()
     logger = RunLogger(cfg.logger.wandb, cfg.logger.mode, cfg.logger.project, cfg.logger.entity,
@@ -204,6 +212,18 @@ def run_problems(cfg: Config, cfg_node: DictConfig, problems: list, backends, ho
     logger.log_summary(summary, {"records": _table_rows(store.records())}, plots)
     logger.finish()
     return store.path
+
+
+def _raw_generator(cfg: Config, problem: str) -> dict:
+    """Raw vLLM's tok/s at the run's sequences in flight, before any variant loads its
+    models (`tts.benchmarks.ceiling.raw_generator`); a reason instead without vLLM."""
+    if cfg.generator.backend is not BackendKind.vllm:
+        reason = f"generator.backend={cfg.generator.backend.value}: raw vLLM needs a vLLM generator"
+        log.warning("bench.raw_generator: skipped (%s)", reason)
+        return {"skipped": reason}
+    from tts.benchmarks.ceiling import raw_generator
+
+    return raw_generator(cfg, problem)
 
 
 def _open_store(cfg: Config, cfg_node: DictConfig, names: list[str]) -> RunStore:

@@ -34,7 +34,7 @@ def run_ceiling(cfg_node: DictConfig, progress=None, on_folder=None) -> Path:
     from omegaconf import OmegaConf
 
     from tts.backends.factory import read_prompt
-    from tts.backends.vllm.engine import kv_bytes_per_token, make_llm, read_hf_config, resolve_dtype
+    from tts.backends.vllm.engine import make_llm, read_hf_config, resolve_dtype
     from tts.backends.vllm.generator import VllmGenerator, sampler_engine_kwargs
     from tts.config.compose import ConfigError, to_yaml, validate
     from tts.config.schema import BackendKind
@@ -59,14 +59,7 @@ def run_ceiling(cfg_node: DictConfig, progress=None, on_folder=None) -> Path:
         on_folder(store.path)
     host = host_info({"generator": dtype})
 
-    batch = max(c.batches)
-    # one whole sequence (the shared prompt, up to 1024 tokens), plus each request's own
-    # tokens with two blocks of slack (its prompt's partial last block, its last block)
-    seq = 1024 + c.new_tokens + cfg.memory.block_size
-    kv_bytes = (seq + batch * (c.new_tokens + 2 * cfg.memory.block_size)) * kv_bytes_per_token(hf, dtype)
-    common = dict(kv_cache_bytes=kv_bytes, gpu_memory_utilization=None, block_size=cfg.memory.block_size,
-                  max_num_seqs=batch, max_num_batched_tokens=max(cfg.memory.max_num_batched_tokens, seq),
-                  dtype=dtype, seed=cfg.bench.seed, min_tokens_per_seq=seq)
+    common = _engine_kwargs(cfg, hf, dtype, max(c.batches), c.new_tokens)
     raw_llm = make_llm(model, **common)
     gen = VllmGenerator(make_llm(model, **common, engine_kwargs=sampler_engine_kwargs(True)))
     try:
@@ -88,6 +81,50 @@ def run_ceiling(cfg_node: DictConfig, progress=None, on_folder=None) -> Path:
                "config": OmegaConf.to_container(cfg_node.ceiling, resolve=True)}
     store.write_summary(summary)
     return store.path
+
+
+def _engine_kwargs(cfg, hf: dict, dtype: str, batch: int, new_tokens: int) -> dict:
+    """One engine's settings for `batch` requests of `new_tokens` on a shared prompt: one
+    whole sequence (the prompt, up to 1024 tokens), plus each request's own tokens with two
+    blocks of slack (its prompt's partial last block, its last block)."""
+    from tts.backends.vllm.engine import kv_bytes_per_token
+
+    seq = 1024 + new_tokens + cfg.memory.block_size
+    kv_bytes = (seq + batch * (new_tokens + 2 * cfg.memory.block_size)) * kv_bytes_per_token(hf, dtype)
+    return dict(kv_cache_bytes=kv_bytes, gpu_memory_utilization=None, block_size=cfg.memory.block_size,
+                max_num_seqs=batch, max_num_batched_tokens=max(cfg.memory.max_num_batched_tokens, seq),
+                dtype=dtype, seed=cfg.bench.seed, min_tokens_per_seq=seq)
+
+
+def raw_generator(cfg, problem: str) -> dict:
+    """Raw vLLM's tok/s at the run's sequences in flight (`bench.raw_generator`): the raw
+    path of this benchmark at batch `search.n x bench.concurrency`, `generator.step_max_tokens`
+    new tokens each on `problem`'s prompt, after an untimed warm-up, `ceiling.repeats`
+    repeats; `tok_s` is their median. The engine is shut down before it returns."""
+    from tts.backends.codec import ChatCodec
+    from tts.backends.factory import read_prompt
+    from tts.backends.vllm.engine import make_llm, read_hf_config, resolve_dtype
+    from tts.backends.vllm.internals import shutdown_llm
+    from tts.config.compose import ConfigError
+    from tts.models.resolve import resolve_model
+
+    g = cfg.generator
+    model = str(resolve_model(g.model))
+    hf = read_hf_config(model)
+    dtype = resolve_dtype(g.dtype, hf)
+    batch, tokens = cfg.search.n * cfg.bench.concurrency, g.step_max_tokens
+    llm = make_llm(model, **_engine_kwargs(cfg, hf, dtype, batch, tokens))
+    try:
+        prompt = ChatCodec(llm.get_tokenizer()).encode_prompt(problem, read_prompt(g.system_prompt_file))
+        if len(prompt) > 1024:
+            raise ConfigError(f"bench.raw_generator: the first problem's prompt has {len(prompt)} tokens, over 1024")
+        timer = _Timer(llm, None, prompt, tokens, g.temperature, g.top_p)
+        timer._run(RAW, batch, tokens=8)  # warm-up: kernels for this batch shape
+        runs = [batch * tokens / timer._run(RAW, batch, tokens) for _ in range(cfg.ceiling.repeats)]
+    finally:
+        shutdown_llm(llm)
+    return {"batch": batch, "new_tokens": tokens, "prompt_tokens": len(prompt), "dtype": dtype,
+            "repeats": len(runs), "tok_s_runs": runs, "tok_s": statistics.median(runs)}
 
 
 class _Timer:

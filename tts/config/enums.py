@@ -74,7 +74,8 @@ class DecoupledSpecScope(str, enum.Enum):
 
 
 class LookaheadScope(str, enum.Enum):
-    auto = "auto"  # kept where the verifier makes a request per score (judge, rlhflow), else all
+    auto = "auto"  # all for a PRM that reads a whole path per request; none where the verifier
+    # makes a request per score (judge, rlhflow): there lookahead saves no work (tts/engine/barrier.py)
     all = "all"  # every beam's whole speculative step, in the call that scores its current one (the paper's)
     kept = "kept"  # only the beams selection keeps on the new scores, in a second verifier call
 

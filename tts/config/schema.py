@@ -264,6 +264,11 @@ class BenchConfig:
     # a resumed run, or one problem re-run alone, repeats the uninterrupted run's record.
     # Costs the re-prefill of the shared system prompt once per problem.
     fresh_cache_per_problem: bool = True
+    # before the variants, time raw vLLM (`LLM.generate`, nothing of ours installed) at the
+    # run's sequences in flight (search.n x bench.concurrency) on this host, the ceiling
+    # benchmark's raw path with generator.step_max_tokens new tokens each, `ceiling.repeats`
+    # repeats; every variant's generator phase is then reported against it. vLLM only
+    raw_generator: bool = False
 
     def __post_init__(self) -> None:
         _require(self.concurrency >= 1, "bench.concurrency", "must be >= 1")

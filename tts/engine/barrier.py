@@ -13,7 +13,11 @@ once per score (an LLM judge), each lookahead score is a request of its own and 
 them belong to beams that selection is about to prune (beam search keeps 1 in M); `kept`
 then scores the current steps first and looks ahead only for the beams the policy keeps
 on those scores (`likely_kept`, exact for beam search but for duplicate filtering), in a
-second, smaller call. `auto` picks `kept` for such a verifier and `all` otherwise.
+second, smaller call. `auto` picks `all` for a whole-path PRM and no lookahead at all for a
+per-score verifier: there a kept beam's lookahead score is the very request the next
+iteration would make (same prompt, same prefix in the cache), so `kept` moves work one
+iteration earlier without saving any, and its second call costs a verifier step per
+iteration. `kept` stays available by name.
 """
 
 from __future__ import annotations
@@ -67,9 +71,14 @@ class BarrierSchedule(Schedule):
             step_max_tokens=self.policy.step_max_tokens)
         scope = _lookahead_scope(opts.lookahead_scope)
         verifier = self.runner.verifier
+        per_score = verifier is not None and verifier.request_per_score
+        # auto with a per-score verifier: nothing to gain (module docstring)
+        self.lookahead = opts.lookahead and not (scope is LookaheadScope.auto and per_score)
+        if opts.lookahead and not self.lookahead:
+            log.info("lookahead: off (scope auto, the verifier asks once per score: a lookahead "
+                     "score would be the next iteration's own request, one verifier call early)")
         # score ahead only for kept beams, in a second call after the current steps' scores
-        self.lookahead_kept = opts.lookahead and (scope is LookaheadScope.kept or (
-            scope is LookaheadScope.auto and verifier is not None and verifier.request_per_score))
+        self.lookahead_kept = self.lookahead and scope is LookaheadScope.kept
         self._queue: deque[ProblemInput] = deque()
         self._live: list[Problem] = []
         self._stage = _Stage.SELECTED
@@ -264,7 +273,7 @@ class BarrierSchedule(Schedule):
     def _score_item(self, p: Problem, beam: Beam) -> ScoreItem:
         indices = self.policy.indices_to_score(beam, p.search)
         look = None
-        if self.opts.lookahead and not self.lookahead_kept and indices:
+        if self.lookahead and not self.lookahead_kept and indices:
             look = self._lookahead_step(beam, p.search)
         return ScoreItem(beam, p.input.problem, indices, look)
 

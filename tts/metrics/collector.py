@@ -117,6 +117,9 @@ class StepLog:
     phase_traces: list[list[tuple[float, float]]] = field(default_factory=list)
     keep_phases: int = 4
     cost: CostSums = field(default_factory=CostSums)  # the step cost model's sums
+    # the model's time as the variant spent it, counted once however many problems were in
+    # flight: generation phases for the generator, calls for the verifier (`ModelTime`)
+    model_s: float = 0.0
     _phase_t0: float = 0.0
     _recording: bool = False
 
@@ -158,6 +161,7 @@ class StepLog:
             "phase_util_traces": self.phase_traces,
             "kv_trace": _downsample(self.kv_trace),
             COST: self.cost.to_dict(),
+            "model_s": self.model_s,
         }
 
 
@@ -254,6 +258,7 @@ def merge_step_summaries(a: dict | None, b: dict) -> dict:
         "phase_util_traces": (a["phase_util_traces"] + b["phase_util_traces"])[:max(4, len(a["phase_util_traces"]))],
         "kv_trace": joined("kv_trace"),
         COST: (CostSums.from_dict(a.get(COST, {})) + CostSums.from_dict(b.get(COST, {}))).to_dict(),
+        "model_s": a.get("model_s", 0.0) + b.get("model_s", 0.0),
     }
 
 

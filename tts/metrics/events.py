@@ -148,6 +148,7 @@ class MetricsCollector:
 
     def _time(self, e: ModelTime) -> None:
         field = "generator_s" if e.model == "generator" else "verifier_s"
+        self.logs[e.model].model_s += e.wall_s  # the variant's, once
         for pid in e.problem_ids:
             m = self.problems[pid]
             setattr(m, field, getattr(m, field) + e.wall_s)

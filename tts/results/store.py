@@ -19,6 +19,7 @@ RECORDS = "records.jsonl"
 SUMMARY = "summary.json"
 CONFIG = "config.yaml"
 STEP_LOGS = "step_logs.json"
+RAW_GENERATOR = "raw_generator.json"
 
 
 class RunStore:
@@ -138,6 +139,21 @@ class RunStore:
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}: corrupt step statistics ({err.msg}); delete it to resume "
                              "without the earlier part's batch utilisation") from err
+
+    def write_raw_generator(self, raw: dict) -> None:
+        """Raw vLLM's generator tok/s measured for this run (`bench.raw_generator`)."""
+        (self.path / RAW_GENERATOR).write_text(json.dumps(raw, indent=2))
+
+    def raw_generator(self) -> dict | None:
+        """What `write_raw_generator` wrote; None when the run measured none."""
+        path = self.path / RAW_GENERATOR
+        if not path.exists():
+            return None
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}: corrupt raw generator measurement ({err.msg}); delete it and "
+                             "resume to measure again") from err
 
     def summary(self) -> dict:
         path = self.path / SUMMARY

@@ -34,6 +34,8 @@ RATIO_METRICS = [
     ("latency_bound_s_mean", "completion latency lower bound, same work (s)", False),
     ("bound_share", "latency bound / latency (1: nothing left to schedule)", True),
     ("problems_per_min_bound", "problems/min ceiling, same work", True),
+    ("gen_phase_tok_s", "generator phase tok/s (every token decoded, speculative included, / generator time)", True),
+    ("gen_phase_vs_raw", "generator phase / raw vLLM at the sequences in flight", True),
     ("gen_batch_util_mean", "generator batch utilisation", True),
     ("gen_running_mean", "generator requests per step", True),
     ("step_tokens_mean", "step tokens (mean)", True),
@@ -76,7 +78,17 @@ def variant_summary(records: list[dict], step_log: dict | None, wall_s: float | 
                 continue
             s[f"{model[:3]}_batch_util_mean"] = log["batch_util_mean"]
             s[f"{model[:3]}_running_mean"] = log.get("running_mean", 0.0)
+        phase = (step_log.get("generator") or {}).get("model_s")
+        if phase:  # absent from runs made before the variant's model time was logged
+            s["gen_phase_tok_s"] = s["total_gen_tokens"] / phase
     return s
+
+
+def add_raw_ratio(summary: dict, raw: dict | None) -> None:
+    """The variant's generator phase against raw vLLM's tok/s at the run's sequences in
+    flight (`bench.raw_generator`), when the run measured it."""
+    if raw and raw.get("tok_s") and summary.get("gen_phase_tok_s"):
+        summary["gen_phase_vs_raw"] = summary["gen_phase_tok_s"] / raw["tok_s"]
 
 
 def cost_models(summaries: dict[str, dict]) -> dict[str, CostModel | None]:
@@ -229,10 +241,14 @@ def write_summary(store: RunStore, names: list[str], step_logs: dict[str, dict],
         summaries[name] = variant_summary(mine, log or None, variant_wall(mine, name) or None)
     models = cost_models(summaries)  # on every variant's steps: bounds need them all first
     concurrency = int((store.saved_config().get("bench") or {}).get("concurrency") or 1)
+    raw = store.raw_generator()
     for name, mine in by_variant.items():
         add_bounds(summaries[name], mine, models, concurrency)
+        add_raw_ratio(summaries[name], raw)
     summary = {"host": host or previous.get("host"), "variants": summaries, "baseline": names[0],
                "cost_model": {m: (asdict(cm) if cm else None) for m, cm in models.items()}}
+    if raw:
+        summary["raw_generator"] = raw
     if len(names) > 1:
         for name in names:
             summaries[name]["same_candidates"] = same_candidates(records, names[0], name)
