@@ -10,7 +10,7 @@ from tts.engine.engine import Engine, EngineOptions, ProblemInput
 from tts.engine.ordering import PrefixAware, greedy_order
 from tts.engine.speculation import inherit_speculation, spec_priorities, truncate_len
 from tts.search import make_policy
-from tts.search.tree import Beam
+from tts.search.tree import Beam, BeamState
 
 
 endless, answering = endless_script, answering_script
@@ -174,6 +174,42 @@ def test_speculation_hides_stragglers():
     assert feng.gen_log.steps < beng.gen_log.steps
     m = fast[0].metrics
     assert 0 < m.spec_used <= m.spec_generated
+
+
+def test_spec_prune_stops_only_the_speculation_of_beams_selection_prunes(monkeypatch):
+    """Speculation pruning: once the real requests still decoding are down to N/M, the
+    finished steps are scored early and every beam that N/M others outscore stops
+    speculating. Each such beam is pruned by selection; the tree is the one without
+    pruning (R = 0 and slots to spare: no other beam's speculation changes), fewer
+    speculative tokens are generated, and no score is computed twice."""
+    from tts.engine.barrier_generation import IterationGeneration
+
+    stopped = []
+    original = IterationGeneration.stop_speculating
+
+    def spy(self, beams):
+        stopped.extend(r.beam for r in self._requests if r.beam.uid in beams)
+        return original(self, beams)
+
+    monkeypatch.setattr(IterationGeneration, "stop_speculating", spy)
+    common = dict(n=8, m=4, iters=5, problems=("a", "b"), speculative=True, ordering="prefix_aware",
+                  spec_truncate_ratio=0.0, spec_truncate_std=0.0)
+    base, *_ = run(answering, n=8, m=4, iters=5, problems=("a", "b"))
+    plain, _, _, p_ver = run(answering, **common)
+    pruned, eng, _, ver = run(answering, spec_prune=True, **common)
+    assert candidates(pruned) == candidates(plain) == candidates(base)
+    assert stopped and all(b.state is BeamState.PRUNED for b in stopped)
+    assert sum(o.metrics.spec_pruned_beams for o in pruned) == len(stopped)
+    assert sum(o.metrics.spec_pruned_requests for o in pruned) > 0
+    assert sum(o.metrics.spec_generated for o in pruned) < sum(o.metrics.spec_generated for o in plain)
+    assert len(set(ver.scored)) == len(ver.scored) and sorted(ver.scored) == sorted(p_ver.scored)
+
+
+def test_spec_prune_needs_speculation_and_the_barrier():
+    from tts.config.schema import EngineKind, OptimConfig
+
+    with pytest.raises(ValueError, match="optim.spec_prune: needs optim.speculative=true and engine=flash"):
+        OptimConfig(engine=EngineKind.flash, spec_prune=True)
 
 
 def test_spec_priorities_bins():

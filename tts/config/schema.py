@@ -146,6 +146,11 @@ class OptimConfig:
     # this device and generator (beyond it each extra sequence slows the stragglers),
     # 0 = the generator's batch cap (the paper's GPU setting), N = at most N
     spec_batch_cap: int = -1
+    # speculation pruning (ours): once the real requests still decoding an iteration's
+    # steps are down to the beams selection keeps (N/M for beam search), score the finished
+    # steps early (into the score cache: the iteration's scoring reads them back) and stop
+    # the speculation of every beam that at least N/M others already outscore
+    spec_prune: bool = False
     decoupled_policy: DecoupledPolicy = DecoupledPolicy.eager_first
     verifier_batch_size: int = 0  # decoupled: PRM items per call; 0 = no cap
     # decoupled: what speculation generates ahead of selection (see tts/engine/decoupled_spec.py)
@@ -184,6 +189,10 @@ class OptimConfig:
         _require(not (self.early_reject and self.engine == EngineKind.decoupled), "optim.early_reject",
                  "not available with engine=decoupled yet (its steps are scored as they finish)")
         _require(not (self.early_reject and not self.score_cache), "optim.early_reject",
+                 "needs optim.score_cache=true (steps finished early are scored into the cache)")
+        _require(not (self.spec_prune and not (self.speculative and self.engine == EngineKind.flash)),
+                 "optim.spec_prune", "needs optim.speculative=true and engine=flash (it prunes the barrier's speculation)")
+        _require(not (self.spec_prune and not self.score_cache), "optim.spec_prune",
                  "needs optim.score_cache=true (steps finished early are scored into the cache)")
 
 

@@ -37,8 +37,9 @@ from tts.engine.requests import Request
 from tts.engine.schedule import Generate, Problem, ProblemInput, Schedule, Score
 from tts.engine.scoring import ScoreItem, ScoringStats
 from tts.engine.speculation import inherit_speculation, spec_priorities
-from tts.metrics.events import BeamsRejected, IterationDone, ModelTime, SpeculationAdopted
-from tts.search.base import ProblemSearch
+from tts.engine.steps import completes_path
+from tts.metrics.events import BeamsRejected, IterationDone, ModelTime, SpeculationAdopted, SpeculationPruned
+from tts.search.base import ProblemSearch, aggregate
 from tts.search.tree import Beam, BeamState, StepEnd
 
 
@@ -88,6 +89,11 @@ class BarrierSchedule(Schedule):
         self._lookahead: list[ScoreItem] | None = None  # the second call's items, when due
         self.rejection = self._early_rejection()
         self._rejections: dict[str, tuple[list[Request], int]] = {}  # this iteration's, by problem
+        # speculation pruning: its call is due once per iteration, when the real requests
+        # still running are down to the beams selection keeps (`_prune_at`)
+        self.prune = opts.spec_prune and opts.speculative and verifier is not None
+        self._prune_at = 0
+        self._prune_done = False
         self._looked_ahead = False  # this iteration's second call is decided
 
     def add(self, problems: Iterable[ProblemInput]) -> None:
@@ -112,6 +118,12 @@ class BarrierSchedule(Schedule):
                              for i in self.rejection.items(p.input.problem, p.search, self._requests_of(p))]
                     if items:  # early rejection: score the steps as they stand
                         return Score(items, self._charge())
+                if self._prune_due():
+                    self._prune_done = True
+                    items = self._finished_step_items()
+                    if items:  # speculation pruning: score the finished steps now
+                        return Score(items, self._charge())
+                    self._prune_speculation()  # their scores are known already
                 return Generate()
             self._end_generation()
             items = [self._score_item(p, beam) for p in self._live for beam in p.search.frontier]
@@ -126,9 +138,12 @@ class BarrierSchedule(Schedule):
             self.rejection.stepped()
 
     def scored(self, stats: ScoringStats) -> None:
-        if self._stage is _Stage.GENERATING:  # a partial call of early rejection
+        if self._stage is _Stage.GENERATING:  # a call of early rejection or speculation pruning
             self._verifier_wall += stats.wall_s  # not the generator's time
-            self._reject(stats.partial)
+            if self.rejection is not None:
+                self._reject(stats.partial)
+            if self.prune:
+                self._prune_speculation()
             return
         if self.lookahead_kept and not self._looked_ahead:
             self._looked_ahead = True
@@ -190,6 +205,52 @@ class BarrierSchedule(Schedule):
         above = sum(1 for r in gone if cut is not None and self.rejection.estimates.get(r.beam.uid, -1.0) >= cut)
         self.emit(BeamsRejected(p.id, len(gone), saved, above))
 
+    # ------------------------------------------------------------ speculation pruning
+
+    def _prune_due(self) -> bool:
+        return (self.prune and not self._prune_done and self.generation.speculating()
+                and len(self.generation.running()) <= self._prune_at)
+
+    def _finished_step_items(self) -> list[ScoreItem]:
+        """The finished steps not scored yet, whole, into the score cache (the iteration's
+        own scoring reads them back: no score is computed twice)."""
+        decode, cache = self.runner.gen.decode, self.engine.cache
+        return [ScoreItem(r.beam, p.input.problem, (), lookahead_step=text, early=True)
+                for p in self._live for r in self._requests_of(p)
+                if r.finished and not (r.rejected or r.to_eos or r.cut_into_steps) and r.tokens
+                and not cache.has(p.id, r.beam.step_texts + (text := decode(r.tokens),))]
+
+    def _prune_speculation(self) -> None:
+        """Stop the speculation of every beam whose finished step, on the scores known now,
+        cannot make selection's cut: at least `rejection_cut` other finished steps (distinct
+        paths where selection filters duplicates) score strictly above it. Steps that end
+        their path do not compete, and the steps still decoding can only push a beam
+        further down, so no beam selection keeps is ever pruned."""
+        decode, cache = self.runner.gen.decode, self.engine.cache
+        agg, dedup = self.policy.cfg.aggregation, self.policy.cfg.filter_duplicates
+        for p in self._live:
+            keep = self.policy.rejection_cut(p.search)
+            if keep is None or self.policy.is_last_iteration(p.search):
+                continue
+            est: dict[int, tuple[float, tuple[str, ...]]] = {}
+            for r in self._requests_of(p):
+                if not r.finished or r.rejected or r.to_eos or r.cut_into_steps or completes_path(r, decode):
+                    continue
+                if len(r.tokens) >= self.policy.max_total_tokens - r.beam.num_tokens:
+                    continue  # the path's budget ends here: it completes, it does not compete
+                path = r.beam.step_texts + (decode(r.tokens),)
+                score = cache.peek(p.id, path)
+                if score is not None:
+                    est[r.beam.uid] = (aggregate(list(r.beam.scores) + [score], agg), path)
+            out = set()
+            for uid, (mine, path) in est.items():
+                above = {other if dedup else o for o, (e, other) in est.items()
+                         if o != uid and e > mine and not (dedup and other == path)}
+                if len(above) >= keep:
+                    out.add(uid)
+            if out:
+                self.emit(SpeculationPruned(p.id, len(out), self.generation.stop_speculating(out)))
+
     # ------------------------------------------------------------ the iteration
 
     def _admit(self) -> None:
@@ -206,6 +267,8 @@ class BarrierSchedule(Schedule):
         self._requests = self.order(requests)
         if self.rejection is not None:
             self.rejection.begin()
+        self._prune_done = False
+        self._prune_at = sum(k for p in self._live if (k := self.policy.rejection_cut(p.search)) is not None)
         self.collector.logs["generator"].start_phase()
         self._generation_started, self._verifier_wall = clock.now(), 0.0
         self.generation.begin(self._requests)

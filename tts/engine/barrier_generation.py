@@ -68,6 +68,7 @@ class IterationGeneration:
         self._speculating: dict[Request, int] = {}  # running speculative request -> priority
         self._awaiting_slot: dict[int, Request] = {}  # run-on: finished steps waiting for a speculative slot, by beam uid
         self._branches: list[Request] = []  # branches waiting for a slot
+        self._barred: set[int] = set()  # beams selection cannot keep: no speculation (`stop_speculating`)
 
     @property
     def active(self) -> bool:
@@ -78,7 +79,7 @@ class IterationGeneration:
         """Send each request; a request that adopted a whole step branches at once (the
         slots real work leaves free are idle from the start)."""
         self._requests = list(requests)
-        self._pending, self._speculating, self._awaiting_slot = set(), {}, {}
+        self._pending, self._speculating, self._awaiting_slot, self._barred = set(), {}, {}, set()
         self._start(self._requests)
         self._branches = [b for r in self._requests if r.finished and self.spec_branches and self._may_speculate(r)
                           for b in self._new_branches(r)]
@@ -117,6 +118,28 @@ class IterationGeneration:
     def running(self) -> list[Request]:
         """The real requests still decoding their step."""
         return list(self._pending)
+
+    def speculating(self) -> bool:
+        """Some speculation runs or waits for a slot."""
+        return bool(self._speculating or self._awaiting_slot or self._branches)
+
+    def stop_speculating(self, beams: set[int]) -> int:
+        """Speculation pruning: these beams' finished steps cannot make selection's cut, so
+        their speculation stops (running requests stop, waiting ones lose their claim) and
+        they get no slot again this iteration; the slots go to the others from the next
+        step. Returns how many speculative requests stopped or left the queue."""
+        self._barred |= beams
+        stops = [r for r in self._speculating if (r.branch_of or r).beam.uid in beams]
+        for r in stops:
+            del self._speculating[r]
+        queued = [uid for uid in beams if uid in self._awaiting_slot]
+        for uid in queued:
+            del self._awaiting_slot[uid]
+        kept = [b for b in self._branches if b.branch_of.beam.uid not in beams]
+        dropped = len(self._branches) - len(kept)
+        self._branches = kept
+        self._stop([(r, _FINISHED) for r in stops])
+        return len(stops) + len(queued) + dropped
 
     def reject(self, requests: Sequence[Request]) -> None:
         """Early rejection: stop these requests; their beams get no step this iteration."""
@@ -213,7 +236,7 @@ class IterationGeneration:
         """Speculation on a finished step: not past EOS, nor past a step with a boxed
         answer, which completes the path (no child would use what it generated)."""
         return (self.speculative and request.spec_priority > 0 and not request.to_eos
-                and not completes_path(request, self.gen.decode))
+                and request.beam.uid not in self._barred and not completes_path(request, self.gen.decode))
 
     # ------------------------------------------------------------ speculation
 

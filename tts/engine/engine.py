@@ -64,6 +64,7 @@ class EngineOptions:
     spec_truncate_ratio: float = 0.85
     spec_truncate_std: float = 0.1
     spec_branches: bool = False  # speculate child k's step with child k's seed (exact)
+    spec_prune: bool = False  # stop the speculation of beams selection cannot keep (barrier.py)
     temperature: float = 0.8
     top_p: float = 1.0
     # a problem that starts with none in flight starts on empty prefix caches: its result

@@ -69,6 +69,8 @@ class ProblemMetrics:
     lookahead_used: int = 0  # of those, scores a later iteration read instead of computing
     spec_generated: int = 0
     spec_used: int = 0
+    spec_pruned_beams: int = 0  # speculation pruning: beams whose speculation stopped
+    spec_pruned_requests: int = 0  # their speculative requests stopped (or kept from a slot)
     partial_scored: int = 0  # early rejection: partial steps scored
     beams_rejected: int = 0  # early rejection: beams whose step was stopped
     reject_tokens_saved: int = 0  # their steps' estimated remaining tokens (the iteration's mean step)
@@ -196,7 +198,8 @@ def summarize_problems(problems: list[dict]) -> dict:
     keys = ["gen_prompt_tokens", "gen_cached_tokens", "ver_prompt_tokens", "ver_cached_tokens",
             "spec_generated", "spec_used", "scores_requested", "scores_computed", "score_cache_hits",
             "lookahead_scored", "lookahead_used", "gen_tokens", "gen_requests", "ver_requests",
-            "partial_scored", "beams_rejected", "reject_tokens_saved", "rejected_above_cut"]
+            "partial_scored", "beams_rejected", "reject_tokens_saved", "rejected_above_cut",
+            "spec_pruned_beams", "spec_pruned_requests"]
     sums = {k: sum(p.get(k, 0) for p in problems) for k in keys}
     return {
         "num_problems": len(problems),

@@ -90,6 +90,16 @@ class BeamsRejected:
 
 
 @dataclass(frozen=True)
+class SpeculationPruned:
+    """Speculation pruning in one iteration: beams whose finished step, scored early,
+    cannot make selection's cut, and the speculative requests of theirs that stopped."""
+
+    problem_id: str
+    beams: int
+    requests: int
+
+
+@dataclass(frozen=True)
 class SearchSettled:
     """Early exit: the problem's search stopped after this iteration."""
 
@@ -111,7 +121,8 @@ class ProblemFinished:
 
 
 Event = (RequestAdded | TokensGenerated | StepDone | ModelTime | ScoresMade | IterationDone
-         | SpeculationAdopted | BeamsRejected | SearchSettled | ProblemFinished)
+         | SpeculationAdopted | BeamsRejected | SpeculationPruned | SearchSettled
+         | ProblemFinished)
 
 
 class MetricsCollector:
@@ -180,6 +191,11 @@ class MetricsCollector:
     def _adopted(self, e: SpeculationAdopted) -> None:
         self.problems[e.problem_id].spec_used += e.tokens
 
+    def _spec_pruned(self, e: SpeculationPruned) -> None:
+        m = self.problems[e.problem_id]
+        m.spec_pruned_beams += e.beams
+        m.spec_pruned_requests += e.requests
+
     def _rejected(self, e: BeamsRejected) -> None:
         m = self.problems[e.problem_id]
         m.beams_rejected += e.beams
@@ -209,5 +225,6 @@ _HANDLERS: dict[type, Callable[[MetricsCollector, object], None]] = {
     StepDone: MetricsCollector._step, ModelTime: MetricsCollector._time,
     ScoresMade: MetricsCollector._scores, IterationDone: MetricsCollector._iteration,
     SpeculationAdopted: MetricsCollector._adopted, BeamsRejected: MetricsCollector._rejected,
+    SpeculationPruned: MetricsCollector._spec_pruned,
     SearchSettled: MetricsCollector._settled, ProblemFinished: MetricsCollector._finished,
 }
