@@ -176,11 +176,12 @@ def test_speculation_hides_stragglers():
     assert 0 < m.spec_used <= m.spec_generated
 
 
-def test_spec_prune_stops_only_the_speculation_of_beams_selection_prunes(monkeypatch):
+@pytest.mark.parametrize("branches", [False, True])
+def test_spec_prune_stops_only_the_speculation_of_beams_selection_prunes(monkeypatch, branches):
     """Speculation pruning: once the real requests still decoding are down to N/M, the
     finished steps are scored early and every beam that N/M others outscore stops
     speculating. Each such beam is pruned by selection; the tree is the one without
-    pruning (R = 0 and slots to spare: no other beam's speculation changes), fewer
+    pruning (run-on with R = 0, or branches, and slots to spare: no other beam's speculation changes), fewer
     speculative tokens are generated, and no score is computed twice."""
     from tts.engine.barrier_generation import IterationGeneration
 
@@ -193,7 +194,7 @@ def test_spec_prune_stops_only_the_speculation_of_beams_selection_prunes(monkeyp
 
     monkeypatch.setattr(IterationGeneration, "stop_speculating", spy)
     common = dict(n=8, m=4, iters=5, problems=("a", "b"), speculative=True, ordering="prefix_aware",
-                  spec_truncate_ratio=0.0, spec_truncate_std=0.0)
+                  spec_truncate_ratio=0.0, spec_truncate_std=0.0, spec_branches=branches)
     base, *_ = run(answering, n=8, m=4, iters=5, problems=("a", "b"))
     plain, _, _, p_ver = run(answering, **common)
     pruned, eng, _, ver = run(answering, spec_prune=True, **common)
