@@ -79,7 +79,7 @@ def variant_summary(records: list[dict], step_log: dict | None, wall_s: float | 
             s[f"{model[:3]}_batch_util_mean"] = log["batch_util_mean"]
             s[f"{model[:3]}_running_mean"] = log.get("running_mean", 0.0)
         phase = (step_log.get("generator") or {}).get("model_s")
-        if phase:  # absent from runs made before the variant's model time was logged
+        if phase and "total_gen_tokens" in s:  # absent before the variant's model time was logged
             s["gen_phase_tok_s"] = s["total_gen_tokens"] / phase
     return s
 
