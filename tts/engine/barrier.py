@@ -171,8 +171,7 @@ class BarrierSchedule(Schedule):
         cache = self.engine.cache
         for p in self._live:
             mine = self._requests_of(p)
-            done = {r.beam.uid: s for r in mine if r.finished and (s := cache.peek(
-                p.id, r.beam.step_texts + (self.runner.gen.decode(r.tokens),))) is not None}
+            done = {r.beam.uid: s for r in mine if r.finished and (s := cache.peek(p.id, self._step_path(r))) is not None}
             out = self.rejection.rejected(p.search, mine, partial, done)
             if out:
                 self.generation.reject(out)
@@ -214,11 +213,10 @@ class BarrierSchedule(Schedule):
     def _finished_step_items(self) -> list[ScoreItem]:
         """The finished steps not scored yet, whole, into the score cache (the iteration's
         own scoring reads them back: no score is computed twice)."""
-        decode, cache = self.runner.gen.decode, self.engine.cache
-        return [ScoreItem(r.beam, p.input.problem, (), lookahead_step=text, early=True)
+        return [ScoreItem(r.beam, p.input.problem, (), lookahead_step=path[-1], early=True)
                 for p in self._live for r in self._requests_of(p)
                 if r.finished and not (r.rejected or r.to_eos or r.cut_into_steps) and r.tokens
-                and not cache.has(p.id, r.beam.step_texts + (text := decode(r.tokens),))]
+                and not self.engine.cache.has(p.id, path := self._step_path(r))]
 
     def _prune_speculation(self) -> None:
         """Stop the speculation of every beam whose finished step, on the scores known now,
@@ -238,7 +236,7 @@ class BarrierSchedule(Schedule):
                     continue
                 if len(r.tokens) >= self.policy.max_total_tokens - r.beam.num_tokens:
                     continue  # the path's budget ends here: it completes, it does not compete
-                path = r.beam.step_texts + (decode(r.tokens),)
+                path = self._step_path(r)
                 score = cache.peek(p.id, path)
                 if score is not None:
                     est[r.beam.uid] = (aggregate(list(r.beam.scores) + [score], agg), path)
@@ -250,6 +248,10 @@ class BarrierSchedule(Schedule):
                     out.add(uid)
             if out:
                 self.emit(SpeculationPruned(p.id, len(out), self.generation.stop_speculating(out)))
+
+    def _step_path(self, request: Request) -> tuple[str, ...]:
+        """A finished request's path with its new step: the score cache's key for the step."""
+        return request.beam.step_texts + (self.runner.gen.decode(request.tokens),)
 
     # ------------------------------------------------------------ the iteration
 

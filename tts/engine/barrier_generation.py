@@ -68,7 +68,6 @@ class IterationGeneration:
         self._speculating: dict[Request, int] = {}  # running speculative request -> priority
         self._awaiting_slot: dict[int, Request] = {}  # run-on: finished steps waiting for a speculative slot, by beam uid
         self._branches: list[Request] = []  # branches waiting for a slot
-        self._barred: set[int] = set()  # beams selection cannot keep: no speculation (`stop_speculating`)
 
     @property
     def active(self) -> bool:
@@ -79,7 +78,7 @@ class IterationGeneration:
         """Send each request; a request that adopted a whole step branches at once (the
         slots real work leaves free are idle from the start)."""
         self._requests = list(requests)
-        self._pending, self._speculating, self._awaiting_slot, self._barred = set(), {}, {}, set()
+        self._pending, self._speculating, self._awaiting_slot = set(), {}, {}
         self._start(self._requests)
         self._branches = [b for r in self._requests if r.finished and self.spec_branches and self._may_speculate(r)
                           for b in self._new_branches(r)]
@@ -125,10 +124,10 @@ class IterationGeneration:
 
     def stop_speculating(self, beams: set[int]) -> int:
         """Speculation pruning: these beams' finished steps cannot make selection's cut, so
-        their speculation stops (running requests stop, waiting ones lose their claim) and
-        they get no slot again this iteration; the slots go to the others from the next
-        step. Returns how many speculative requests stopped or left the queue."""
-        self._barred |= beams
+        their speculation stops (running requests stop, waiting ones lose their claim: their
+        steps are finished, so nothing claims a slot for them again this iteration); the slots
+        go to the others from the next step. Returns how many speculative requests stopped or
+        left the queue."""
         stops = [r for r in self._speculating if (r.branch_of or r).beam.uid in beams]
         for r in stops:
             del self._speculating[r]
@@ -236,7 +235,7 @@ class IterationGeneration:
         """Speculation on a finished step: not past EOS, nor past a step with a boxed
         answer, which completes the path (no child would use what it generated)."""
         return (self.speculative and request.spec_priority > 0 and not request.to_eos
-                and request.beam.uid not in self._barred and not completes_path(request, self.gen.decode))
+                and not completes_path(request, self.gen.decode))
 
     # ------------------------------------------------------------ speculation
 
