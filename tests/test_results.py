@@ -48,6 +48,25 @@ def test_generator_phase_rate_and_raw_vllm_without_vllm(tmp_path):
     assert "gen_phase_vs_raw" not in base
 
 
+def test_goodput_against_one_sequences_decode_rate(tmp_path):
+    """With raw vLLM's rates in the run folder, every variant's generator phase is reported
+    against the rate at its sequences in flight and its precise goodput against one
+    sequence's decode rate, the most a path's tokens can come at; a measurement without
+    the one-sequence rate (written before it was timed) gives no goodput row."""
+    from tts.results.summary import write_summary
+
+    path = bench(tmp_path)
+    store = RunStore(path)
+    store.write_raw_generator({"batch": 4, "tok_s": 80.0, "single_tok_s": 20.0})
+    summary, _ = write_summary(store, ["baseline"], store.step_logs(), None)
+    base = summary["variants"]["baseline"]
+    assert base["gen_phase_vs_raw"] == pytest.approx(base["gen_phase_tok_s"] / 80.0)
+    assert base["goodput_vs_ceiling"] == pytest.approx(base["precise_goodput"] / 20.0)
+    store.write_raw_generator({"batch": 4, "tok_s": 80.0})
+    summary, _ = write_summary(store, ["baseline"], store.step_logs(), None)
+    assert "goodput_vs_ceiling" not in summary["variants"]["baseline"]
+
+
 def test_existing_folder_needs_resume(tmp_path):
     bench(tmp_path)
     with pytest.raises(FileExistsError, match="--resume"):

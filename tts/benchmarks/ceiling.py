@@ -100,7 +100,15 @@ def raw_generator(cfg, problem: str) -> dict:
     """Raw vLLM's tok/s at the run's sequences in flight (`bench.raw_generator`): the raw
     path of this benchmark at batch `search.n x bench.concurrency`, `generator.step_max_tokens`
     new tokens each on `problem`'s prompt, after an untimed warm-up, `ceiling.repeats`
-    repeats; `tok_s` is their median. The engine is shut down before it returns."""
+    repeats; `tok_s` is their median.
+
+    Also one sequence's decode rate on the same prompt (`single_tok_s`, median of the
+    repeats): the tokens after the first over the time they took, i.e. a run of
+    `step_max_tokens` tokens less a run of one (prefill and the first token). A path's tokens
+    are decoded one engine step after another, so no schedule completes a path faster than
+    this: it bounds precise goodput (mean path tokens over mean completion time) from above,
+    more loosely as paths grow (a longer context makes each step dearer). The engine is shut
+    down before it returns."""
     from tts.backends.codec import ChatCodec
     from tts.backends.factory import read_prompt
     from tts.backends.vllm.engine import make_llm, read_hf_config, resolve_dtype
@@ -121,10 +129,16 @@ def raw_generator(cfg, problem: str) -> dict:
         timer = _Timer(llm, None, prompt, tokens, g.temperature, g.top_p)
         timer._run(RAW, batch, tokens=8)  # warm-up: kernels for this batch shape
         runs = [batch * tokens / timer._run(RAW, batch, tokens) for _ in range(cfg.ceiling.repeats)]
+        timer._run(RAW, 1, tokens=8)  # warm-up: one sequence
+        single = [(tokens - 1) / (timer._run(RAW, 1, tokens) - timer._run(RAW, 1, 1))
+                  for _ in range(cfg.ceiling.repeats)] if tokens > 1 else []
     finally:
         shutdown_llm(llm)
-    return {"batch": batch, "new_tokens": tokens, "prompt_tokens": len(prompt), "dtype": dtype,
-            "repeats": len(runs), "tok_s_runs": runs, "tok_s": statistics.median(runs)}
+    out = {"batch": batch, "new_tokens": tokens, "prompt_tokens": len(prompt), "dtype": dtype,
+           "repeats": len(runs), "tok_s_runs": runs, "tok_s": statistics.median(runs)}
+    if single:
+        out.update(single_tok_s_runs=single, single_tok_s=statistics.median(single))
+    return out
 
 
 class _Timer:

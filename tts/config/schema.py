@@ -276,7 +276,9 @@ class BenchConfig:
     # before the variants, time raw vLLM (`LLM.generate`, nothing of ours installed) at the
     # run's sequences in flight (search.n x bench.concurrency) on this host, the ceiling
     # benchmark's raw path with generator.step_max_tokens new tokens each, `ceiling.repeats`
-    # repeats; every variant's generator phase is then reported against it. vLLM only
+    # repeats; every variant's generator phase is then reported against it. Also one
+    # sequence's decode rate, which bounds precise goodput (a path's tokens are decoded one
+    # step after another): every variant's goodput is reported against it. vLLM only
     raw_generator: bool = False
 
     def __post_init__(self) -> None:
