@@ -51,7 +51,7 @@ def test_generator_phase_rate_and_raw_vllm_without_vllm(tmp_path):
 def test_goodput_against_one_sequences_decode_rate(tmp_path):
     """With raw vLLM's rates in the run folder, every variant's generator phase is reported
     against the rate at its sequences in flight and its precise goodput against one
-    sequence's decode rate, the most a path's tokens can come at; a measurement without
+    sequence's decode rate, about the best a path's tokens can come at; a measurement without
     the one-sequence rate (written before it was timed) gives no goodput row."""
     from tts.results.summary import write_summary
 

@@ -105,10 +105,12 @@ def raw_generator(cfg, problem: str) -> dict:
     Also one sequence's decode rate on the same prompt (`single_tok_s`, median of the
     repeats): the tokens after the first over the time they took, i.e. a run of
     `step_max_tokens` tokens less a run of one (prefill and the first token). A path's tokens
-    are decoded one engine step after another, so no schedule completes a path faster than
-    this: it bounds precise goodput (mean path tokens over mean completion time) from above,
-    more loosely as paths grow (a longer context makes each step dearer). The engine is shut
-    down before it returns."""
+    are decoded one engine step after another, so a schedule that samples as the run does
+    completes a path at about this rate at best: the reference for precise goodput (mean
+    path tokens over mean completion time). Not a strict bound: it is timed with the run's
+    seeded sampling (greedy decoding skips it and measured 1.18 of it on a float32 AMD host)
+    and moves by ±10% between repeats on a shared host. The engine is shut down before it
+    returns."""
     from tts.backends.codec import ChatCodec
     from tts.backends.factory import read_prompt
     from tts.backends.vllm.engine import make_llm, read_hf_config, resolve_dtype

@@ -277,8 +277,8 @@ class BenchConfig:
     # run's sequences in flight (search.n x bench.concurrency) on this host, the ceiling
     # benchmark's raw path with generator.step_max_tokens new tokens each, `ceiling.repeats`
     # repeats; every variant's generator phase is then reported against it. Also one
-    # sequence's decode rate, which bounds precise goodput (a path's tokens are decoded one
-    # step after another): every variant's goodput is reported against it. vLLM only
+    # sequence's decode rate, the reference for precise goodput (a path's tokens are decoded
+    # one step after another): every variant's goodput is reported against it. vLLM only
     raw_generator: bool = False
 
     def __post_init__(self) -> None:

@@ -36,7 +36,7 @@ RATIO_METRICS = [
     ("problems_per_min_bound", "problems/min ceiling, same work", True),
     ("gen_phase_tok_s", "generator phase tok/s (every token decoded, speculative included, / generator time)", True),
     ("gen_phase_vs_raw", "generator phase / raw vLLM at the sequences in flight", True),
-    ("goodput_vs_ceiling", "precise goodput / one sequence's raw decode rate (a path's ceiling)", True),
+    ("goodput_vs_ceiling", "precise goodput / one sequence's raw decode rate (about a path's best)", True),
     ("gen_batch_util_mean", "generator batch utilisation", True),
     ("gen_running_mean", "generator requests per step", True),
     ("step_tokens_mean", "step tokens (mean)", True),
@@ -88,8 +88,9 @@ def variant_summary(records: list[dict], step_log: dict | None, wall_s: float | 
 def add_raw_ratio(summary: dict, raw: dict | None) -> None:
     """The variant against raw vLLM (`bench.raw_generator`), when the run measured it: its
     generator phase against raw tok/s at the run's sequences in flight, and its precise
-    goodput against one sequence's decode rate, which no schedule's goodput can pass (its
-    inverse is the most any schedule could multiply this variant's goodput by)."""
+    goodput against one sequence's decode rate, about the best a path's tokens can come at
+    (its inverse is about the most any schedule could multiply this variant's goodput by;
+    a reference, not a strict bound: see `tts.benchmarks.ceiling.raw_generator`)."""
     if not raw:
         return
     if raw.get("tok_s") and summary.get("gen_phase_tok_s"):
