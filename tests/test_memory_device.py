@@ -73,3 +73,65 @@ def test_calibrate_cpu_short_run_and_write_roundtrip(tmp_path):
 def test_write_profile_roundtrip_literal(tmp_path):
     profile = DeviceProfile("box", "gpu", 1.5, 2.5, 3.5, "hand-typed", calibrated=False)
     assert load_device(write_profile(profile, tmp_path / "box.yaml")) == profile
+
+
+def test_calibration_records_the_cpu_it_measured():
+    from tts.profiling.calibrate import this_host
+
+    assert calibrate_cpu(seconds=0.2, matmul_n=256, copy_mib=16).host == this_host()
+    assert load_device("cpu").host  # the shipped CPU profile names its CPU
+
+
+def _other_cpu(host="Some Other CPU, 64 threads"):
+    return DeviceProfile("cpu", "cpu", 0.1, 20.0, 24.0, "calibrated elsewhere", calibrated=True, host=host)
+
+
+def test_host_profile_keeps_a_profile_measured_here_and_every_gpu_or_hand_typed_one(tmp_path, monkeypatch):
+    import tts.profiling.calibrate as cal
+
+    monkeypatch.setattr(cal, "_calibrate", lambda *a: pytest.fail("nothing should be measured"))
+    here = _other_cpu(cal.this_host())
+    for profile in (here, load_device("h100"), DeviceProfile("cpu", "cpu", 1.0, 1.0, 1.0, "typed"),
+                    _other_cpu(host="")):  # a profile from before `host` was recorded
+        assert cal.host_profile(profile, tmp_path) == (profile, None)
+
+
+def test_host_profile_measures_another_cpus_profile_once_and_reads_it_back(tmp_path, monkeypatch):
+    import tts.profiling.calibrate as cal
+
+    measured = DeviceProfile("cpu", "cpu", 2.5, 25.0, 24.0, "measured here", calibrated=True, host=cal.this_host())
+    calls = []
+    monkeypatch.setattr(cal, "_calibrate", lambda *a: calls.append(a) or (measured, 0.0))
+    got, note = cal.host_profile(_other_cpu(), tmp_path)
+    assert got == measured and len(calls) == 1
+    assert "Some Other CPU" in note and cal.this_host() in note
+    assert cal.host_profile(_other_cpu(), tmp_path) == (measured, note) and len(calls) == 1  # the cache
+
+    (cache,) = tmp_path.glob("cpu-*.yaml")
+    cache.write_text("peak_tflops: [not a number")  # corrupt: measured again
+    assert cal.host_profile(_other_cpu(), tmp_path)[0] == measured and len(calls) == 2
+
+
+def test_host_profile_does_not_keep_a_calibration_from_a_busy_machine(tmp_path, monkeypatch):
+    import tts.profiling.calibrate as cal
+
+    measured = DeviceProfile("cpu", "cpu", 2.5, 25.0, 24.0, "measured here", calibrated=True, host=cal.this_host())
+    monkeypatch.setattr(cal, "_calibrate", lambda *a: (measured, 0.5))
+    assert cal.host_profile(_other_cpu(), tmp_path)[0] == measured
+    assert not list(tmp_path.glob("cpu-*.yaml"))
+
+
+def test_a_vllm_run_on_another_cpu_records_this_cpus_profile(tmp_path, monkeypatch):
+    import tts.profiling.calibrate as cal
+    from tts.config.compose import compose as compose_config
+    from tts.runner import on_this_host
+
+    measured = DeviceProfile("cpu", "cpu", 2.5, 25.0, 24.0, "measured here", calibrated=True, host=cal.this_host())
+    monkeypatch.setattr(cal, "_calibrate", lambda *a: (measured, 0.0))
+    monkeypatch.setattr(cal, "_host_cache", lambda cache: tmp_path)
+    node = compose_config("config", ["device.host='Some Other CPU, 64 threads'"])
+    got = on_this_host(node)
+    assert got.device.peak_tflops == 2.5 and got.device.host == cal.this_host()
+    assert node.device.peak_tflops != 2.5  # the composed config is left as it was
+    fake = compose_config("config", ["generator=fake", "device.host='Some Other CPU, 64 threads'"])
+    assert on_this_host(fake) is fake  # nothing runs here that the profile prices

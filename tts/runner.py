@@ -164,6 +164,7 @@ def run_bench(cfg_node: DictConfig, progress: Callable | None = None,
     after each of a problem's search iterations. `on_folder(path)` is called once the
     folder exists, before any model loads (the CLI sends library output to a log file
     there)."""
+    cfg_node = on_this_host(cfg_node)
     cfg: Config = validate(cfg_node)
     if cfg.bench.mode is BenchMode.ceiling:
         from tts.benchmarks.ceiling import run_ceiling
@@ -173,6 +174,29 @@ def run_bench(cfg_node: DictConfig, progress: Callable | None = None,
         raise ConfigError("dataset: the subset selects no problems")
     return run_problems(cfg, cfg_node, problems, Backends(cfg), None, progress, on_folder, on_iteration,
                         measure_raw=cfg.bench.raw_generator)
+
+
+def on_this_host(cfg_node: DictConfig) -> DictConfig:
+    """`cfg_node` with `device` this CPU's own calibration where the configured one was
+    measured on another CPU (`tts.profiling.calibrate.host_profile`), for a run whose
+    generator is vLLM here; the run folder's config records the profile used."""
+    backend = cfg_node.generator.backend
+    if cfg_node.device.kind != "cpu" or getattr(backend, "value", backend) != BackendKind.vllm.value:
+        return cfg_node
+    import copy
+    from dataclasses import asdict
+
+    from tts.memory.device import device_from_dict
+    from tts.profiling.calibrate import host_profile
+
+    profile, note = host_profile(device_from_dict(OmegaConf.to_container(cfg_node.device, resolve=True)))
+    if note is None:
+        return cfg_node
+    log.warning(note)
+    cfg_node = copy.deepcopy(cfg_node)
+    for key, value in asdict(profile).items():
+        cfg_node.device[key] = value
+    return cfg_node
 
 
 def run_problems(cfg: Config, cfg_node: DictConfig, problems: list, backends, host: dict | None,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-import platform
 import socket
 import time
 from collections.abc import Callable
@@ -70,13 +69,16 @@ def measure_matmul_tflops(dtype_name: str, budget_s: float = 0.5, n: int = 2048)
     return 2 * n**3 / best / 1e12
 
 
-def _cpu_model() -> str:
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
+def _threads() -> int:
+    """The CPUs this process may use (its torch threads while calibrating)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def this_host() -> str:
+    """What a CPU profile's numbers depend on: the CPU model and the threads that ran them."""
+    from tts.results.host import cpu_model
+
+    return f"{cpu_model()}, {_threads()} threads"
 
 
 def _busy_cpu_seconds() -> float:
@@ -94,7 +96,7 @@ def _measure(seconds: float, matmul_n: int, copy_mib: int) -> tuple[float, dict[
     import torch
 
     threads_before = torch.get_num_threads()
-    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = _threads()
     torch.set_num_threads(threads)
     busy0, own0, wall0 = _busy_cpu_seconds(), sum(os.times()[:2]), time.perf_counter()
     try:
@@ -117,6 +119,11 @@ def calibrate_cpu(seconds: float = 2.0, matmul_n: int = 2048, copy_mib: int = 25
     are used as torch threads, so run it on an otherwise idle machine: the share of CPU
     time other processes took during the run is recorded in ``source``.
     """
+    return _calibrate(seconds, matmul_n, copy_mib)[0]
+
+
+def _calibrate(seconds: float, matmul_n: int, copy_mib: int) -> tuple[DeviceProfile, float]:
+    """`calibrate_cpu`'s profile, and the share of the CPUs other processes used meanwhile."""
     import torch
 
     from tts.backends.vllm.engine import resolve_dtype
@@ -127,7 +134,7 @@ def calibrate_cpu(seconds: float = 2.0, matmul_n: int = 2048, copy_mib: int = 25
     rate_text = ", ".join(f"{d} {r * 1e3:.1f} GFLOP/s" for d, r in rates.items())
     source = (
         f"calibrated by tts.profiling.calibrate.calibrate_cpu on host {socket.gethostname()} "
-        f"({_cpu_model()}, {threads} threads, torch {torch.__version__}) at {when}: "
+        f"({this_host()}, torch {torch.__version__}) at {when}: "
         f"{matmul_n}^3 matmul 20th-percentile time of repeats {rate_text} (peak = {best_dtype}, the dtype models run in here); "
         f"{copy_mib} MiB torch copy, read+write bytes; other processes used "
         f"{other_share:.0%} of the CPUs during the run"
@@ -140,7 +147,8 @@ def calibrate_cpu(seconds: float = 2.0, matmul_n: int = 2048, copy_mib: int = 25
         memory_gb=round(total_memory_gb(), 3),
         source=source,
         calibrated=True,
-    )
+        host=this_host(),
+    ), other_share
 
 
 def write_profile(profile: DeviceProfile, path: str | Path) -> Path:
@@ -163,3 +171,56 @@ def calibrate_and_write(path: str | Path | None = None, seconds: float = 2.0) ->
     profile = calibrate_cpu(seconds)
     write_profile(profile, path if path is not None else device_dir() / "cpu.yaml")
     return profile
+
+
+BUSY_SHARE = 0.2  # above this share of the CPUs used by others, a calibration is not kept
+
+
+def _host_cache(cache: Path | None) -> Path:
+    """Where this host's calibration is kept: `cache`, else `device/` beside the model cache."""
+    if cache is not None:
+        return cache
+    from tts.models.cache import cache_dir
+
+    return cache_dir().parent / "device"
+
+
+def host_profile(profile: DeviceProfile, cache: Path | None = None) -> tuple[DeviceProfile, str | None]:
+    """The CPU profile a run on this machine prices its roofline with, and a note when it
+    is not `profile`.
+
+    `conf/device/cpu.yaml` is one machine's calibration. The decode ridge batch (the
+    speculation width of `optim.spec_batch_cap=-1`) and the roofline memory split follow
+    from it, and CPUs differ by more than an order of magnitude there: an AMD EPYC without
+    native bf16 computes float32 at ~0.13 TFLOP/s, an Intel Xeon with AMX bf16 at ~2.7, so
+    a ridge batch of 11 on one is 99 on the other. A calibrated CPU profile measured on
+    another CPU (`host`) is therefore replaced by this CPU's own calibration, measured once
+    (a few seconds, before any model loads) and kept in `cache` (default
+    `~/.cache/tts/device/`), keyed by CPU model and threads. GPU profiles (datasheet
+    numbers), hand-typed ones (`calibrated: false`) and profiles from before `host` was
+    recorded are used as they are.
+    """
+    import hashlib
+
+    import yaml
+
+    here = this_host()
+    if profile.kind != "cpu" or not profile.calibrated or not profile.host or profile.host == here:
+        return profile, None
+    path = _host_cache(cache) / f"cpu-{hashlib.sha1(here.encode()).hexdigest()[:12]}.yaml"
+    measured = None
+    if path.is_file():
+        try:
+            from tts.memory.device import device_from_dict
+
+            measured = device_from_dict(yaml.safe_load(path.read_text()))
+        except (ValueError, TypeError, yaml.YAMLError):
+            measured = None  # a corrupt cache entry is measured again
+    if measured is None or measured.host != here:
+        measured, busy = _calibrate(2.0, 2048, 256)
+        if busy <= BUSY_SHARE:  # a busy machine's numbers serve this run, not the next ones
+            write_profile(measured, path)
+    note = (f"device=cpu: the profile was calibrated on {profile.host}; this host is {here}: using its own "
+            f"calibration ({measured.peak_tflops * 1e3:.0f} GFLOP/s, {measured.bandwidth_gbs:.1f} GB/s, "
+            f"ridge {measured.ridge_point:.1f} FLOP/byte; {path})")
+    return measured, note

@@ -59,13 +59,18 @@ def profile_memory(cfg: DictConfig, calibrate: bool = False, console: Console | 
     from tts.profiling.sweep import split_config, workload_overrides
     from tts.problems import load_problems_for
 
+    from tts.runner import on_this_host
+
     console = console or Console()
+    calibrate = calibrate or bool(cfg.profile.get("calibrate", False))
+    if not calibrate:  # another CPU's profile is measured here (calibrate measures anyway)
+        cfg = on_this_host(cfg)
     fractions = _fractions(cfg)
     overrides = workload_overrides(cfg)
     share = _breakdown_share(cfg, overrides, fractions)
     run_order = ([share] if share in fractions else []) + [f for f in fractions if f != share]
     folder = _results_folder(cfg)
-    device = _device(cfg, calibrate or bool(cfg.profile.get("calibrate", False)), console)
+    device = _device(cfg, calibrate, console)
     base = split_config(cfg, share, overrides)
     problems = load_problems_for(base)[: int(cfg.profile.num_problems)]
     if not problems:
