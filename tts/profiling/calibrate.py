@@ -219,7 +219,10 @@ def host_profile(profile: DeviceProfile, cache: Path | None = None) -> tuple[Dev
     if measured is None or measured.host != here:
         measured, busy = _calibrate(2.0, 2048, 256)
         if busy <= BUSY_SHARE:  # a busy machine's numbers serve this run, not the next ones
-            write_profile(measured, path)
+            try:
+                write_profile(measured, path)
+            except OSError:  # an unwritable cache: the next run measures again
+                pass
     note = (f"device=cpu: the profile was calibrated on {profile.host}; this host is {here}: using its own "
             f"calibration ({measured.peak_tflops * 1e3:.0f} GFLOP/s, {measured.bandwidth_gbs:.1f} GB/s, "
             f"ridge {measured.ridge_point:.1f} FLOP/byte; {path})")
