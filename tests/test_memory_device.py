@@ -1,5 +1,7 @@
 """Device profiles: the shipped YAMLs, Hydra composition, and CPU calibration."""
 
+import dataclasses
+
 import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
@@ -135,3 +137,23 @@ def test_a_vllm_run_on_another_cpu_records_this_cpus_profile(tmp_path, monkeypat
     assert node.device.peak_tflops != 2.5  # the composed config is left as it was
     fake = compose_config("config", ["generator=fake", "device.host='Some Other CPU, 64 threads'"])
     assert on_this_host(fake) is fake  # nothing runs here that the profile prices
+
+
+def test_a_resumed_run_keeps_the_profile_it_measured_on_this_cpu(tmp_path, monkeypatch):
+    import tts.profiling.calibrate as cal
+    from tts.config.compose import compose as compose_config
+    from tts.runner import on_this_host
+
+    monkeypatch.setattr(cal, "_calibrate", lambda *a: pytest.fail("a resumed run measures nothing"))
+    recorded = DeviceProfile("cpu", "cpu", 2.25, 24.0, 24.0, "measured here", calibrated=True, host=cal.this_host())
+    write_profile(recorded, tmp_path / "old")  # a folder whose config.yaml ...
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "config.yaml").write_text("device:\n" + "".join(
+        f"  {line}\n" for line in (tmp_path / "old").read_text().splitlines() if not line.startswith("#")))
+    other = ["device.host='Some Other CPU, 64 threads'", f"bench.results_dir={tmp_path}", "bench.run_name=run"]
+    got = on_this_host(compose_config("config", other + ["bench.resume=true"]))
+    assert got.device.peak_tflops == 2.25 and got.device.host == cal.this_host()
+    monkeypatch.setattr(cal, "_calibrate", lambda *a: (dataclasses.replace(recorded, peak_tflops=3.0), 0.0))
+    monkeypatch.setattr(cal, "_host_cache", lambda cache: tmp_path / "cache")
+    assert on_this_host(compose_config("config", other)).device.peak_tflops == 3.0  # a new run measures

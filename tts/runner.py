@@ -189,7 +189,8 @@ def on_this_host(cfg_node: DictConfig) -> DictConfig:
     from tts.memory.device import device_from_dict
     from tts.profiling.calibrate import host_profile
 
-    profile, note = host_profile(device_from_dict(OmegaConf.to_container(cfg_node.device, resolve=True)))
+    configured = device_from_dict(OmegaConf.to_container(cfg_node.device, resolve=True))
+    profile, note = _resumed_device(cfg_node, configured) or host_profile(configured)
     if note is None:
         return cfg_node
     log.warning(note)
@@ -197,6 +198,26 @@ def on_this_host(cfg_node: DictConfig) -> DictConfig:
     for key, value in asdict(profile).items():
         cfg_node.device[key] = value
     return cfg_node
+
+
+def _resumed_device(cfg_node: DictConfig, configured):
+    """A resumed run's own profile, with a note, when its folder recorded one measured on
+    this CPU in place of `configured` (its speculation width and memory split stay those
+    of its first part, and a measurement that differs by a hair does not refuse the resume
+    as "other settings"); None otherwise."""
+    if not (cfg_node.bench.resume and cfg_node.bench.run_name):
+        return None
+    from tts.memory.device import device_from_dict
+    from tts.profiling.calibrate import this_host
+
+    try:  # a corrupt config.yaml is reported when the run folder opens
+        saved = RunStore(Path(cfg_node.bench.results_dir) / cfg_node.bench.run_name).saved_config().get("device")
+        recorded = device_from_dict(saved) if isinstance(saved, dict) else None
+    except (TypeError, ValueError):
+        return None
+    if recorded is None or recorded == configured or recorded.kind != "cpu" or recorded.host != this_host():
+        return None
+    return recorded, f"device=cpu: --resume keeps the profile its run measured on {recorded.host}"
 
 
 def run_problems(cfg: Config, cfg_node: DictConfig, problems: list, backends, host: dict | None,
