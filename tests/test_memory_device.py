@@ -84,7 +84,7 @@ def test_calibration_records_the_cpu_it_measured():
     assert load_device("cpu").host  # the shipped CPU profile names its CPU
 
 
-def _other_cpu(host="Some Other CPU, 64 threads"):
+def _other_cpu(host="Some Other CPU, 64 threads, float32"):
     return DeviceProfile("cpu", "cpu", 0.1, 20.0, 24.0, "calibrated elsewhere", calibrated=True, host=host)
 
 
@@ -131,11 +131,11 @@ def test_a_vllm_run_on_another_cpu_records_this_cpus_profile(tmp_path, monkeypat
     measured = DeviceProfile("cpu", "cpu", 2.5, 25.0, 24.0, "measured here", calibrated=True, host=cal.this_host())
     monkeypatch.setattr(cal, "_calibrate", lambda *a: (measured, 0.0))
     monkeypatch.setattr(cal, "_host_cache", lambda cache: tmp_path)
-    node = compose_config("config", ["device.host='Some Other CPU, 64 threads'"])
+    node = compose_config("config", ["device.host='Some Other CPU, 64 threads, float32'"])
     got = on_this_host(node)
     assert got.device.peak_tflops == 2.5 and got.device.host == cal.this_host()
     assert node.device.peak_tflops != 2.5  # the composed config is left as it was
-    fake = compose_config("config", ["generator=fake", "device.host='Some Other CPU, 64 threads'"])
+    fake = compose_config("config", ["generator=fake", "device.host='Some Other CPU, 64 threads, float32'"])
     assert on_this_host(fake) is fake  # nothing runs here that the profile prices
 
 
@@ -151,7 +151,7 @@ def test_a_resumed_run_keeps_the_profile_it_measured_on_this_cpu(tmp_path, monke
     folder.mkdir()
     (folder / "config.yaml").write_text("device:\n" + "".join(
         f"  {line}\n" for line in (tmp_path / "old").read_text().splitlines() if not line.startswith("#")))
-    other = ["device.host='Some Other CPU, 64 threads'", f"bench.results_dir={tmp_path}", "bench.run_name=run"]
+    other = ["device.host='Some Other CPU, 64 threads, float32'", f"bench.results_dir={tmp_path}", "bench.run_name=run"]
     got = on_this_host(compose_config("config", other + ["bench.resume=true"]))
     assert got.device.peak_tflops == 2.25 and got.device.host == cal.this_host()
     monkeypatch.setattr(cal, "_calibrate", lambda *a: (dataclasses.replace(recorded, peak_tflops=3.0), 0.0))

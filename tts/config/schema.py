@@ -228,7 +228,7 @@ class DeviceConfig:
     memory_gb: float = 24.0
     calibrated: bool = False
     source: str = ""
-    host: str = ""  # a calibrated CPU profile's CPU (model, threads); another CPU measures its own
+    host: str = ""  # a calibrated CPU profile's CPU (model, threads, dtype); another CPU measures its own
 
     def __post_init__(self) -> None:
         _require(self.kind in ("cpu", "gpu"), "device.kind", "valid choices: cpu, gpu")

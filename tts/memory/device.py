@@ -33,8 +33,9 @@ class DeviceProfile:
     calibrated: bool = False
     """True when the numbers were measured on the machine, not copied from a datasheet."""
     host: str = ""
-    """For a calibrated CPU profile: the CPU it was measured on (model and threads), so a run
-    on another CPU measures its own (:func:`tts.profiling.calibrate.host_profile`)."""
+    """For a calibrated CPU profile: the CPU it was measured on (model, threads, the dtype
+    bf16 models run in), so a run on another CPU measures its own
+    (:func:`tts.profiling.calibrate.host_profile`)."""
 
     def __post_init__(self) -> None:
         if self.kind not in DEVICE_KINDS:

@@ -75,10 +75,13 @@ def _threads() -> int:
 
 
 def this_host() -> str:
-    """What a CPU profile's numbers depend on: the CPU model and the threads that ran them."""
+    """What a CPU profile's numbers depend on: the CPU model, the threads that ran them and
+    the dtype a bf16 model runs in here (one marketing name, "AMD EPYC", covers Zen 2
+    without native bf16 and Zen 4 with it)."""
+    from tts.backends.vllm.engine import resolve_dtype
     from tts.results.host import cpu_model
 
-    return f"{cpu_model()}, {_threads()} threads"
+    return f"{cpu_model()}, {_threads()} threads, {resolve_dtype('auto', {'torch_dtype': 'bfloat16'})}"
 
 
 def _busy_cpu_seconds() -> float:
@@ -196,7 +199,7 @@ def host_profile(profile: DeviceProfile, cache: Path | None = None) -> tuple[Dev
     a ridge batch of 11 on one is 99 on the other. A calibrated CPU profile measured on
     another CPU (`host`) is therefore replaced by this CPU's own calibration, measured once
     (a few seconds, before any model loads) and kept in `cache` (default
-    `~/.cache/tts/device/`), keyed by CPU model and threads. GPU profiles (datasheet
+    `~/.cache/tts/device/`), keyed by CPU model, threads and dtype. GPU profiles (datasheet
     numbers), hand-typed ones (`calibrated: false`) and profiles from before `host` was
     recorded are used as they are.
     """
