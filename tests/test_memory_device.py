@@ -3,6 +3,7 @@
 import dataclasses
 
 import pytest
+import yaml
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
@@ -146,11 +147,9 @@ def test_a_resumed_run_keeps_the_profile_it_measured_on_this_cpu(tmp_path, monke
 
     monkeypatch.setattr(cal, "_calibrate", lambda *a: pytest.fail("a resumed run measures nothing"))
     recorded = DeviceProfile("cpu", "cpu", 2.25, 24.0, 24.0, "measured here", calibrated=True, host=cal.this_host())
-    write_profile(recorded, tmp_path / "old")  # a folder whose config.yaml ...
-    folder = tmp_path / "run"
+    folder = tmp_path / "run"  # a run folder whose config recorded `recorded`
     folder.mkdir()
-    (folder / "config.yaml").write_text("device:\n" + "".join(
-        f"  {line}\n" for line in (tmp_path / "old").read_text().splitlines() if not line.startswith("#")))
+    (folder / "config.yaml").write_text(yaml.safe_dump({"device": recorded.to_dict()}))
     other = ["device.host='Some Other CPU, 64 threads, float32'", f"bench.results_dir={tmp_path}", "bench.run_name=run"]
     got = on_this_host(compose_config("config", other + ["bench.resume=true"]))
     assert got.device.peak_tflops == 2.25 and got.device.host == cal.this_host()

@@ -164,11 +164,13 @@ def run_bench(cfg_node: DictConfig, progress: Callable | None = None,
     after each of a problem's search iterations. `on_folder(path)` is called once the
     folder exists, before any model loads (the CLI sends library output to a log file
     there)."""
-    cfg_node = on_this_host(cfg_node)
     cfg: Config = validate(cfg_node)
-    if cfg.bench.mode is BenchMode.ceiling:
+    if cfg.bench.mode is BenchMode.ceiling:  # times raw vLLM only: no device profile to measure
         from tts.benchmarks.ceiling import run_ceiling
         return run_ceiling(cfg_node, on_folder=on_folder)
+    here = on_this_host(cfg_node)
+    if here is not cfg_node:
+        cfg_node, cfg = here, validate(here)
     problems = load_problems_for(cfg)
     if not problems:
         raise ConfigError("dataset: the subset selects no problems")

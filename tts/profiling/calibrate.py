@@ -132,12 +132,13 @@ def _calibrate(seconds: float, matmul_n: int, copy_mib: int) -> tuple[DeviceProf
     from tts.backends.vllm.engine import resolve_dtype
 
     bandwidth, rates, threads, other_share = _measure(seconds, matmul_n, copy_mib)
+    here = this_host()
     best_dtype = resolve_dtype("auto", {"torch_dtype": "bfloat16"})
     when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     rate_text = ", ".join(f"{d} {r * 1e3:.1f} GFLOP/s" for d, r in rates.items())
     source = (
         f"calibrated by tts.profiling.calibrate.calibrate_cpu on host {socket.gethostname()} "
-        f"({this_host()}, torch {torch.__version__}) at {when}: "
+        f"({here}, torch {torch.__version__}) at {when}: "
         f"{matmul_n}^3 matmul 20th-percentile time of repeats {rate_text} (peak = {best_dtype}, the dtype models run in here); "
         f"{copy_mib} MiB torch copy, read+write bytes; other processes used "
         f"{other_share:.0%} of the CPUs during the run"
@@ -150,7 +151,7 @@ def _calibrate(seconds: float, matmul_n: int, copy_mib: int) -> tuple[DeviceProf
         memory_gb=round(total_memory_gb(), 3),
         source=source,
         calibrated=True,
-        host=this_host(),
+        host=here,
     ), other_share
 
 
@@ -207,6 +208,8 @@ def host_profile(profile: DeviceProfile, cache: Path | None = None) -> tuple[Dev
 
     import yaml
 
+    from tts.memory.device import device_from_dict
+
     here = this_host()
     if profile.kind != "cpu" or not profile.calibrated or not profile.host or profile.host == here:
         return profile, None
@@ -214,11 +217,9 @@ def host_profile(profile: DeviceProfile, cache: Path | None = None) -> tuple[Dev
     measured = None
     if path.is_file():
         try:
-            from tts.memory.device import device_from_dict
-
             measured = device_from_dict(yaml.safe_load(path.read_text()))
         except (ValueError, TypeError, yaml.YAMLError):
-            measured = None  # a corrupt cache entry is measured again
+            pass  # a corrupt cache entry is measured again
     if measured is None or measured.host != here:
         measured, busy = _calibrate(2.0, 2048, 256)
         if busy <= BUSY_SHARE:  # a busy machine's numbers serve this run, not the next ones
