@@ -28,9 +28,12 @@ ENGINE = dict(kv_cache_bytes=KV_BYTES, gpu_memory_utilization=None, block_size=3
               max_num_seqs=16, max_num_batched_tokens=1024, dtype="float32", seed=0,
               min_tokens_per_seq=SEQ_TOKENS)
 BF16 = {**ENGINE, "dtype": "bfloat16"}
-# bf16 judge scores (probabilities) of one path, with and without its prefix cached: a
-# 1.2e-3 difference was measured on a Xeon with AMX; the tolerance leaves room for others
-BF16_SCORE_TOL = 1e-2
+# bf16 judge scores (probabilities) with and without their prefix cached differ: the cached
+# prefix's keys and values were computed in another batch shape, and bf16 rounds the two
+# differently. Measured on a Xeon with AMX over 36 scores (12 paths of 3 steps): mean
+# |difference| 0.021 and largest 0.12 with vLLM's native RMSNorm, 0.023 and 0.062 with the
+# fused one (`cpu_kernels.py`). The bounds leave room for other hosts.
+BF16_SCORE_MEAN_TOL, BF16_SCORE_MAX_TOL = 0.05, 0.25
 LONG_SYSTEM = "Solve the problem. Show each step on its own line. " * 6
 PATH = ScoreRequest("What is 12 + 7?", ("12 + 7 = 19.\n\n", "So the answer is \\boxed{19}."),
                     (0, 1))
@@ -429,14 +432,19 @@ def test_bf16_repeats_exactly_from_the_same_cache_and_batch(bf16_gen, position: 
 
 
 def test_bf16_judge_scores_agree_within_tolerance(bf16_ver) -> None:
-    requests = [PATH, ScoreRequest("What is 12 + 7?", ("12 + 7 = 21.",), (0,))]
+    problems = ["What is 12 + 7?", "Find x if 3x = 12.", "What is the area of a 3 by 4 rectangle?",
+                "How many primes are below 20?", "Simplify 6/8.", "What is 2 to the power 5?"]
+    requests = [ScoreRequest(p, ("Let me think about this.\n\n", f"First, {i} + {3 * i} = {4 * i}.\n\n",
+                                 f"So the answer is \\boxed{{{4 * i}}}."), (0, 1, 2))
+                for i, p in enumerate(problems)]
     assert bf16_ver.reset_prefix_cache()
     first, _ = bf16_ver.score(requests)
     again, stats = bf16_ver.score(requests)  # served from the prefix cache this time
     assert stats.cached_tokens > 0
     flat, flat2 = [x for s in first for x in s], [x for s in again for x in s]
-    assert all(0.0 <= x <= 1.0 for x in flat)
-    assert flat2 == pytest.approx(flat, abs=BF16_SCORE_TOL)
+    assert all(0.0 <= x <= 1.0 for x in flat) and len(set(flat)) > 3
+    diffs = [abs(a - b) for a, b in zip(flat, flat2)]
+    assert sum(diffs) / len(diffs) <= BF16_SCORE_MEAN_TOL and max(diffs) <= BF16_SCORE_MAX_TOL
     assert bf16_ver.reset_prefix_cache()
     cold, _ = bf16_ver.score(requests)  # the same cache state and batch as the first: exact
     assert [x for s in cold for x in s] == flat
@@ -469,3 +477,62 @@ def test_another_vllm_version_is_refused_before_loading(model_path: str, monkeyp
     monkeypatch.setenv("TTS_ALLOW_ANY_VLLM", "1")
     with pytest.raises(Loaded):
         make_llm(model_path, **ENGINE)
+
+
+# ------------------------------------------------------------ fused RMSNorm on CPU
+
+
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-5), ("bfloat16", 2e-2)])
+def test_fused_cpu_rms_norm_matches_vllms_native_one(dtype: str, tol: float) -> None:
+    import torch
+    from vllm import ir
+
+    from tts.backends.vllm import cpu_kernels
+
+    if not cpu_kernels.register():
+        pytest.skip("this vLLM build has no CPU RMSNorm kernels")
+    g = torch.Generator().manual_seed(0)
+    dt = getattr(torch, dtype)
+    x, res = (torch.randn(5, 576, generator=g).to(dt) for _ in range(2))
+    w = (1 + 0.1 * torch.randn(576, generator=g)).to(dt)
+    norm, add_norm = ir.ops.rms_norm, ir.ops.fused_add_rms_norm
+    want = norm.impls["native"].impl_fn(x, w, 1e-5)
+    got = norm.impls[cpu_kernels.PROVIDER].impl_fn(x, w, 1e-5)
+    assert got.dtype == dt and torch.allclose(got.float(), want.float(), atol=tol, rtol=tol)
+    want_out, want_sum = add_norm.impls["native"].impl_fn(x, res, w, 1e-5)
+    x2, res2 = x.clone(), res.clone()
+    got_out, got_sum = add_norm.impls[cpu_kernels.PROVIDER].impl_fn(x2, res2, w, 1e-5)
+    assert got_out.data_ptr() == x2.data_ptr() and got_sum.data_ptr() == res2.data_ptr()  # in place
+    assert torch.allclose(got_sum.float(), want_sum.float(), atol=tol, rtol=tol)
+    assert torch.allclose(got_out.float(), want_out.float(), atol=tol, rtol=tol)
+    # a call the kernels do not take (a variance size, a weight of another dtype) goes native
+    impl = norm.impls[cpu_kernels.PROVIDER]
+    assert not impl.supports_args(x, w, 1e-5, variance_size=64)
+    assert not impl.supports_args(x, w.to(torch.float16), 1e-5)
+
+
+def test_fused_cpu_rms_norm_choice(monkeypatch) -> None:
+    from tts.backends.vllm import cpu_kernels
+
+    if not cpu_kernels.register():
+        pytest.skip("this vLLM build has no CPU RMSNorm kernels")
+    monkeypatch.delenv(cpu_kernels.ENV, raising=False)
+    priority = cpu_kernels.engine_kwargs(on_gpu=False)["kernel_config"]["ir_op_priority"]
+    assert priority == {op: [cpu_kernels.PROVIDER, "native"] for op in cpu_kernels.OPS}
+    assert cpu_kernels.engine_kwargs(on_gpu=True) == {}  # vLLM's CUDA kernels lead there
+    monkeypatch.setenv(cpu_kernels.ENV, "native")
+    assert cpu_kernels.engine_kwargs(on_gpu=False) == {}
+    monkeypatch.setenv(cpu_kernels.ENV, "onednn")
+    with pytest.raises(ValueError, match="TTS_CPU_RMS_NORM: unknown 'onednn'; valid choices: fused, native"):
+        cpu_kernels.engine_kwargs(on_gpu=False)
+
+
+def test_engines_run_the_fused_cpu_rms_norm(gen) -> None:
+    from vllm import ir
+
+    from tts.backends.vllm import cpu_kernels
+
+    if not cpu_kernels.available() or os.environ.get(cpu_kernels.ENV, "fused") == "native":
+        pytest.skip("fused RMSNorm not in use")
+    for op in cpu_kernels.OPS:
+        assert getattr(ir.ops, op).get_priority()[0] == cpu_kernels.PROVIDER

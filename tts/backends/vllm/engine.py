@@ -177,7 +177,8 @@ def make_llm(
     Raises, before any weight is loaded: ModelNotPresentError (a FileNotFoundError) for a
     missing folder, and
     ValueError when the KV budget cannot hold one such sequence or neither memory lever is
-    given. Prefix caching is on, CUDA graphs are off (eager), per-step stats are kept, and
+    given. Prefix caching is on, CUDA graphs are off (eager; on CPU with vLLM's fused RMSNorm
+    kernels, `cpu_kernels.py`), per-step stats are kept, and
     scheduling is synchronous, so each `step()` returns the tokens of the batch it ran.
     `engine_kwargs` go to `vllm.LLM` as they are (e.g. `runner="pooling"` for reward heads).
     """
@@ -195,6 +196,7 @@ def make_llm(
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     import vllm
 
+    from tts.backends.vllm import cpu_kernels
     from tts.backends.vllm.internals import check_vllm_version
 
     check_vllm_version()  # before any weight loads: a clear error, not a failure deep in vLLM
@@ -207,6 +209,7 @@ def make_llm(
         enable_prefix_caching=True, disable_log_stats=False, async_scheduling=False,
         **memory,
     )
+    kwargs.update(cpu_kernels.engine_kwargs(on_gpu=has_cuda()))  # fused RMSNorm on CPU (cpu_kernels.py)
     kwargs.update(engine_kwargs or {})
     return vllm.LLM(**kwargs)
 
