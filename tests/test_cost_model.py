@@ -153,3 +153,18 @@ def test_time_above_the_bound_is_split_into_parts_that_add_up():
     assert parts["recomputed_s"] == pytest.approx(C * prompt - B * 0, rel=1e-6)  # the prompt computed again
     assert abs(parts["residual_s"]) < 1e-6 and parts["ver_steps_s"] == 0.0
     assert above_bound(wall, work, {"generator": None}, {"generator": sums}) is None  # worked, but no fit
+
+
+def test_the_runs_tail_counts_only_fewer_in_flight_after_the_last_start():
+    from tts.metrics.cost_model import tail_forfeit
+
+    # two slots: a and b start at 0; c starts when a ends (4); b ends at 6, c at 10.
+    # After c's start, 2 in flight until 6, then c alone for 4 s: half the slots empty.
+    spans = [(0.0, 4.0), (0.0, 6.0), (4.0, 10.0)]
+    assert tail_forfeit(spans, 2) == (4.0, 2.0)
+    # with four slots, every second after the last start runs below the concurrency
+    tail, forfeit = tail_forfeit(spans, 4)
+    assert tail == 6.0 and forfeit == pytest.approx(2 * 2 / 4 + 4 * 3 / 4)
+    # a gap before the last start (nothing in flight while waiting) is not the tail
+    assert tail_forfeit([(0.0, 1.0), (2.0, 3.0)], 2) == (1.0, 0.5)
+    assert tail_forfeit(spans, 1) == (0.0, 0.0) and tail_forfeit([], 4) == (0.0, 0.0)

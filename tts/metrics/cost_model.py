@@ -160,6 +160,29 @@ def work_of(problems: list[dict], gen_caps: tuple[int, int] = (0, 0), ver_caps: 
                 min_steps(0, 0, tokens, *ver_caps), tokens)
 
 
+def tail_forfeit(spans: list[tuple[float, float]], concurrency: int) -> tuple[float, float]:
+    """The run's tail with problems in flight together: (seconds after the last problem
+    started during which fewer than `concurrency` were in flight, and those seconds weighted
+    by the share of the slots left empty, (C - k) / C with k in flight). `spans` are the
+    problems' (start, end) on the variant's wall clock.
+
+    The problems/min ceiling (`work_bounds` with `concurrency`) lets every problem's path
+    share its steps with C - 1 others to the end; in the tail fewer are left, so the weighted
+    seconds lie above the ceiling whatever the engine does inside a problem. Only the order
+    of admission could shorten it, and a problem's length is not known when it starts."""
+    if concurrency <= 1 or not spans:
+        return 0.0, 0.0
+    last_start = max(s for s, _ in spans)
+    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
+    live, t0, tail, forfeit = 0, 0.0, 0.0, 0.0
+    for t, d in events:
+        if t0 >= last_start and 0 < live < concurrency:
+            tail += t - t0
+            forfeit += (t - t0) * (concurrency - live) / concurrency
+        t0, live = t, live + d
+    return tail, forfeit
+
+
 def above_bound(wall_s: float, work: Work, models: dict[str, CostModel | None],
                 sums: dict[str, CostSums]) -> dict[str, float] | None:
     """Where the time above the bound goes, in seconds; the parts add up to the wall time

@@ -8,7 +8,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tts.metrics.collector import KV_BLOCKS, summarize_problems
-from tts.metrics.cost_model import COST, CostModel, CostSums, above_bound, fit, work_bounds, work_of
+from tts.metrics.cost_model import (COST, CostModel, CostSums, above_bound, fit, tail_forfeit, work_bounds,
+                                     work_of)
 from tts.results.records import accuracy_summary, paired_accuracy
 from tts.results.store import RunStore
 
@@ -53,6 +54,8 @@ RATIO_METRICS = [
     ("above_recomputed_s", "- tokens computed beyond the work (preemption, repeated prefill) (s)", False),
     ("above_residual_s", "- step time the cost model does not explain (s)", False),
     ("spec_wasted_s", "wasted speculative tokens, inside the bound (s)", False),
+    ("tail_s", "run's tail: fewer problems in flight than bench.concurrency (s)", False),
+    ("tail_forfeit_s", "the tail's empty share, above the problems/min ceiling (s)", False),
 ]
 
 
@@ -142,6 +145,9 @@ def add_bounds(summary: dict, records: list[dict], models: dict[str, CostModel |
         summary.update({f"above_{k}": v for k, v in parts.items()})
     if gen is not None:  # inside the bound, but bought nothing
         summary["spec_wasted_s"] = gen.per_decode_seq_s * summary.get("spec_wasted", 0)
+    if concurrency > 1 and all(r.get("variant_wall_s") for r in records):
+        spans = [(r["variant_wall_s"] - r["metrics"]["latency_s"], r["variant_wall_s"]) for r in records]
+        summary["tail_s"], summary["tail_forfeit_s"] = tail_forfeit(spans, concurrency)
 
 
 ACCURACY_LABELS = {"acc_majority": "majority", "acc_weighted": "weighted", "acc_prm_max": "PRM-max",
