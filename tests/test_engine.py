@@ -141,6 +141,18 @@ def test_lookahead_kept_scope_scores_ahead_only_for_kept_beams():
         assert 0 < o.metrics.lookahead_used == o.metrics.lookahead_scored
 
 
+@pytest.mark.parametrize("script,iters,n,m", [(endless, 5, 8, 4), (answering, 4, 8, 4), (answering, 5, 4, 2)])
+def test_no_lookahead_before_an_iteration_that_samples_to_eos(script, iters, n, m):
+    """Before the last iteration, which samples to EOS, a beam's next step is the rest of
+    its path, not the step its speculative tokens hold: no score is made ahead for it, so
+    every kept beam's lookahead score is read back (each of these cases made one unread)."""
+    outs, eng, _, _ = run(script, n=n, m=m, iters=iters, problems=("a", "b"), speculative=True, lookahead=True,
+                          lookahead_scope="kept", spec_truncate_ratio=0.0, spec_truncate_std=0.0,
+                          eos_at_depth_limit=True)
+    assert eng.cache.lookahead_hits == eng.cache.lookahead_stored
+    assert sum(o.metrics.lookahead_scored for o in outs) == eng.cache.lookahead_stored
+
+
 def test_lookahead_auto_is_off_for_a_per_score_verifier_and_all_for_a_path_prm():
     """Scope `auto`: with a verifier that asks once per score, `kept` would score the same
     requests one call early; auto scores nothing ahead, computes exactly the scores `kept`

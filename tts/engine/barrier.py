@@ -343,8 +343,10 @@ class BarrierSchedule(Schedule):
         return ScoreItem(beam, p.input.problem, indices, look)
 
     def _lookahead_step(self, beam: Beam, search: ProblemSearch) -> str | None:
-        """The text of the whole next step in the beam's speculative tokens, if they hold one."""
-        if not beam.spec_tokens:
+        """The text of the whole next step in the beam's speculative tokens, if they hold
+        one; none when the next iteration samples to EOS (its step is the rest of the
+        path, not the step its tokens hold, so a score made now would never be read)."""
+        if not beam.spec_tokens or self._next_runs_to_eos(search):
             return None
         probe = self._spec_step(beam, search)
         if probe.end is None or not probe.tokens:
