@@ -90,6 +90,33 @@ def test_bad_replay_overrides_name_the_field_and_the_choices(tmp_path):
         run_replay(path, ["replay.cost=roofline"])
 
 
+def test_cost_from_prices_a_trace_with_another_runs_fitted_step_models(tmp_path):
+    """`replay.cost_from`: the tree is the trace's, the step models the named run's (its
+    fit, named in the host line with its host); a folder without a finished run, a run of
+    other models and a roofline cost are refused, naming the option."""
+    path = bench(tmp_path, "bench.compare=[baseline,PMS]", "dataset.first_k=1", name="trace")
+    other = bench(tmp_path, "bench.compare=[baseline]", "dataset.first_k=1", "search.n=2", name="prices")
+    replayed = run_replay(path, [f"replay.cost_from={other}"])
+    assert trees(replayed) == trees(path)
+    summary = RunStore(replayed).summary()
+    fit = RunStore(other).summary()["cost_model"]["generator"]
+    assert summary["simulated"]["cost_models"]["generator"] == FittedCost(CostModel(**fit)).describe()
+    assert summary["simulated"]["cost_from"]["run"] == str(other)
+    own = RunStore(run_replay(path, [], tmp_path / "own")).summary()["simulated"]["cost_models"]["generator"]
+    assert own != summary["simulated"]["cost_models"]["generator"]
+    from tts.results.host import simulated_line
+
+    assert f"fitted step cost of run {other.name} (measured on " in simulated_line(summary["host"])
+    with pytest.raises(ConfigError, match="replay.cost_from: .*no summary.json"):
+        run_replay(path, [f"replay.cost_from={tmp_path / 'nothing'}"])
+    with pytest.raises(ConfigError, match="replay.cost_from: .*roofline"):
+        run_replay(path, [f"replay.cost_from={other}", "replay.cost=roofline"])
+    config = other / "config.yaml"
+    config.write_text(config.read_text().replace("model: fake", "model: other", 1))
+    with pytest.raises(ConfigError, match="replay.cost_from: .* ran generator 'other'"):
+        run_replay(path, [f"replay.cost_from={other}"])
+
+
 def test_a_resumed_prompt_is_served_the_rest_of_its_recorded_step():
     """With a resumable sampler, a prompt that is a recorded prompt plus the first k tokens
     of its output is served the rest of that output; without, it is not found."""

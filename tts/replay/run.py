@@ -49,6 +49,10 @@ class ReplayOptions:
     # `spec_batch_cap=-1` resolved for the simulated device (its decode ridge batch), or
     # kept at what the recorded run resolved: the recorded tree, whose tokens are all in the trace
     speculation: str = "device"
+    # another run's folder whose fitted step models price the steps (same models, another
+    # host or dtype): e.g. an exact float32 trace, whose trees replay token for token,
+    # priced at a bf16 host's step costs
+    cost_from: str = ""
 
     def __post_init__(self) -> None:
         if self.cost not in COSTS:
@@ -59,6 +63,9 @@ class ReplayOptions:
             raise ConfigError(f"replay.speculation: {self.speculation!r}; valid choices: {', '.join(SPECULATION)}")
         if self.launch_ms < 0:
             raise ConfigError(f"replay.launch_ms: {self.launch_ms} must be >= 0")
+        if self.cost_from and self.cost == "roofline":
+            raise ConfigError("replay.cost_from: prices the steps with that run's fitted step models; "
+                              "it does not go with replay.cost=roofline")
 
 
 def replay_config(saved: dict, overrides: list[str]) -> tuple[DictConfig, ReplayOptions]:
@@ -81,8 +88,8 @@ def replay_config(saved: dict, overrides: list[str]) -> tuple[DictConfig, Replay
         elif key.startswith("replay."):
             name = key.removeprefix("replay.")
             if name not in {f.name for f in dataclasses.fields(ReplayOptions)}:
-                raise ConfigError(f"{key}: no such replay option; valid: replay.cost, replay.launch_ms, "
-                                  "replay.host, replay.speculation")
+                raise ConfigError(f"{key}: no such replay option; valid: replay.cost, replay.cost_from, "
+                                  "replay.launch_ms, replay.host, replay.speculation")
             options[name] = float(value) if name == "launch_ms" else value
         else:
             dotted.append(o)

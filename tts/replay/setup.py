@@ -6,6 +6,7 @@ models' KV bytes per token)."""
 from __future__ import annotations
 
 from dataclasses import asdict
+from pathlib import Path
 
 from tts.backends.base import Generator, ScoreRequest, Verifier
 from tts.backends.factory import PROMPT_ROOM, EngineSpec
@@ -74,6 +75,7 @@ class ReplayBackends:
         self.sampler = StepSampler(trace, self.codec.token_text, self.codec.decode, self.eos_ids)
         self.resumable = trace.header.get("sampler") == "position"
         self.tokenizer_note = "fake verifier"
+        self.cost_host: dict | None = None  # the host of `replay.cost_from`'s run, when given
         self.build, self.per_score, self.partial = self._verifier_prompts()
         self.costs = self._costs()
         self.counts: dict[str, ReplayCounts] = {}
@@ -131,6 +133,8 @@ class ReplayBackends:
         return _tokenizer(recorded)
 
     def cost_kind(self) -> str:
+        if self.options.cost_from:
+            return "fitted"
         if self.options.cost != "auto":
             return self.options.cost
         same = (self.cfg.device.name == self.recorded.device.name and self.cfg.device.kind == "cpu"
@@ -140,7 +144,7 @@ class ReplayBackends:
 
     def _costs(self) -> dict[str, StepCost]:
         if self.cost_kind() == "fitted":
-            fitted = self.summary.get("cost_model") or {}
+            fitted = self._fitted_source().get("cost_model") or {}
             out = {}
             for role in ("generator", "verifier"):
                 if fitted.get(role):
@@ -148,7 +152,8 @@ class ReplayBackends:
                 elif role == "verifier":  # a verifier that reported no steps (the fake): free
                     out[role] = FittedCost(CostModel(0.0, 0.0, 0.0, steps=0, r2=0.0))
                 else:
-                    raise ValueError("replay.cost=fitted: the recorded run has no fitted generator step model")
+                    whose = f"replay.cost_from={self.options.cost_from}" if self.options.cost_from else "the recorded run"
+                    raise ValueError(f"replay.cost=fitted: {whose} has no fitted generator step model")
             return out
         if self.cfg.generator.backend is BackendKind.fake:
             raise ValueError("replay.cost=roofline needs real model shapes; a fake-backend run replays with "
@@ -157,6 +162,28 @@ class ReplayBackends:
 
         device, launch = device_profile(self.cfg), self.options.launch_ms / 1e3
         return {role: RooflineCost(self._shape(role), device, launch) for role in ("generator", "verifier")}
+
+    def _fitted_source(self) -> dict:
+        """The summary whose fitted step models price the replay: the recorded run's, or
+        the run named by `replay.cost_from` (which must have run the same models: its
+        fit prices their steps on its host, in its dtype)."""
+        if not self.options.cost_from:
+            return self.summary
+        from tts.config.compose import ConfigError
+        from tts.results.store import RunStore
+
+        store = RunStore(Path(self.options.cost_from))
+        try:
+            summary, saved = store.summary(), store.saved_config()
+        except (FileNotFoundError, ValueError) as err:
+            raise ConfigError(f"replay.cost_from: {err}") from None
+        for role in ("generator", "verifier"):
+            theirs = (saved.get(role) or {}).get("model")
+            if theirs != getattr(self.cfg, role).model:
+                raise ConfigError(f"replay.cost_from: {self.options.cost_from} ran {role} {theirs!r}, the replay "
+                                  f"{getattr(self.cfg, role).model!r}; its step costs price other models")
+        self.cost_host = summary.get("host")
+        return summary
 
     def _shape(self, role: str):
         from tts.engine.memory_split import model_shape
@@ -239,5 +266,7 @@ def simulated_host(cfg: Config, backends: ReplayBackends, recorded_host: dict | 
             "models": {"generator": cfg.generator.model, "verifier": cfg.verifier.model},
             "dtype": {"generator": cfg.generator.dtype, "verifier": cfg.verifier.dtype},
             "cost": backends.cost_kind(), "cost_models": backends.describe_costs(),
+            "cost_from": ({"run": backends.options.cost_from, "host": backends.cost_host}
+                          if backends.options.cost_from else None),
             "sampler": (recorded_host or {}).get("sampler"), "verifier_prompts": backends.tokenizer_note,
             "recorded_on": recorded_host}

@@ -10,6 +10,7 @@ puts runs from different hosts or dtypes side by side (`host_differences`).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import platform
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -80,9 +81,13 @@ def simulated_line(host: dict[str, Any]) -> str:
     """The line above a replay's tables: every figure below it is simulated."""
     d, m = host.get("device") or {}, host.get("models") or {}
     dtypes = ", ".join(f"{role} {d}" for role, d in (host.get("dtype") or {}).items())
+    cost = f"{host.get('cost')} step cost"
+    if source := host.get("cost_from"):  # priced by another run's fit: its host, not the trace's
+        cost += (f" of run {Path(source['run']).name} (measured on "
+                 + host_line(source.get("host")).removeprefix("host: ") + ")")
     return (f"SIMULATED (trace replay, not a measurement): device {d.get('name')} "
             f"({d.get('peak_tflops')} TFLOP/s, {d.get('bandwidth_gbs')} GB/s); generator {m.get('generator')}, "
-            f"verifier {m.get('verifier')}; dtype {dtypes}; {host.get('cost')} step cost; trace recorded on "
+            f"verifier {m.get('verifier')}; dtype {dtypes}; {cost}; trace recorded on "
             + host_line(host.get("recorded_on")).removeprefix("host: "))
 
 
