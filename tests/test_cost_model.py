@@ -99,6 +99,21 @@ def test_no_schedule_of_the_work_beats_the_bound():
     assert bound == pytest.approx(A * max(lengths) + B * sum(lengths) + C * 16 * 20)
 
 
+def test_the_trees_bound_leaves_unadopted_speculation_out():
+    """Wasted speculation raises a variant's own bound (its tokens, and its steps through
+    the batch cap), not the tree's; with no speculation the two agree."""
+    model = fit(sums_of(random_steps(random.Random(5), 50)))
+    tree = {"gen_tokens": 1604, "gen_requests": 4, "gen_prompt_tokens": 400, "gen_cached_tokens": 400,
+            "beam_tokens": [100]}
+    plain = work_bounds([tree], model, None, (16, 4096))
+    assert plain == work_bounds([tree], model, None, (16, 4096), tree_only=True)
+    assert plain["gen_bound_s"] == pytest.approx(A * 100 + B * 1600)  # 1600 / 16 = the critical path
+    wasteful = dict(tree, gen_tokens=1604 + 800, spec_generated=1000, spec_used=200)
+    own = work_bounds([wasteful], model, None, (16, 4096))["gen_bound_s"]
+    assert own == pytest.approx(A * 150 + B * 2400)  # 2400 / 16 steps: above the path
+    assert work_bounds([wasteful], model, None, (16, 4096), tree_only=True) == plain
+
+
 def test_problem_bounds_need_a_model_for_each_model_that_worked():
     model = fit(sums_of(random_steps(random.Random(4), 50)))
     metrics = {"gen_tokens": 100, "gen_requests": 4, "gen_prompt_tokens": 400, "gen_cached_tokens": 320,

@@ -403,6 +403,14 @@ def test_cost_sums_add_up_across_a_resume_and_bound_each_variant():
     assert a["wall_bound_s"] == pytest.approx(a["latency_bound_s_mean"])  # one problem
     assert a["problems_per_min_bound"] == pytest.approx(60.0 / a["wall_bound_s"])
     assert "latency_bound_s_mean" not in summaries["b"]  # no records: no bound
+    assert (a["tree_bound_s_mean"], a["tree_bound_share"], a["tree_problems_per_min_bound"]) == pytest.approx(
+        (a["latency_bound_s_mean"], a["bound_share"], a["problems_per_min_bound"]))  # nothing speculated
+    wasteful = dict(record, metrics=dict(metrics, spec_generated=80, spec_used=20))  # 60 of the 200 unadopted
+    c = variant_summary([wasteful], merge_step_logs(killed, resumed), None)
+    add_bounds(c, [wasteful], models)
+    assert c["latency_bound_s_mean"] == pytest.approx(a["latency_bound_s_mean"])
+    assert c["tree_bound_s_mean"] == pytest.approx(0.05 * 100 + 0.004 * 140 + 0.002 * 100)
+    assert c["tree_bound_share"] == pytest.approx(c["tree_bound_s_mean"] / 10.0) and c["tree_bound_share"] < a["bound_share"]
     rows = {r["metric"]: r for r in ratio_table(summaries, "a")}
     assert rows["completion latency lower bound, same work (s)"]["a"] == a["latency_bound_s_mean"]
 

@@ -149,9 +149,11 @@ class Work:
 
 
 def work_of(problems: list[dict], gen_caps: tuple[int, int] = (0, 0), ver_caps: tuple[int, int] = (0, 0),
-            concurrency: int = 1) -> Work:
-    """The problems' work (see `work_bounds`)."""
-    decode = sum(max(0, m["gen_tokens"] - m.get("gen_requests", 0)) for m in problems)
+            concurrency: int = 1, tree_only: bool = False) -> Work:
+    """The problems' work (see `work_bounds`); with `tree_only`, the tree's: the
+    speculative tokens no beam adopted are left out of the decoded ones."""
+    wasted = (lambda m: m.get("spec_generated", 0) - m.get("spec_used", 0)) if tree_only else (lambda m: 0)
+    decode = sum(max(0, m["gen_tokens"] - m.get("gen_requests", 0) - wasted(m)) for m in problems)
     prefill = sum(max(0, m["gen_prompt_tokens"] - m["gen_cached_tokens"]) for m in problems)
     paths = [max(m.get("beam_tokens") or [0]) for m in problems]
     path = max(math.ceil(sum(paths) / concurrency), max(paths, default=0))
@@ -216,7 +218,7 @@ def above_bound(wall_s: float, work: Work, models: dict[str, CostModel | None],
 
 def work_bounds(problems: list[dict], gen: CostModel | None, ver: CostModel | None,
                 gen_caps: tuple[int, int] = (0, 0), ver_caps: tuple[int, int] = (0, 0),
-                concurrency: int = 1) -> dict:
+                concurrency: int = 1, tree_only: bool = False) -> dict:
     """The least generator and verifier time the problems' work takes together (module
     docstring), from their records' metrics: decode sequences are generated tokens less
     requests (a request's first token comes out of its prefill step), prefill tokens the
@@ -224,9 +226,15 @@ def work_bounds(problems: list[dict], gen: CostModel | None, ver: CostModel | No
     generated tokens. With `concurrency` problems in flight at most, a step advances at
     most that many critical paths, so the steps are at least their sum over it (and the
     longest one). Caps are (batch cap, token cap) per step. None where a model that
-    worked has no fit."""
+    worked has no fit.
+
+    `tree_only`: the bound of the tree's work alone, without the speculative tokens no
+    beam adopted. A variant's own bound counts those as work, and through the batch cap
+    as steps too (16 sequences a step at N=16: every 16 wasted tokens add a step), so
+    speculation that is thrown away raises it: more waste, a higher bound share, and no
+    faster. The tree's bound does not move with waste."""
     out: dict[str, float | None] = {"gen_bound_s": None, "ver_bound_s": None}
-    w = work_of(problems, gen_caps, ver_caps, concurrency)
+    w = work_of(problems, gen_caps, ver_caps, concurrency, tree_only)
     if gen is not None:
         out["gen_bound_s"] = gen.time(w.gen_steps, w.decode, w.prefill)
     if ver is not None:

@@ -34,7 +34,9 @@ RATIO_METRICS = [
     ("gen_bound_s_mean", "generator time lower bound, same work (s)", False),
     ("latency_bound_s_mean", "completion latency lower bound, same work (s)", False),
     ("bound_share", "latency bound / latency (1: nothing left to schedule)", True),
+    ("tree_bound_share", "latency bound of the tree's work (unadopted speculation out) / latency", True),
     ("problems_per_min_bound", "problems/min ceiling, same work", True),
+    ("tree_problems_per_min_bound", "problems/min ceiling of the tree's work (unadopted speculation out)", True),
     ("gen_phase_tok_s", "generator phase tok/s (every token decoded, speculative included, / generator time)", True),
     ("gen_phase_vs_raw", "generator phase / raw vLLM at the sequences in flight", True),
     ("goodput_vs_ceiling", "precise goodput / one sequence's raw decode rate (about a path's best)", True),
@@ -131,12 +133,18 @@ def add_bounds(summary: dict, records: list[dict], models: dict[str, CostModel |
     summary["gen_bound_s_mean"] = statistics.fmean(b["gen_bound_s"] for b in per)
     summary["ver_bound_s_mean"] = statistics.fmean(b["ver_bound_s"] for b in per)
     summary["latency_bound_s_mean"] = summary["gen_bound_s_mean"] + summary["ver_bound_s_mean"]
+    tree = [work_bounds([m], gen, ver, caps["generator"], caps["verifier"], tree_only=True) for m in metrics]
+    summary["tree_bound_s_mean"] = statistics.fmean(b["gen_bound_s"] + b["ver_bound_s"] for b in tree)
     if summary.get("latency_s_mean"):
         summary["bound_share"] = summary["latency_bound_s_mean"] / summary["latency_s_mean"]
+        summary["tree_bound_share"] = summary["tree_bound_s_mean"] / summary["latency_s_mean"]
     whole = work_bounds(metrics, gen, ver, caps["generator"], caps["verifier"], concurrency)
     summary["wall_bound_s"] = whole["gen_bound_s"] + whole["ver_bound_s"]
     if summary["wall_bound_s"] > 0:
         summary["problems_per_min_bound"] = 60.0 * len(records) / summary["wall_bound_s"]
+    tree_whole = work_bounds(metrics, gen, ver, caps["generator"], caps["verifier"], concurrency, tree_only=True)
+    if (tree_wall := tree_whole["gen_bound_s"] + tree_whole["ver_bound_s"]) > 0:
+        summary["tree_problems_per_min_bound"] = 60.0 * len(records) / tree_wall
     wall = summary.get("wall_s") or sum(m["latency_s"] for m in metrics)
     sums = {model: CostSums.from_dict((summary.get(model) or {}).get(COST, {})) for model in ("generator", "verifier")}
     parts = above_bound(wall, work_of(metrics, caps["generator"], caps["verifier"], concurrency), models, sums)
