@@ -111,6 +111,15 @@ def test_cost_from_prices_a_trace_with_another_runs_fitted_step_models(tmp_path)
         run_replay(path, [f"replay.cost_from={tmp_path / 'nothing'}"])
     with pytest.raises(ConfigError, match="replay.cost_from: .*roofline"):
         run_replay(path, [f"replay.cost_from={other}", "replay.cost=roofline"])
+    summary_path = other / "summary.json"  # a pricing run in bf16: the replay's models run in bf16 too
+    priced = json.loads(summary_path.read_text())
+    priced["host"]["dtype"] = {"generator": "bfloat16", "verifier": "bfloat16"}
+    summary_path.write_text(json.dumps(priced))
+    as_priced = RunStore(run_replay(path, [f"replay.cost_from={other}"], tmp_path / "bf16")).saved_config()
+    assert as_priced["generator"]["dtype"] == as_priced["verifier"]["dtype"] == "bfloat16"
+    named = RunStore(run_replay(path, [f"replay.cost_from={other}", "generator.dtype=float32"],
+                                tmp_path / "named")).saved_config()
+    assert (named["generator"]["dtype"], named["verifier"]["dtype"]) == ("float32", "bfloat16")
     config = other / "config.yaml"
     config.write_text(config.read_text().replace("model: fake", "model: other", 1))
     with pytest.raises(ConfigError, match="replay.cost_from: .* ran generator 'other'"):

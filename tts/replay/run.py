@@ -50,8 +50,8 @@ class ReplayOptions:
     # kept at what the recorded run resolved: the recorded tree, whose tokens are all in the trace
     speculation: str = "device"
     # another run's folder whose fitted step models price the steps (same models, another
-    # host or dtype): e.g. an exact float32 trace, whose trees replay token for token,
-    # priced at a bf16 host's step costs
+    # host or dtype; the models run in its dtype): e.g. an exact float32 trace, whose trees
+    # replay token for token, priced at a bf16 host's step costs
     cost_from: str = ""
 
     def __post_init__(self) -> None:
@@ -125,6 +125,20 @@ def pin_dtypes(cfg: DictConfig, recorded_host: dict | None) -> None:
             cfg[role].dtype = recorded[role] if same else "bfloat16"
 
 
+def dtypes_of_cost_run(cfg: DictConfig, run: str, overrides: list[str]) -> None:
+    """With `replay.cost_from`, each model runs in the dtype the pricing run ran it in (its
+    steps' costs are that dtype's, and so must the KV cache's bytes per token be), unless
+    the command line names one (`generator.dtype=...`)."""
+    try:
+        host = RunStore(Path(run)).summary().get("host") or {}
+    except (FileNotFoundError, ValueError) as err:
+        raise ConfigError(f"replay.cost_from: {err}") from None
+    for role, dtype in (host.get("dtype") or {}).items():
+        named = any(o.split("=", 1)[0].lstrip("+") == f"{role}.dtype" for o in overrides)
+        if role in ("generator", "verifier") and dtype not in (None, "fake") and not named:
+            cfg[role].dtype = dtype
+
+
 def check_fits(cfg: Config) -> None:
     """On a GPU, both models' weights and the KV budget must fit the device's memory (the
     replay does not model offloading); ConfigError naming the numbers otherwise."""
@@ -179,6 +193,8 @@ def run_replay(run_dir: Path, overrides: list[str], results_dir: Path | None = N
     recorded_cfg: Config = validate(OmegaConf.merge(OmegaConf.structured(Config), saved))
     cfg_node, options = replay_config(saved, overrides)
     pin_dtypes(cfg_node, recorded.get("host"))
+    if options.cost_from:
+        dtypes_of_cost_run(cfg_node, options.cost_from, overrides)
     if options.speculation == "recorded":
         keep_speculation_width(cfg_node, recorded_cfg)
     problems = problems_from_records(store.records())
