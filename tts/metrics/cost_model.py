@@ -152,7 +152,9 @@ def work_of(problems: list[dict], gen_caps: tuple[int, int] = (0, 0), ver_caps: 
             concurrency: int = 1, tree_only: bool = False) -> Work:
     """The problems' work (see `work_bounds`); with `tree_only`, the tree's: the
     speculative tokens no beam adopted are left out of the decoded ones."""
-    wasted = (lambda m: m.get("spec_generated", 0) - m.get("spec_used", 0)) if tree_only else (lambda m: 0)
+    def wasted(m: dict) -> int:
+        return m.get("spec_generated", 0) - m.get("spec_used", 0) if tree_only else 0
+
     decode = sum(max(0, m["gen_tokens"] - m.get("gen_requests", 0) - wasted(m)) for m in problems)
     prefill = sum(max(0, m["gen_prompt_tokens"] - m["gen_cached_tokens"]) for m in problems)
     paths = [max(m.get("beam_tokens") or [0]) for m in problems]

@@ -10,9 +10,9 @@ puts runs from different hosts or dtypes side by side (`host_differences`).
 from __future__ import annotations
 
 import os
-from pathlib import Path
 import platform
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any
 
 # what makes two runs' numbers comparable: the rest (versions, threads) is context
