@@ -125,18 +125,26 @@ def pin_dtypes(cfg: DictConfig, recorded_host: dict | None) -> None:
             cfg[role].dtype = recorded[role] if same else "bfloat16"
 
 
-def dtypes_of_cost_run(cfg: DictConfig, run: str, overrides: list[str]) -> None:
-    """With `replay.cost_from`, each model runs in the dtype the pricing run ran it in (its
-    steps' costs are that dtype's, and so must the KV cache's bytes per token be), unless
-    the command line names one (`generator.dtype=...`)."""
+def pricing_run(cfg: DictConfig, run: str, overrides: list[str]) -> dict:
+    """`replay.cost_from`: the pricing run's summary, read once. It must have run the same
+    models (its fit prices their steps on its host, in its dtype), and each model runs in
+    the dtype it ran it in (its steps' costs are that dtype's, and so must the KV cache's
+    bytes per token be), unless the command line names one (`generator.dtype=...`)."""
+    store = RunStore(Path(run))
     try:
-        host = RunStore(Path(run)).summary().get("host") or {}
+        summary, saved = store.summary(), store.saved_config()
     except (FileNotFoundError, ValueError) as err:
         raise ConfigError(f"replay.cost_from: {err}") from None
-    for role, dtype in (host.get("dtype") or {}).items():
+    for role in ("generator", "verifier"):
+        theirs = (saved.get(role) or {}).get("model")
+        if theirs != cfg[role].model:
+            raise ConfigError(f"replay.cost_from: {run} ran {role} {theirs!r}, the replay {cfg[role].model!r}; "
+                              "its step costs price other models")
+        dtype = ((summary.get("host") or {}).get("dtype") or {}).get(role)
         named = any(o.split("=", 1)[0].lstrip("+") == f"{role}.dtype" for o in overrides)
-        if role in ("generator", "verifier") and dtype not in (None, "fake") and not named:
+        if dtype not in (None, "fake") and not named:
             cfg[role].dtype = dtype
+    return summary
 
 
 def check_fits(cfg: Config) -> None:
@@ -193,8 +201,7 @@ def run_replay(run_dir: Path, overrides: list[str], results_dir: Path | None = N
     recorded_cfg: Config = validate(OmegaConf.merge(OmegaConf.structured(Config), saved))
     cfg_node, options = replay_config(saved, overrides)
     pin_dtypes(cfg_node, recorded.get("host"))
-    if options.cost_from:
-        dtypes_of_cost_run(cfg_node, options.cost_from, overrides)
+    pricing = pricing_run(cfg_node, options.cost_from, overrides) if options.cost_from else None
     if options.speculation == "recorded":
         keep_speculation_width(cfg_node, recorded_cfg)
     problems = problems_from_records(store.records())
@@ -205,7 +212,7 @@ def run_replay(run_dir: Path, overrides: list[str], results_dir: Path | None = N
     cfg: Config = validate(cfg_node)
     check_fits(cfg)
     clock = VirtualClock()
-    backends = ReplayBackends(cfg, recorded_cfg, trace, recorded, options, clock)
+    backends = ReplayBackends(cfg, recorded_cfg, trace, recorded, options, clock, pricing)
     host = {**simulated_host(cfg, backends, recorded.get("host")), "options": dataclasses.asdict(options)}
     with simulated(clock):
         path = run_problems(cfg, cfg_node, problems, backends, host, progress=progress,

@@ -6,7 +6,6 @@ models' KV bytes per token)."""
 from __future__ import annotations
 
 from dataclasses import asdict
-from pathlib import Path
 
 from tts.backends.base import Generator, ScoreRequest, Verifier
 from tts.backends.factory import PROMPT_ROOM, EngineSpec
@@ -65,8 +64,10 @@ def _tokenizer_only(model: str):
 class ReplayBackends:
     """`Backends` for a replay: the same `start_variant` / `get` / `close`."""
 
-    def __init__(self, cfg: Config, recorded: Config, trace: Trace, summary: dict, options, clock: VirtualClock) -> None:
+    def __init__(self, cfg: Config, recorded: Config, trace: Trace, summary: dict, options, clock: VirtualClock,
+                 pricing: dict | None = None) -> None:
         self.cfg, self.recorded, self.trace, self.summary = cfg, recorded, trace, summary
+        self.pricing = pricing  # the summary of `replay.cost_from`'s run, whose fit prices the steps
         self.options = options
         self.clock = clock
         fake = recorded.generator.backend is BackendKind.fake
@@ -75,7 +76,6 @@ class ReplayBackends:
         self.sampler = StepSampler(trace, self.codec.token_text, self.codec.decode, self.eos_ids)
         self.resumable = trace.header.get("sampler") == "position"
         self.tokenizer_note = "fake verifier"
-        self.cost_host: dict | None = None  # the host of `replay.cost_from`'s run, when given
         self.build, self.per_score, self.partial = self._verifier_prompts()
         self.costs = self._costs()
         self.counts: dict[str, ReplayCounts] = {}
@@ -144,7 +144,7 @@ class ReplayBackends:
 
     def _costs(self) -> dict[str, StepCost]:
         if self.cost_kind() == "fitted":
-            fitted = self._fitted_source().get("cost_model") or {}
+            fitted = (self.pricing or self.summary).get("cost_model") or {}
             out = {}
             for role in ("generator", "verifier"):
                 if fitted.get(role):
@@ -162,28 +162,6 @@ class ReplayBackends:
 
         device, launch = device_profile(self.cfg), self.options.launch_ms / 1e3
         return {role: RooflineCost(self._shape(role), device, launch) for role in ("generator", "verifier")}
-
-    def _fitted_source(self) -> dict:
-        """The summary whose fitted step models price the replay: the recorded run's, or
-        the run named by `replay.cost_from` (which must have run the same models: its
-        fit prices their steps on its host, in its dtype)."""
-        if not self.options.cost_from:
-            return self.summary
-        from tts.config.compose import ConfigError
-        from tts.results.store import RunStore
-
-        store = RunStore(Path(self.options.cost_from))
-        try:
-            summary, saved = store.summary(), store.saved_config()
-        except (FileNotFoundError, ValueError) as err:
-            raise ConfigError(f"replay.cost_from: {err}") from None
-        for role in ("generator", "verifier"):
-            theirs = (saved.get(role) or {}).get("model")
-            if theirs != getattr(self.cfg, role).model:
-                raise ConfigError(f"replay.cost_from: {self.options.cost_from} ran {role} {theirs!r}, the replay "
-                                  f"{getattr(self.cfg, role).model!r}; its step costs price other models")
-        self.cost_host = summary.get("host")
-        return summary
 
     def _shape(self, role: str):
         from tts.engine.memory_split import model_shape
@@ -266,7 +244,7 @@ def simulated_host(cfg: Config, backends: ReplayBackends, recorded_host: dict | 
             "models": {"generator": cfg.generator.model, "verifier": cfg.verifier.model},
             "dtype": {"generator": cfg.generator.dtype, "verifier": cfg.verifier.dtype},
             "cost": backends.cost_kind(), "cost_models": backends.describe_costs(),
-            "cost_from": ({"run": backends.options.cost_from, "host": backends.cost_host}
-                          if backends.options.cost_from else None),
+            "cost_from": ({"run": backends.options.cost_from, "host": backends.pricing.get("host")}
+                          if backends.pricing is not None else None),
             "sampler": (recorded_host or {}).get("sampler"), "verifier_prompts": backends.tokenizer_note,
             "recorded_on": recorded_host}
