@@ -413,28 +413,105 @@ def test_a_hub_id_as_the_model_is_resolved_through_the_hub(tmp_cache: Path, monk
         resolve.resolve_model(name)
 
 
-def test_online_hub_pull_uses_huggingface_hub_and_is_idempotent(tmp_cache: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+HUB_LISTINGS = Path(__file__).parent / "data" / "hub_listings"
+HUB_KEYS = [spec.key for spec in registry.REGISTRY.values() if spec.source == "hub"]
+
+
+def _recorded_listing(key: str) -> list[str]:
+    """The file names of a registry hub repo's main branch, as recorded in tests/data/hub_listings."""
+    lines = (HUB_LISTINGS / f"{key}.txt").read_text().splitlines()
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+@dataclasses.dataclass
+class FakeHub:
+    listings: dict[str, list[str]]  # hf_id -> file names on main
+    downloads: list[str]  # hf_ids snapshot_download was called for
+
+
+@pytest.fixture
+def fake_hub(monkeypatch: pytest.MonkeyPatch) -> FakeHub:
+    """A Hugging Face Hub without network: `HfApi.list_repo_files` answers from recorded listings and
+    `snapshot_download` writes only the listed files its allow/ignore patterns let through (filtered the
+    way huggingface_hub filters them)."""
     import huggingface_hub
+    import transformers
+    from huggingface_hub.utils import filter_repo_objects
 
-    calls = []
+    listings = {registry.get_spec(key).hf_id: _recorded_listing(key) for key in HUB_KEYS}
+    calls: list[str] = []
 
-    def fake_snapshot(repo_id: str, local_dir: str, **kwargs: object) -> str:
+    def list_repo_files(self: object, repo_id: str, **kwargs: object) -> list[str]:
+        return list(listings[repo_id])
+
+    def snapshot_download(repo_id: str, local_dir: str, allow_patterns: object = None,
+                          ignore_patterns: object = None, **kwargs: object) -> str:
         calls.append(repo_id)
-        _fake_complete(Path(local_dir), marker=False)
+        for name in filter_repo_objects(listings[repo_id], allow_patterns=allow_patterns,
+                                        ignore_patterns=ignore_patterns):
+            path = Path(local_dir) / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("{}" if name.endswith(".json") else "x")
         return local_dir
 
+    facts = dataclasses.make_dataclass("Facts", ["model_type", "architectures", "eos_token_id"])
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot)
-    monkeypatch.setattr(provision, "_check_hub_folder", lambda folder: {"model_type": "llama"})
+    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_files", list_repo_files)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    # the folder check stays real (weights, config, tokenizer present); only loading the fake files is faked
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained",
+                        lambda *a, **k: facts("llama", ["LlamaForCausalLM"], None))
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: facts(None, None, 2))
+    return FakeHub(listings, calls)
+
+
+def test_online_hub_pull_uses_huggingface_hub_and_is_idempotent(tmp_cache: Path,
+                                                                fake_hub: FakeHub) -> None:
+    fake_hub.listings["someorg/some-model"] = _recorded_listing("qwen2.5-math-1.5b-instruct")
     said: list[str] = []
     path = resolve.resolve_model("someorg/some-model")
-    assert path == provision.hub_folder("someorg/some-model") and calls == ["someorg/some-model"]
+    assert path == provision.hub_folder("someorg/some-model") and fake_hub.downloads == ["someorg/some-model"]
     assert json.loads((path / MARKER_FILE).read_text())["hf_id"] == "someorg/some-model"
     assert provision.pull("qwen2.5-math-1.5b-instruct", progress=said.append) == cache.local_path(
         "qwen2.5-math-1.5b-instruct")
-    assert resolve.resolve_model("someorg/some-model") == path and len(calls) == 2  # present: no download
+    assert resolve.resolve_model("someorg/some-model") == path and len(fake_hub.downloads) == 2  # present: no download
     assert [p.name for p in tmp_cache.iterdir() if p.name.startswith(".")] == []  # no work folder left
+
+
+def test_every_hub_model_has_a_recorded_listing() -> None:
+    assert HUB_KEYS and sorted(HUB_KEYS) == sorted(p.stem for p in HUB_LISTINGS.glob("*.txt"))
+
+
+@pytest.mark.parametrize("key", HUB_KEYS)
+def test_hub_pull_fetches_the_weights_the_repo_has(tmp_cache: Path, fake_hub: FakeHub, key: str) -> None:
+    """Whatever format a repo publishes its weights in (safetensors, or only pytorch_model*.bin as the
+    Skywork PRMs and Math-Shepherd do), the pull ends with a complete folder holding one format."""
+    listing = _recorded_listing(key)
+    folder = provision.pull(key, progress=lambda _: None)
+    assert cache.folder_problems(folder) == []
+    got = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    safetensors = [n for n in listing if n.endswith(".safetensors")]
+    bins = [n for n in listing if re.fullmatch(r"pytorch_model.*\.bin", n)]
+    weights = [n for n in got if n.endswith((".safetensors", ".bin"))]
+    assert weights == sorted(safetensors or bins)  # every shard of one format, never both
+    assert not any(n.endswith(".py") for n in got)  # no modelling code
+    assert not [n for n in got if "/" in n]  # nothing from subfolders (Meta's original/, Skywork's misc/)
+    assert "config.json" in got and {"tokenizer.json", "tokenizer.model"} & set(got)
+    index = "model.safetensors.index.json" if safetensors else "pytorch_model.bin.index.json"
+    other = "pytorch_model.bin.index.json" if safetensors else "model.safetensors.index.json"
+    assert (index in got) == (index in listing) and other not in got
+
+
+def test_hub_download_patterns_choose_one_weight_format() -> None:
+    allow, ignore = provision.hub_download_patterns(["config.json", "model.safetensors", "pytorch_model.bin",
+                                                     "modeling_x.py", "tokenizer.json"])
+    assert "*.safetensors" in allow and not any(".bin" in p and "index" not in p for p in allow)
+    assert "*/*" in ignore and "pytorch_model*.bin.index.json" in ignore
+    allow, ignore = provision.hub_download_patterns(_recorded_listing("skywork-o1-prm-qwen2.5-7b"))
+    assert "pytorch_model*.bin" in allow and "*.safetensors" not in allow and "*.safetensors.index.json" in ignore
+    assert not any(p.endswith(".py") for p in allow)
+    with pytest.raises(ProvisionError, match="no weights.*training_args.bin"):
+        provision.hub_download_patterns(["config.json", "training_args.bin", "original/model.safetensors"], "o/r")
 
 
 # ---------------------------------------------------------------- the real default model

@@ -132,8 +132,10 @@ def pull_hub(hf_id: str, dest: Path, force: bool = False, say: Progress | None =
         out = work / "model"
         say(f"Downloading {hf_id} from the Hugging Face Hub (huggingface_hub)")
         try:
-            snapshot_download(repo_id=hf_id, local_dir=str(out),
-                              allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken"])
+            allow, ignore = hub_download_patterns(_hub_file_listing(hf_id), hf_id)
+            snapshot_download(repo_id=hf_id, local_dir=str(out), allow_patterns=allow, ignore_patterns=ignore)
+        except ProvisionError:
+            raise
         except Exception as err:  # no network, no such repo, gated without a login
             raise ProvisionError(f"Could not download {name} from the Hugging Face Hub "
                                  f"({type(err).__name__}: {err})") from err
@@ -146,6 +148,42 @@ def pull_hub(hf_id: str, dest: Path, force: bool = False, say: Progress | None =
         shutil.rmtree(work, ignore_errors=True)
     say(f"{key or hf_id} ready at {dest} ({time.monotonic() - started:.0f} s)")
     return dest
+
+
+# What a hub pull fetches besides the weights: configs (config.json, generation_config.json,
+# tokenizer_config.json, special_tokens_map.json, the weights' index...) and tokenizer files
+# (tokenizer.json, tokenizer.model, *.tiktoken, vocab.json + merges.txt). Never Python modelling code.
+HUB_SUPPORT_PATTERNS: tuple[str, ...] = ("*.json", "*.model", "*.tiktoken", "*.txt")
+# the weight formats, preferred first: (weight files, their shard index)
+HUB_WEIGHT_FORMATS: tuple[tuple[str, str], ...] = (
+    ("*.safetensors", "*.safetensors.index.json"),
+    ("pytorch_model*.bin", "pytorch_model*.bin.index.json"),
+)
+
+
+def _hub_file_listing(hf_id: str) -> list[str]:
+    """The file names on the repo's main branch (one Hub API call)."""
+    from huggingface_hub import HfApi
+
+    return list(HfApi().list_repo_files(hf_id))
+
+
+def hub_download_patterns(files: list[str], hf_id: str = "the repo") -> tuple[list[str], list[str]]:
+    """`(allow_patterns, ignore_patterns)` for `snapshot_download`, chosen from the repo's file listing:
+    the configs and tokenizer files, and the weights in one format only: safetensors when the repo
+    has them, else `pytorch_model*.bin` (the Skywork PRMs and Math-Shepherd publish only those), with
+    that format's shard index and not the other's. Top-level files only (a repo's `original/` or
+    `misc/` folder is not part of the Hugging Face model). ProvisionError if the repo has neither."""
+    from fnmatch import fnmatch
+
+    top = [name for name in files if "/" not in name]
+    for weights, index in HUB_WEIGHT_FORMATS:
+        if any(fnmatch(name, weights) for name in top):
+            others = [other_index for _, other_index in HUB_WEIGHT_FORMATS if other_index != index]
+            return [*HUB_SUPPORT_PATTERNS, weights], ["*/*", *others]
+    raise ProvisionError(
+        f"{hf_id} has no weights a pull can use: neither *.safetensors nor pytorch_model*.bin among its "
+        f"files ({', '.join(sorted(top)) or 'none'})")
 
 
 def _check_hub_folder(folder: Path) -> dict:
