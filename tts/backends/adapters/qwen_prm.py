@@ -6,7 +6,8 @@ user "{problem}", assistant "{step 1}<extra_0>{step 2}<extra_0>...{step k}<extra
 The score of step i is softmax over the head's two outputs at the i-th "<extra_0>",
 probability of class 1 (correct). vLLM serves the checkpoint as
 `Qwen2ForProcessRewardModel` (pooling runner); the verifier asks for the raw per-token
-outputs (activation off) and this adapter applies the softmax. One request per path.
+outputs (activation off, ALL pooling, the prefix cache read: see the verifier) and this
+adapter applies the softmax. One request per path, ending at its last scored "<extra_0>".
 """
 
 from __future__ import annotations
@@ -44,7 +45,9 @@ class QwenPrmAdapter(PrmAdapter):
             sep_ends.append(cursor)
         ids, positions = token_positions_of_char_ends(
             self.tokenizer, text, [sep_ends[i] for i in indices], add_special_tokens=False)
-        return [PromptSpec(tuple(ids), ReadKind.POOLING, positions=tuple(positions))]
+        # cut after the last scored "<extra_0>": later tokens cannot change a causal model's
+        # earlier rows, and a last token is never served from the prefix cache
+        return [PromptSpec(tuple(ids[: max(positions) + 1]), ReadKind.POOLING, positions=tuple(positions))]
 
     def read(self, outputs: Sequence[ScoreOutput]) -> tuple[float, ...]:
         (output,) = outputs

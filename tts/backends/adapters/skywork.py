@@ -7,9 +7,10 @@ does, so step i's reward position is the index of the "\\n" appended after it. T
 is sigmoid(value head) at that position. A step's own internal newlines are kept (the
 reference would split there; we read only the appended step tokens).
 
-The checkpoint is not a stock vLLM architecture: serving it needs Skywork's vLLM plugin
-(or another registration of the value-head model) that returns one raw value per token
-from a pooling request (`token_classify`, activation off). One request per path.
+The checkpoint's architecture (`Qwen2ForPrmModel`) is not in vLLM 0.32: tts registers it
+through vLLM's plugin mechanism (`tts/backends/vllm/prm_models.py`), one raw value per
+token from a pooling request (`token_classify`, activation off). One request per path,
+ending at its last scored step token, so the path before it comes from the prefix cache.
 """
 
 from __future__ import annotations

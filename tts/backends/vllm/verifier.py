@@ -11,7 +11,19 @@ How each read kind is asked of vLLM:
 - NEXT_TOKEN: `max_tokens=1`, greedy, and `logprob_token_ids=<labels>` (exact log-probs of
   the label tokens, vLLM >= 0.32) or else the top-`top_logprobs` list.
 - PROMPT_TOKENS: `prompt_logprobs=top_logprobs` (top-k per position; no prefix-cache hits).
-- POOLING: `PoolingParams(task="token_classify", use_activation=False)`, raw per-token outputs.
+- POOLING: `PoolingParams(task="token_classify", use_activation=False,
+  skip_reading_prefix_cache=False)`, raw per-token outputs of the tokens the engine computed.
+
+A PRM reads the prefix cache like the generator. vLLM 0.32 skips the cache for every
+token-pooling request unless asked (`vllm/pooling_params.py`), because a request served
+from the cache gets rows only for the tokens it computed. A PRM needs only the rows it
+scores, and the adapters end each path at its last scored token (the newest step's), which
+vLLM always computes: so the request reads the cache, and row `p - num_cached_tokens` is
+position `p`. Its engine pools ALL (one row per computed token) rather than STEP:
+vLLM's STEP pooling picks the step tags' rows by their positions in the whole prompt, which
+a cached prefix shifts. The rare request one of whose positions came from the cache (an
+earlier step of the same text, cached by another path in full blocks) is run again without
+the cache.
 """
 
 from __future__ import annotations
@@ -46,6 +58,7 @@ class VllmVerifier(Verifier):
         self.top_logprobs = top_logprobs
         self._probe = SchedulerProbe(llm)
         self._exact_labels = _supports_label_logprobs()
+        self.reruns = 0  # requests run again without the cache: a scored row had been cached
 
     @classmethod
     def from_model(cls, model_path: str, adapter: str = "judge",
@@ -55,6 +68,10 @@ class VllmVerifier(Verifier):
         build the adapter `adapter` on its tokenizer; unknown names fail before loading."""
         extra = dict(adapter_class(adapter).engine_kwargs)
         extra.update(engine_kwargs.pop("engine_kwargs", None) or {})
+        if extra.get("runner") == "pooling":
+            from vllm.config import PoolerConfig
+
+            extra.setdefault("pooler_config", PoolerConfig(tok_pooling_type="ALL"))
         llm = make_llm(model_path, engine_kwargs=extra, **engine_kwargs)
         return cls(llm, make_adapter(adapter, llm.get_tokenizer(), **(adapter_options or {})))
 
@@ -94,13 +111,22 @@ class VllmVerifier(Verifier):
 
     def run_specs(self, specs: Sequence[PromptSpec]) -> tuple[list[ScoreOutput], list[StepStats]]:
         """Run backend requests together, stepping the engine until all have finished."""
-        ids = [f"score-{next(_ids)}" for _ in specs]
-        pending = {rid: i for i, rid in enumerate(ids)}
         results: list[ScoreOutput | None] = [None] * len(specs)
         steps: list[StepStats] = []
+        self._run(specs, range(len(specs)), results, steps, read_cache=True)
+        again = [i for i, r in enumerate(results) if r is None]  # a scored row came from the cache
+        if again:
+            self.reruns += len(again)
+            self._run(specs, again, results, steps, read_cache=False)
+        return [r for r in results if r is not None], steps
+
+    def _run(self, specs: Sequence[PromptSpec], which: Sequence[int], results: list[ScoreOutput | None],
+             steps: list[StepStats], *, read_cache: bool) -> None:
+        ids = {f"score-{next(_ids)}": i for i in which}
+        pending = dict(ids)
         try:
-            for rid, spec in zip(ids, specs):
-                self._add(rid, spec)
+            for rid, i in ids.items():
+                self._add(rid, specs[i], read_cache)
             while pending:
                 if not self._engine.has_unfinished_requests():
                     raise RuntimeError(f"vLLM dropped {len(pending)} scoring requests")
@@ -116,18 +142,18 @@ class VllmVerifier(Verifier):
         finally:
             if pending:
                 self._engine.abort_request(list(pending))
-        return [r for r in results if r is not None], steps
 
-    def _add(self, request_id: str, spec: PromptSpec) -> None:
+    def _add(self, request_id: str, spec: PromptSpec, read_cache: bool = True) -> None:
         prompt = token_prompt(self._llm, list(spec.token_ids))
-        self._engine.add_request(request_id, prompt, self._params(spec))
+        self._engine.add_request(request_id, prompt, self._params(spec, read_cache))
 
-    def _params(self, spec: PromptSpec) -> Any:
+    def _params(self, spec: PromptSpec, read_cache: bool = True) -> Any:
         from vllm import PoolingParams, SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         if spec.kind is ReadKind.POOLING:
-            return PoolingParams(task="token_classify", use_activation=False)
+            return PoolingParams(task="token_classify", use_activation=False,
+                                 skip_reading_prefix_cache=not read_cache)
         common: dict[str, Any] = dict(max_tokens=1, temperature=0.0, detokenize=False,
                                       output_kind=RequestOutputKind.FINAL_ONLY)
         if spec.kind is ReadKind.PROMPT_TOKENS:
@@ -138,11 +164,18 @@ class VllmVerifier(Verifier):
         return SamplingParams(logprobs=self.top_logprobs, **common)
 
     @staticmethod
-    def _convert(spec: PromptSpec, out: Any) -> ScoreOutput:
+    def _convert(spec: PromptSpec, out: Any) -> ScoreOutput | None:
+        """The output read for `spec`; None when a pooled position it scores was served
+        from the prefix cache (no row came back for it)."""
         cached = int(out.num_cached_tokens or 0)
         if spec.kind is ReadKind.POOLING:
-            data = out.outputs.data
-            rows = tuple(tuple(float(x) for x in data[p].reshape(-1).tolist())
+            data = out.outputs.data  # one row per computed token: positions cached.. of the prompt
+            if data.shape[0] != len(spec.token_ids) - cached:
+                raise RuntimeError(f"vLLM returned {data.shape[0]} pooled rows for a prompt of "
+                                   f"{len(spec.token_ids)} tokens with {cached} cached: not ALL pooling")
+            if min(spec.positions) < cached:
+                return None
+            rows = tuple(tuple(float(x) for x in data[p - cached].reshape(-1).tolist())
                          for p in spec.positions)
             return ScoreOutput(spec, values=rows, num_cached_tokens=cached)
         after_prompt = _as_floats(out.outputs[0].logprobs[0])
