@@ -108,11 +108,11 @@ class Backends:
             from tts.backends.fake import FakeVerifier
             return FakeVerifier()
         from tts.backends.adapters import adapter_class, make_adapter
-        from tts.backends.vllm.verifier import VllmVerifier
+        from tts.backends.vllm.verifier import VllmVerifier, verifier_engine_kwargs
         name = v.adapter.value
         adapter_class(name)  # an unknown adapter fails before any model loads
         longest = PROMPT_ROOM + self.cfg.generator.max_total_tokens + 2 * self.cfg.generator.step_max_tokens
-        llm = self._llm(v.model, v.dtype, spec, longest, dict(adapter_class(name).engine_kwargs))
+        llm = self._llm(v.model, v.dtype, spec, longest, verifier_engine_kwargs(name))
         options = {"prompt_file": v.judge_prompt_file} if name == "judge" else {}
         return VllmVerifier(llm, make_adapter(name, llm.get_tokenizer(), **options))
 

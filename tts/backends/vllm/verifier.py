@@ -66,12 +66,8 @@ class VllmVerifier(Verifier):
                    **engine_kwargs: Any) -> VllmVerifier:
         """Start an engine for `model_path` (plus the adapter's own engine arguments) and
         build the adapter `adapter` on its tokenizer; unknown names fail before loading."""
-        extra = dict(adapter_class(adapter).engine_kwargs)
+        extra = verifier_engine_kwargs(adapter)
         extra.update(engine_kwargs.pop("engine_kwargs", None) or {})
-        if extra.get("runner") == "pooling":
-            from vllm.config import PoolerConfig
-
-            extra.setdefault("pooler_config", PoolerConfig(tok_pooling_type="ALL"))
         llm = make_llm(model_path, engine_kwargs=extra, **engine_kwargs)
         return cls(llm, make_adapter(adapter, llm.get_tokenizer(), **(adapter_options or {})))
 
@@ -198,6 +194,17 @@ class VllmVerifier(Verifier):
 
     def close(self) -> None:
         shutdown_llm(self._llm)
+
+
+def verifier_engine_kwargs(adapter: str) -> dict[str, Any]:
+    """The `vllm.LLM` arguments adapter `adapter`'s checkpoints need: its own (a pooling
+    runner for a reward head) and, for pooling, ALL token pooling (see the module's notes)."""
+    extra = dict(adapter_class(adapter).engine_kwargs)
+    if extra.get("runner") == "pooling":
+        from vllm.config import PoolerConfig
+
+        extra.setdefault("pooler_config", PoolerConfig(tok_pooling_type="ALL"))
+    return extra
 
 
 def _as_floats(logprobs: Any) -> dict[int, float]:
