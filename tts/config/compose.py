@@ -39,7 +39,10 @@ def compose(config_name: str = "config", overrides: list[str] | None = None) -> 
         preset_optims(list(cfg.bench.compare), list(cfg.bench.optim_overrides))
     from tts.config.limits import check_context
 
-    check_context(validate(cfg))
+    try:
+        check_context(validate(cfg))
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
     return cfg
 
 

