@@ -82,7 +82,6 @@ def print_config(jobs: list[Job]) -> None:
 def run_jobs(jobs: list[Job], verbose: bool = False) -> int:
     """Run each job with a progress display; print its summary table. Exit code 0 or 2.
     Unless `verbose`, the libraries' output goes to the run's log file (`tts.quiet`)."""
-    from tts.backends.vllm.internals import UnsupportedVllmError
     from tts.quiet import QuietOutput
     from tts.runner import run_bench
 
@@ -90,7 +89,7 @@ def run_jobs(jobs: list[Job], verbose: bool = False) -> int:
         quiet = None if verbose else QuietOutput()
         try:
             path = _with_progress(run_bench, job.cfg, quiet)
-        except (ValueError, FileExistsError, FileNotFoundError, UnsupportedVllmError) as err:
+        except _user_errors() as err:
             _stop(quiet)
             console.print(f"[red]error:[/red] {escape(str(err))}")
             return 2
@@ -109,6 +108,16 @@ def run_jobs(jobs: list[Job], verbose: bool = False) -> int:
         Console().print(f"sweep: {sweep} ({written}); compare the jobs: tts report {sweep}", soft_wrap=True,
                         highlight=False)
     return 0
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """What a run reports as one line and exit code 2, not a traceback: bad config or data
+    (ValueError), a run folder in the way, a missing model or file, an unsupported vLLM, and
+    a dataset the hub cannot give (offline, no local file)."""
+    from eval.rows import DatasetLoadError
+    from tts.backends.vllm.internals import UnsupportedVllmError
+
+    return (ValueError, FileExistsError, FileNotFoundError, UnsupportedVllmError, DatasetLoadError)
 
 
 def run_hydra(config_name: str, overrides: list[str], task: str = "bench") -> int:
@@ -226,6 +235,11 @@ def print_summary(path: Path, log: Path | None = None) -> None:
             continue
         table.add_row(k, *[_cell(v, k) for v in variants])
     out.print(table)
+    skipped = summary.get("skipped") or []
+    if skipped:
+        listed = ", ".join(f"{s['problem_id']} ({s['prompt_tokens']} > {s['limit']} tokens)" for s in skipped[:5])
+        out.print(f"skipped {len(skipped)} problem(s), prompt longer than the engines hold: {listed}"
+                  + (", ..." if len(skipped) > 5 else "") + " (skipped.json)", soft_wrap=True, highlight=False)
     if "ratio_table_md" in summary:
         out.print(line, soft_wrap=True, highlight=False, markup=False)
         out.print(summary["ratio_table_md"], soft_wrap=True, highlight=False, markup=False)
@@ -289,13 +303,12 @@ def regrade(path: Path) -> int:
 
 
 def run_profile(jobs: list[Job], calibrate: bool) -> int:
-    from tts.backends.vllm.internals import UnsupportedVllmError
     from tts.profiling.verb import profile_memory
 
     for job in jobs:
         try:
             profile_memory(job.cfg, calibrate=calibrate, console=Console())
-        except (ValueError, FileNotFoundError, UnsupportedVllmError) as err:
+        except _user_errors() as err:
             console.print(f"[red]error:[/red] {escape(str(err))}")
             return 2
     return 0

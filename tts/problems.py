@@ -24,3 +24,28 @@ def load_problems_for(cfg: Config) -> list:
         problems = load_problems(name, path=path, hf_id=d.hf_id, split=d.split)
     return select_subset(problems, first_k=d.first_k, levels=d.levels, ids=d.ids,
                          random_k=d.random_k, seed=d.seed)
+
+
+def fit_prompts(cfg: Config, problems: list) -> tuple[list, list[dict]]:
+    """(the problems whose chat prompt fits the `PROMPT_ROOM` tokens the engines hold for
+    it, one record per problem that does not): the prompt as the generator will see it (its
+    tokenizer and chat template, `generator.system_prompt_file`), measured before any model
+    loads. A skipped problem's record names it, its prompt's tokens, the limit and why."""
+    from tts.backends.codec import generator_codec
+    from tts.backends.factory import read_prompt
+    from tts.config.limits import PROMPT_ROOM, engine_length
+
+    codec = generator_codec(cfg.generator)
+    system = read_prompt(cfg.generator.system_prompt_file)
+    kept, skipped = [], []
+    for problem in problems:
+        tokens = len(codec.encode_prompt(problem.problem, system))
+        if tokens <= PROMPT_ROOM:
+            kept.append(problem)
+            continue
+        skipped.append({
+            "problem_id": problem.id, "prompt_tokens": tokens, "limit": PROMPT_ROOM,
+            "reason": (f"prompt of {tokens} tokens, over the {PROMPT_ROOM} the engines hold for a prompt "
+                       f"(engine length {engine_length(cfg.generator)}: prompt, generator.max_total_tokens, "
+                       "2 x generator.step_max_tokens)")})
+    return kept, skipped

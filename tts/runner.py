@@ -18,11 +18,12 @@ from tts import clock
 from tts.backends.factory import Backends, read_prompt, static_split
 from tts.backends.vllm.thrash import attach_counters, detach_counters
 from tts.config.compose import CONF_DIR, ConfigError, preset_optims, to_yaml, validate
+from tts.config.limits import check_context
 from tts.config.schema import BackendKind, BenchMode, Config, EngineKind, OptimConfig, SearchConfig
 from tts.engine.adaptive import AdaptiveOptions
 from tts.engine.engine import Engine, EngineOptions, ProblemInput
 from tts.metrics.collector import KV_BLOCKS, merge_step_logs
-from tts.problems import load_problems_for
+from tts.problems import fit_prompts, load_problems_for
 from tts.replay.trace import TRACE, TraceRecorder
 from tts.results.records import build_record
 from tts.results.store import RunStore
@@ -165,6 +166,7 @@ def run_bench(cfg_node: DictConfig, progress: Callable | None = None,
     folder exists, before any model loads (the CLI sends library output to a log file
     there)."""
     cfg: Config = validate(cfg_node)
+    check_context(cfg)  # before any download or model load
     if cfg.bench.mode is BenchMode.ceiling:  # times raw vLLM only: no device profile to measure
         from tts.benchmarks.ceiling import run_ceiling
         return run_ceiling(cfg_node, on_folder=on_folder)
@@ -174,8 +176,14 @@ def run_bench(cfg_node: DictConfig, progress: Callable | None = None,
     problems = load_problems_for(cfg)
     if not problems:
         raise ConfigError("dataset: the subset selects no problems")
+    problems, skipped = fit_prompts(cfg, problems)
+    if not problems:
+        raise ConfigError("dataset: no selected problem's prompt fits the engines: "
+                          + "; ".join(f"{s['problem_id']}: {s['reason']}" for s in skipped[:3]))
+    for s in skipped:
+        log.warning("skipped %s: %s", s["problem_id"], s["reason"])
     return run_problems(cfg, cfg_node, problems, Backends(cfg), None, progress, on_folder, on_iteration,
-                        measure_raw=cfg.bench.raw_generator)
+                        measure_raw=cfg.bench.raw_generator, skipped=skipped)
 
 
 def on_this_host(cfg_node: DictConfig) -> DictConfig:
@@ -225,14 +233,18 @@ def _resumed_device(cfg_node: DictConfig, configured):
 def run_problems(cfg: Config, cfg_node: DictConfig, problems: list, backends, host: dict | None,
                  progress: Callable | None = None, on_folder: Callable[[Path], None] | None = None,
                  on_iteration: Callable[[str, str, int], None] | None = None, record_trace: bool = True,
-                 measure_raw: bool = False) -> Path:
+                 measure_raw: bool = False, skipped: list[dict] | None = None) -> Path:
     """Run every variant over `problems` on `backends` (`Backends`, or a replay's), writing
     the run folder; `host` None is this machine's (`run_host`). With `measure_raw`, raw
-    vLLM's generator tok/s is timed first (`bench.raw_generator`). Returns the folder."""
+    vLLM's generator tok/s is timed first (`bench.raw_generator`). `skipped`: the problems
+    left out because their prompts do not fit (`tts.problems.fit_prompts`), written to the
+    folder and counted in the summary. Returns the folder."""
     variants = run_variants(cfg)
     store = _open_store(cfg, cfg_node, [n for n, _, _ in variants])
     if on_folder:
         on_folder(store.path)
+    if skipped is not None:
+        store.write_skipped(skipped)
     if measure_raw and store.raw_generator() is None:  # a resumed run keeps its measurement
         store.write_raw_generator(_raw_generator(cfg, problems[0].problem))
     host = host or run_host(cfg)

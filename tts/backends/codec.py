@@ -1,13 +1,17 @@
 """A generator's text side without its weights: the chat prompt, decoding, token texts.
 
 `VllmGenerator` reads it from its engine's tokenizer; a trace replay (`tts.replay`) loads
-the recorded generator's tokenizer alone and gets the same prompts and the same step cuts.
+the recorded generator's tokenizer alone and gets the same prompts and the same step cuts;
+a run measures its problems' prompts with it before any engine loads (`generator_codec`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tts.config.schema import GeneratorConfig
 
 
 class ChatCodec:
@@ -38,3 +42,20 @@ class ChatCodec:
         if text is None:
             text = self._texts[token_id] = self.decode([token_id])
         return text
+
+
+def generator_codec(g: GeneratorConfig) -> Any:
+    """The configured generator's text side from its tokenizer alone, before any engine loads
+    (the fake backend's: `tts.backends.fake.FakeCodec`). A hub model not here is downloaded
+    first (`tts.models.resolve.resolve_model`): its engine needs it next anyway."""
+    from tts.config.schema import BackendKind
+
+    if g.backend is BackendKind.fake:
+        from tts.backends.fake import FakeCodec
+
+        return FakeCodec()
+    from transformers import AutoTokenizer
+
+    from tts.models.resolve import resolve_model
+
+    return ChatCodec(AutoTokenizer.from_pretrained(str(resolve_model(g.model))))

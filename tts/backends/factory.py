@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tts.backends.base import Generator, Verifier
+from tts.config.limits import engine_length
 from tts.config.schema import BackendKind, Config, Sampler
 
 GIB = 1 << 30
-PROMPT_ROOM = 1024  # tokens reserved for the chat-templated problem prompt
 CONF_PROMPTS = Path(__file__).resolve().parents[2] / "conf" / "prompts"
 
 
@@ -97,9 +97,7 @@ class Backends:
             # the fake's two modes are the two samplers' semantics
             return FakeGenerator(batch_cap=spec.max_num_seqs, sampling="context" if position else "stream")
         from tts.backends.vllm.generator import VllmGenerator, sampler_engine_kwargs
-        # the longest sequence: a long problem prompt, the path, and a step of speculation
-        longest = PROMPT_ROOM + g.max_total_tokens + 2 * g.step_max_tokens
-        llm = self._llm(g.model, g.dtype, spec, longest, sampler_engine_kwargs(position))
+        llm = self._llm(g.model, g.dtype, spec, engine_length(g), sampler_engine_kwargs(position))
         return VllmGenerator(llm, resumable_sampling=position)
 
     def _make_verifier(self, spec: EngineSpec) -> Verifier:
@@ -111,8 +109,7 @@ class Backends:
         from tts.backends.vllm.verifier import VllmVerifier, verifier_engine_kwargs
         name = v.adapter.value
         adapter_class(name)  # an unknown adapter fails before any model loads
-        longest = PROMPT_ROOM + self.cfg.generator.max_total_tokens + 2 * self.cfg.generator.step_max_tokens
-        llm = self._llm(v.model, v.dtype, spec, longest, verifier_engine_kwargs(name))
+        llm = self._llm(v.model, v.dtype, spec, engine_length(self.cfg.generator), verifier_engine_kwargs(name))
         options = {"prompt_file": v.judge_prompt_file} if name == "judge" else {}
         return VllmVerifier(llm, make_adapter(name, llm.get_tokenizer(), **options))
 

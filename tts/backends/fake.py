@@ -80,6 +80,21 @@ def decode(ids: Sequence[int]) -> str:
     return "".join(EOS_CHAR if i == EOS_ID else chr(i - OFFSET) for i in ids)
 
 
+class FakeCodec:
+    """The fake backend's text side without a generator (`tts.backends.codec.generator_codec`)."""
+
+    eos_token_id = EOS_ID
+
+    def encode_prompt(self, problem: str, system_prompt: str) -> list[int]:
+        return encode(prompt_text(problem, system_prompt))
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return decode(token_ids)
+
+    def token_text(self, token_id: int) -> str:
+        return self.decode([token_id])
+
+
 @dataclass
 class _Running:
     request: GenRequest

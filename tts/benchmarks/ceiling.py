@@ -26,6 +26,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from tts.config.limits import PROMPT_ROOM, ceiling_length
+
 RAW = "raw"
 
 
@@ -64,8 +66,9 @@ def run_ceiling(cfg_node: DictConfig, progress=None, on_folder=None) -> Path:
     gen = VllmGenerator(make_llm(model, **common, engine_kwargs=sampler_engine_kwargs(True)))
     try:
         prompt = gen.encode_prompt(problems[0].problem, read_prompt(g.system_prompt_file))
-        if len(prompt) > 1024:
-            raise ConfigError(f"dataset: the first problem's prompt has {len(prompt)} tokens, over 1024")
+        if len(prompt) > PROMPT_ROOM:
+            raise ConfigError(f"dataset: the first problem's prompt has {len(prompt)} tokens, over the "
+                              f"{PROMPT_ROOM} the engines hold for it")
         timer = _Timer(raw_llm, gen, prompt, c.new_tokens, g.temperature, g.top_p)
         rows = []
         for b in c.batches:
@@ -85,11 +88,11 @@ def run_ceiling(cfg_node: DictConfig, progress=None, on_folder=None) -> Path:
 
 def _engine_kwargs(cfg, hf: dict, dtype: str, batch: int, new_tokens: int) -> dict:
     """One engine's settings for `batch` requests of `new_tokens` on a shared prompt: one
-    whole sequence (the prompt, up to 1024 tokens), plus each request's own tokens with two
+    whole sequence (the prompt, up to PROMPT_ROOM tokens), plus each request's own tokens with two
     blocks of slack (its prompt's partial last block, its last block)."""
     from tts.backends.vllm.engine import kv_bytes_per_token
 
-    seq = 1024 + new_tokens + cfg.memory.block_size
+    seq = ceiling_length(new_tokens, cfg.memory.block_size)
     kv_bytes = (seq + batch * (new_tokens + 2 * cfg.memory.block_size)) * kv_bytes_per_token(hf, dtype)
     return dict(kv_cache_bytes=kv_bytes, gpu_memory_utilization=None, block_size=cfg.memory.block_size,
                 max_num_seqs=batch, max_num_batched_tokens=max(cfg.memory.max_num_batched_tokens, seq),
@@ -126,8 +129,9 @@ def raw_generator(cfg, problem: str) -> dict:
     llm = make_llm(model, **_engine_kwargs(cfg, hf, dtype, batch, tokens))
     try:
         prompt = ChatCodec(llm.get_tokenizer()).encode_prompt(problem, read_prompt(g.system_prompt_file))
-        if len(prompt) > 1024:
-            raise ConfigError(f"bench.raw_generator: the first problem's prompt has {len(prompt)} tokens, over 1024")
+        if len(prompt) > PROMPT_ROOM:
+            raise ConfigError(f"bench.raw_generator: the first problem's prompt has {len(prompt)} tokens, over the "
+                              f"{PROMPT_ROOM} the engines hold for it")
         timer = _Timer(llm, None, prompt, tokens, g.temperature, g.top_p)
         timer._run(RAW, batch, tokens=8)  # warm-up: kernels for this batch shape
         runs = [batch * tokens / timer._run(RAW, batch, tokens) for _ in range(cfg.ceiling.repeats)]

@@ -21,7 +21,9 @@ class ConfigError(ValueError):
 
 
 def compose(config_name: str = "config", overrides: list[str] | None = None) -> DictConfig:
-    """Compose `conf/<config_name>.yaml` with Hydra overrides, then validate it.
+    """Compose `conf/<config_name>.yaml` with Hydra overrides, then validate it, the engine
+    length against each model's context included (`tts.config.limits.check_context`: before
+    any download).
 
     In a compare run (`bench.compare`) the variants are `conf/optim` presets and the
     top-level `optim` is not run: the command line's `optim.KEY=VALUE` overrides are kept
@@ -35,7 +37,12 @@ def compose(config_name: str = "config", overrides: list[str] | None = None) -> 
             cfg = _hydra_compose(config_name, [o for o in overrides if not _optim_key(o)])
             cfg.bench.optim_overrides = list(cfg.bench.optim_overrides) + extra
         preset_optims(list(cfg.bench.compare), list(cfg.bench.optim_overrides))
-    validate(cfg)
+    from tts.config.limits import check_context
+
+    try:
+        check_context(validate(cfg))
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
     return cfg
 
 

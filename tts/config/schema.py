@@ -41,7 +41,10 @@ class GeneratorConfig:
     def __post_init__(self) -> None:
         _require(self.step_max_tokens >= 1, "generator.step_max_tokens", "must be >= 1")
         _require(self.max_total_tokens >= self.step_max_tokens, "generator.max_total_tokens",
-                 f"must be >= generator.step_max_tokens ({self.step_max_tokens})")
+                 f"{self.max_total_tokens} is below generator.step_max_tokens ({self.step_max_tokens}): a path "
+                 "holds at least one whole step. A run config's max_total_tokens (e.g. compare.yaml's) applies "
+                 f"to whichever generator is chosen; set generator.max_total_tokens={self.step_max_tokens} (or more) "
+                 f"or generator.step_max_tokens={self.max_total_tokens} (or less)")
         _require(0.0 <= self.temperature, "generator.temperature", "must be >= 0")
         _require(0.0 < self.top_p <= 1.0, "generator.top_p", "must be in (0, 1]")
         _require(self.dtype in ("bfloat16", "float16", "float32", "auto"), "generator.dtype",

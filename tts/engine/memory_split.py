@@ -87,11 +87,11 @@ def _with_floors(cfg: Config, gen_kv: int, ver_kv: int) -> tuple[int, int]:
     """The split, with each engine raised to the KV vLLM needs to start at all (one longest
     sequence, plus its null block), taken from the other's share: a small workload's split
     can give an engine less than that. ValueError when the budget cannot hold both."""
-    from tts.backends.factory import PROMPT_ROOM
     from tts.backends.vllm.engine import kv_bytes_per_token
+    from tts.config.limits import engine_length
 
     g = cfg.generator
-    longest = PROMPT_ROOM + g.max_total_tokens + 2 * g.step_max_tokens
+    longest = engine_length(g)
     block = cfg.memory.block_size
     blocks = -(-longest // block) + 1
 

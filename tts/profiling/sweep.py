@@ -180,8 +180,9 @@ class SplitRun:
 
 def infeasible(cfg: Config) -> str | None:
     """Why this split cannot start (a KV budget below one longest sequence), or None."""
-    from tts.backends.factory import PROMPT_ROOM, static_split
+    from tts.backends.factory import static_split
     from tts.backends.vllm.engine import check_kv_budget, read_hf_config
+    from tts.config.limits import engine_length
     from tts.config.schema import BackendKind
     from tts.models.resolve import resolve_model
 
@@ -189,7 +190,7 @@ def infeasible(cfg: Config) -> str | None:
 
     gen_spec, ver_spec = static_split(cfg)
     g = cfg.generator
-    longest = PROMPT_ROOM + g.max_total_tokens + 2 * g.step_max_tokens
+    longest = engine_length(g)
     sides = [("generator", gen_spec, g.model, g.dtype, g.backend)]
     if make_policy(cfg.search, g.step_max_tokens, g.max_total_tokens).uses_verifier:
         sides.append(("verifier", ver_spec, cfg.verifier.model, cfg.verifier.dtype, cfg.verifier.backend))

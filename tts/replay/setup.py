@@ -8,35 +8,17 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from tts.backends.base import Generator, ScoreRequest, Verifier
-from tts.backends.factory import PROMPT_ROOM, EngineSpec
-from tts.backends.fake import EOS_ID
+from tts.backends.factory import EngineSpec
+from tts.backends.fake import FakeCodec
 from tts.backends.prefix_cache import PrefixCache
 from tts.clock import VirtualClock
+from tts.config.limits import engine_length
 from tts.config.schema import BackendKind, Config
 from tts.metrics.cost_model import CostModel
 from tts.replay.backends import ReplayCounts, ReplayGenerator, ReplayVerifier, SimEngine
 from tts.replay.cost import FittedCost, RooflineCost, StepCost
 from tts.replay.sampler import StepSampler
 from tts.replay.trace import Trace
-
-
-class FakeCodec:
-    """The fake backend's text side (`tts.backends.fake`)."""
-
-    eos_token_id = EOS_ID
-
-    def encode_prompt(self, problem: str, system_prompt: str) -> list[int]:
-        from tts.backends.fake import encode, prompt_text
-
-        return encode(prompt_text(problem, system_prompt))
-
-    def decode(self, token_ids) -> str:
-        from tts.backends.fake import decode
-
-        return decode(token_ids)
-
-    def token_text(self, token_id: int) -> str:
-        return self.decode([token_id])
 
 
 def _tokenizer(model: str):
@@ -193,7 +175,7 @@ class ReplayBackends:
 
     def _engine(self, role: str, spec: EngineSpec) -> SimEngine:
         m, g = self.cfg.memory, self.cfg.generator
-        longest = PROMPT_ROOM + g.max_total_tokens + 2 * g.step_max_tokens
+        longest = engine_length(g)
         if getattr(self.cfg, role).backend is BackendKind.fake:
             blocks = 1 << 20
         else:

@@ -20,6 +20,7 @@ SUMMARY = "summary.json"
 CONFIG = "config.yaml"
 STEP_LOGS = "step_logs.json"
 RAW_GENERATOR = "raw_generator.json"
+SKIPPED = "skipped.json"
 
 
 class RunStore:
@@ -154,6 +155,21 @@ class RunStore:
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}: corrupt raw generator measurement ({err.msg}); delete it and "
                              "resume to measure again") from err
+
+    def write_skipped(self, skipped: list[dict]) -> None:
+        """The problems the run left out (a prompt longer than the engines hold), each with
+        its reason (`tts.problems.fit_prompts`)."""
+        (self.path / SKIPPED).write_text(json.dumps(skipped, indent=2))
+
+    def skipped(self) -> list[dict]:
+        """What `write_skipped` wrote; [] when the run skipped nothing (or predates it)."""
+        path = self.path / SKIPPED
+        if not path.exists():
+            return []
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}: corrupt list of skipped problems ({err.msg})") from err
 
     def summary(self) -> dict:
         path = self.path / SUMMARY

@@ -267,8 +267,10 @@ def write_summary(store: RunStore, names: list[str], step_logs: dict[str, dict],
     for name, mine in by_variant.items():
         add_bounds(summaries[name], mine, models, concurrency)
         add_raw_ratio(summaries[name], raw)
+    skipped = store.skipped()  # problems left out: their prompts do not fit the engines
     summary = {"host": host or previous.get("host"), "variants": summaries, "baseline": names[0],
-               "cost_model": {m: (asdict(cm) if cm else None) for m, cm in models.items()}}
+               "cost_model": {m: (asdict(cm) if cm else None) for m, cm in models.items()},
+               "num_skipped": len(skipped), "skipped": skipped}
     if raw:
         summary["raw_generator"] = raw
     if len(names) > 1:
