@@ -160,7 +160,12 @@ def test_is_present_needs_marker(tmp_cache: Path) -> None:
 def test_list_models(tmp_cache: Path) -> None:
     _fake_complete(tmp_cache / DEFAULT_KEY)
     rows = {row["key"]: row for row in listing.list_models()}
-    assert set(rows) == set(registry.REGISTRY)
+    from tts.models.tiny import tiny_keys
+
+    assert set(rows) == set(registry.REGISTRY) | set(tiny_keys())
+    # every hub PRM and generator whose published config and tokenizer are at hand has a tiny one
+    assert {"tiny:qwen2.5-math-1.5b-instruct", "tiny:skywork-o1-prm-qwen2.5-1.5b", "tiny:qwen2.5-math-prm-7b"} <= set(rows)
+    assert rows["tiny:qwen2.5-math-prm-7b"]["source"] == "tiny" and rows["tiny:qwen2.5-math-prm-7b"]["adapter"] == "qwen_prm"
     assert rows[DEFAULT_KEY]["present"] is True and rows[DEFAULT_KEY]["needs"] == "-"
     assert rows["gemma3-270m"]["needs"] == "pypi"
     assert rows["qwen2.5-math-prm-7b"]["needs"] == "hub"

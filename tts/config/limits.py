@@ -46,6 +46,11 @@ def model_context(model: str) -> tuple[int, str] | None:
         data = data.get("text_config", data) if "max_position_embeddings" not in data else data
         if data.get("max_position_embeddings"):
             return int(data["max_position_embeddings"]), f"max_position_embeddings in {config}"
+    from tts.models.tiny import is_tiny, published
+
+    if is_tiny(model):  # built from the published config, whose context it keeps
+        facts = published(model.removeprefix("tiny:"))
+        return int(facts["config"]["max_position_embeddings"]), f"the published config of {facts['hf_id']}"
     spec = find_spec(model)
     if spec is not None and spec.context_length:
         return spec.context_length, f"registry entry {spec.key!r}"
@@ -58,8 +63,12 @@ def _local_config(model: str) -> Path | None:
     from tts.models.cache import cache_dir, local_path
     from tts.models.registry import find_spec
 
+    from tts.models.tiny import is_tiny, tiny_path
+
     folder = Path(model).expanduser()
-    if not folder.is_dir():
+    if is_tiny(model):
+        folder = tiny_path(model)
+    elif not folder.is_dir():
         spec = find_spec(model)
         if spec is not None:
             folder = local_path(spec.key)
