@@ -149,11 +149,26 @@ def resolved_dtypes(cfg: Config) -> dict[str, str]:
 
 
 def run_host(cfg: Config) -> dict:
-    """This run's host, with its models' dtypes and the generator's sampler."""
+    """This run's host, with its models' dtypes, the generator's sampler and vLLM's model
+    runner."""
     from tts.backends.factory import resolve_sampler
     from tts.results.host import host_info
 
-    return host_info(resolved_dtypes(cfg), resolve_sampler(cfg).value)
+    return host_info(resolved_dtypes(cfg), resolve_sampler(cfg).value, model_runner(cfg))
+
+
+def model_runner(cfg: Config) -> str | None:
+    """The vLLM model runner the run's engines get, pinned to V1 before any engine starts
+    where the generator installs the position sampler (`tts.backends.vllm.model_runner`);
+    None without a vLLM model."""
+    if BackendKind.vllm not in (cfg.generator.backend, cfg.verifier.backend):
+        return None
+    from tts.backends.factory import resolve_sampler
+    from tts.backends.vllm.model_runner import pin_for_sampler
+    from tts.config.schema import Sampler
+
+    position = cfg.generator.backend is BackendKind.vllm and resolve_sampler(cfg) is Sampler.position
+    return pin_for_sampler(position)
 
 
 def run_bench(cfg_node: DictConfig, progress: Callable | None = None,
@@ -171,6 +186,7 @@ def run_bench(cfg_node: DictConfig, progress: Callable | None = None,
     here = on_this_host(cfg_node)
     if here is not cfg_node:
         cfg_node, cfg = here, validate(here)
+    model_runner(cfg)  # before the first engine: vLLM chooses its runner once per process
     problems = load_problems_for(cfg)
     if not problems:
         raise ConfigError("dataset: the subset selects no problems")

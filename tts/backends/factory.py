@@ -130,7 +130,7 @@ class Backends:
                         block_size=m.block_size, max_num_seqs=spec.max_num_seqs,
                         max_num_batched_tokens=max(m.max_num_batched_tokens, longest), dtype=dtype,
                         seed=self.cfg.bench.seed, tensor_parallel_size=self.cfg.generator.tensor_parallel_size,
-                        min_tokens_per_seq=longest, engine_kwargs=engine_kwargs)
+                        min_tokens_per_seq=longest, enforce_eager=m.enforce_eager, engine_kwargs=engine_kwargs)
 
     @staticmethod
     def _close(pair) -> None:

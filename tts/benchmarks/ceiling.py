@@ -57,7 +57,10 @@ def run_ceiling(cfg_node: DictConfig, progress=None, on_folder=None) -> Path:
     store.write_config(to_yaml(cfg_node))
     if on_folder:
         on_folder(store.path)
-    host = host_info({"generator": dtype})
+    from tts.backends.vllm.model_runner import pin_for_sampler
+
+    runner = pin_for_sampler("position" in c.samplers)  # before the first engine (model_runner.py)
+    host = host_info({"generator": dtype}, model_runner=runner)
 
     common = _engine_kwargs(cfg, hf, dtype, max(c.batches), c.new_tokens)
     raw_llm = make_llm(model, **common)
@@ -86,14 +89,17 @@ def run_ceiling(cfg_node: DictConfig, progress=None, on_folder=None) -> Path:
 def _engine_kwargs(cfg, hf: dict, dtype: str, batch: int, new_tokens: int) -> dict:
     """One engine's settings for `batch` requests of `new_tokens` on a shared prompt: one
     whole sequence (the prompt, up to 1024 tokens), plus each request's own tokens with two
-    blocks of slack (its prompt's partial last block, its last block)."""
+    blocks of slack (its prompt's partial last block, its last block). The engine runs in
+    the mode the run's engines do (`memory.enforce_eager`), so raw vLLM is timed as the
+    search's engines run."""
     from tts.backends.vllm.engine import kv_bytes_per_token
 
     seq = 1024 + new_tokens + cfg.memory.block_size
     kv_bytes = (seq + batch * (new_tokens + 2 * cfg.memory.block_size)) * kv_bytes_per_token(hf, dtype)
     return dict(kv_cache_bytes=kv_bytes, gpu_memory_utilization=None, block_size=cfg.memory.block_size,
                 max_num_seqs=batch, max_num_batched_tokens=max(cfg.memory.max_num_batched_tokens, seq),
-                dtype=dtype, seed=cfg.bench.seed, min_tokens_per_seq=seq)
+                dtype=dtype, seed=cfg.bench.seed, min_tokens_per_seq=seq,
+                enforce_eager=cfg.memory.enforce_eager)
 
 
 def raw_generator(cfg, problem: str) -> dict:

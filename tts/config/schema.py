@@ -111,6 +111,10 @@ class MemoryConfig:
     verifier_max_num_seqs: int = 64
     max_num_batched_tokens: int = 4096
     offload_idle_model: bool = False  # extended mode: vLLM sleep mode (GPU only)
+    # vLLM's enforce_eager for both engines and the raw-vLLM ceiling: true runs eagerly
+    # (no CUDA graphs, no torch.compile); null: true on CPU (compiling costs about a minute
+    # per engine there), false on a GPU (CUDA graphs, what a vLLM user's numbers have)
+    enforce_eager: bool | None = None
 
     def __post_init__(self) -> None:
         _require(self.kv_cache_gib > 0, "memory.kv_cache_gib", "must be > 0")
