@@ -142,6 +142,7 @@ def raw_generator(cfg, problem: str) -> dict:
                   for _ in range(cfg.ceiling.repeats)] if tokens > 1 else []
     finally:
         shutdown_llm(llm)
+        del llm  # a frame kept alive by a library must not keep the engine (factory._make_generator)
     out = {"batch": batch, "new_tokens": tokens, "prompt_tokens": len(prompt), "dtype": dtype,
            "repeats": len(runs), "tok_s_runs": runs, "tok_s": statistics.median(runs)}
     if single:

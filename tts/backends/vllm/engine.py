@@ -156,6 +156,20 @@ def has_cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def gpu_name() -> str:
+    """The CUDA device's name, e.g. "NVIDIA H100 80GB HBM3" (torch imported here, lazily)."""
+    import torch
+
+    return str(torch.cuda.get_device_name(torch.cuda.current_device()))
+
+
+def gpu_free_bytes() -> int:
+    """Bytes free on the current CUDA device now (`torch.cuda.mem_get_info`)."""
+    import torch
+
+    return int(torch.cuda.mem_get_info()[0])
+
+
 def eager_mode(enforce_eager: bool | None) -> bool:
     """vLLM's `enforce_eager` for `memory.enforce_eager`: as given, else eager on CPU only.
 
