@@ -258,6 +258,8 @@ def test_every_run_records_its_host(tmp_path):
     assert host["cpu_model"] and host["torch"]
     line = host_line(host)
     assert line.startswith(f"host: {host['cpu_model']} (") and "dtype generator fake" in line
+    assert host["model_runner"] is None and "model runner" not in line  # no vLLM engine ran
+    assert "; vLLM model runner V1; " in host_line({**host, "model_runner": "V1"})
 
 
 def test_report_warns_when_hosts_or_dtypes_differ(tmp_path):
