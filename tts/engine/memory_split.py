@@ -130,11 +130,11 @@ def gpu_kv_budget(cfg: Config, free_bytes: int) -> int:
     """The run's total KV budget on a GPU with `free_bytes` free (`memory.gpu_free_fraction`):
     that share of it, less the weights and `engine_overhead_bytes` of each vLLM engine the
     run starts. ValueError naming the numbers when nothing is left for the KV cache."""
-    from tts.backends.factory import PROMPT_ROOM
+    from tts.config.limits import engine_length
     from tts.config.schema import BackendKind
 
     m, g = cfg.memory, cfg.generator
-    batched = max(m.max_num_batched_tokens, PROMPT_ROOM + g.max_total_tokens + 2 * g.step_max_tokens)
+    batched = max(m.max_num_batched_tokens, engine_length(g))
     weights = overhead = 0
     for model, seqs in ((g, m.generator_max_num_seqs), (cfg.verifier, m.verifier_max_num_seqs)):
         if model.backend is BackendKind.vllm:
