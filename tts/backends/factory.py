@@ -2,7 +2,9 @@
 
 Both vLLM engines live in one process. Engines are kept and reused across the variants
 of a comparison run (startup costs seconds); between variants their prefix caches are
-reset so that no variant inherits another's warm cache.
+reset so that no variant inherits another's warm cache. A variant whose engine differs
+(its KV split, with `optim.roofline_memory`) gets a new one, built only once the old one is
+closed and its memory freed.
 """
 
 from __future__ import annotations
@@ -70,20 +72,27 @@ class Backends:
         state; vLLM's need none)."""
 
     def get(self, gen_spec: EngineSpec, ver_spec: EngineSpec | None) -> tuple[Generator, Verifier | None]:
+        """The engines for these specs: kept where the spec, model, dtype and sampler (or
+        adapter) are the same, with their prefix caches reset (the next variant starts cold,
+        like the first); otherwise the old one is closed and dropped, and its memory freed
+        (`release_memory`), before any new one is built. The caller must hold no other
+        reference to an engine it replaces (the previous variant's `Engine`)."""
         g, v = self.cfg.generator, self.cfg.verifier
         gen_key = (gen_spec, g.model, g.backend, g.dtype, g.sampler)
-        if self._gen is None or self._gen[0] != gen_key:
-            self._close(self._gen)
-            self._gen = None  # a failed build must not leave the closed engine behind
+        ver_key = None if ver_spec is None else (ver_spec, v.model, v.backend, v.dtype, v.adapter)
+        stale = [slot for slot, key in (("_gen", gen_key), ("_ver", ver_key))
+                 if key is not None and getattr(self, slot) is not None and getattr(self, slot)[0] != key]
+        for slot in stale:
+            self._drop(slot)
+        if stale:
+            release_memory()
+        if self._gen is None:
             self._gen = (gen_key, self._make_generator(gen_spec))
-        else:  # the next variant starts cold, like the first
+        else:
             self._gen[1].reset_prefix_cache()
         if ver_spec is None:
             return self._gen[1], None
-        ver_key = (ver_spec, v.model, v.backend, v.dtype, v.adapter)
-        if self._ver is None or self._ver[0] != ver_key:
-            self._close(self._ver)
-            self._ver = None
+        if self._ver is None:
             self._ver = (ver_key, self._make_verifier(ver_spec))
         else:
             self._ver[1].reset_prefix_cache()
@@ -97,8 +106,10 @@ class Backends:
             # the fake's two modes are the two samplers' semantics
             return FakeGenerator(batch_cap=spec.max_num_seqs, sampling="context" if position else "stream")
         from tts.backends.vllm.generator import VllmGenerator, sampler_engine_kwargs
-        llm = self._llm(g.model, g.dtype, spec, engine_length(g), sampler_engine_kwargs(position))
-        return VllmGenerator(llm, resumable_sampling=position)
+        # no local names the engine: a frame that outlives its call (a library that keeps a
+        # traceback of an import done while the engine was built) would keep it alive
+        return VllmGenerator(self._llm(g.model, g.dtype, spec, engine_length(g), sampler_engine_kwargs(position)),
+                             resumable_sampling=position)
 
     def _make_verifier(self, spec: EngineSpec) -> Verifier:
         v = self.cfg.verifier
@@ -111,7 +122,9 @@ class Backends:
         adapter_class(name)  # an unknown adapter fails before any model loads
         llm = self._llm(v.model, v.dtype, spec, engine_length(self.cfg.generator), verifier_engine_kwargs(name))
         options = {"prompt_file": v.judge_prompt_file} if name == "judge" else {}
-        return VllmVerifier(llm, make_adapter(name, llm.get_tokenizer(), **options))
+        verifier = VllmVerifier(llm, make_adapter(name, llm.get_tokenizer(), **options))
+        del llm  # as in _make_generator: no local holds the engine once this returns
+        return verifier
 
     def _llm(self, model: str, dtype: str, spec: EngineSpec, longest: int,
              engine_kwargs: dict | None = None):
@@ -127,15 +140,35 @@ class Backends:
                         block_size=m.block_size, max_num_seqs=spec.max_num_seqs,
                         max_num_batched_tokens=max(m.max_num_batched_tokens, longest), dtype=dtype,
                         seed=self.cfg.bench.seed, tensor_parallel_size=self.cfg.generator.tensor_parallel_size,
-                        min_tokens_per_seq=longest, engine_kwargs=engine_kwargs)
+                        min_tokens_per_seq=longest, enforce_eager=m.enforce_eager, engine_kwargs=engine_kwargs)
 
-    @staticmethod
-    def _close(pair) -> None:
+    def _drop(self, slot: str) -> None:
+        """Close the engine in `slot` and forget it (forgotten first: a failed close must not
+        leave it behind)."""
+        pair = getattr(self, slot)
+        setattr(self, slot, None)
         if pair is not None:
             pair[1].close()
 
     def close(self) -> None:
-        self._close(self._gen)
-        self._close(self._ver)
-        self._gen = self._ver = None
+        self._drop("_gen")
+        self._drop("_ver")
+        release_memory()
+
+
+def release_memory() -> None:
+    """Free what closed engines held: collect the reference cycles they leave, then, on a
+    GPU, hand PyTorch's cached blocks back to the device, so the next engine's start-up
+    check sees them free. Engines must be closed and unreferenced first."""
+    import gc
+    import sys
+
+    gc.collect()
+    if "torch" in sys.modules:  # a fake-backend run never imports it
+        from tts.backends.vllm.engine import has_cuda
+
+        if has_cuda():
+            import torch
+
+            torch.cuda.empty_cache()
 

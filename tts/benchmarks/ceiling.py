@@ -59,7 +59,10 @@ def run_ceiling(cfg_node: DictConfig, progress=None, on_folder=None) -> Path:
     store.write_config(to_yaml(cfg_node))
     if on_folder:
         on_folder(store.path)
-    host = host_info({"generator": dtype})
+    from tts.backends.vllm.model_runner import pin_for_sampler
+
+    runner = pin_for_sampler("position" in c.samplers)  # before the first engine (model_runner.py)
+    host = host_info({"generator": dtype}, model_runner=runner)
 
     common = _engine_kwargs(cfg, hf, dtype, max(c.batches), c.new_tokens)
     raw_llm = make_llm(model, **common)
@@ -89,14 +92,17 @@ def run_ceiling(cfg_node: DictConfig, progress=None, on_folder=None) -> Path:
 def _engine_kwargs(cfg, hf: dict, dtype: str, batch: int, new_tokens: int) -> dict:
     """One engine's settings for `batch` requests of `new_tokens` on a shared prompt: one
     whole sequence (the prompt, up to PROMPT_ROOM tokens), plus each request's own tokens with two
-    blocks of slack (its prompt's partial last block, its last block)."""
+    blocks of slack (its prompt's partial last block, its last block). The engine runs in
+    the mode the run's engines do (`memory.enforce_eager`), so raw vLLM is timed as the
+    search's engines run."""
     from tts.backends.vllm.engine import kv_bytes_per_token
 
     seq = ceiling_length(new_tokens, cfg.memory.block_size)
     kv_bytes = (seq + batch * (new_tokens + 2 * cfg.memory.block_size)) * kv_bytes_per_token(hf, dtype)
     return dict(kv_cache_bytes=kv_bytes, gpu_memory_utilization=None, block_size=cfg.memory.block_size,
                 max_num_seqs=batch, max_num_batched_tokens=max(cfg.memory.max_num_batched_tokens, seq),
-                dtype=dtype, seed=cfg.bench.seed, min_tokens_per_seq=seq)
+                dtype=dtype, seed=cfg.bench.seed, min_tokens_per_seq=seq,
+                enforce_eager=cfg.memory.enforce_eager)
 
 
 def raw_generator(cfg, problem: str) -> dict:
@@ -140,6 +146,7 @@ def raw_generator(cfg, problem: str) -> dict:
                   for _ in range(cfg.ceiling.repeats)] if tokens > 1 else []
     finally:
         shutdown_llm(llm)
+        del llm  # a frame kept alive by a library must not keep the engine (factory._make_generator)
     out = {"batch": batch, "new_tokens": tokens, "prompt_tokens": len(prompt), "dtype": dtype,
            "repeats": len(runs), "tok_s_runs": runs, "tok_s": statistics.median(runs)}
     if single:

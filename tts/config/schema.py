@@ -108,15 +108,26 @@ class MemoryConfig:
     """KV-cache budget and its split between generator and verifier."""
 
     kv_cache_gib: float = 1.0  # total KV budget of both engines, CPU RAM or GPU memory
+    # on a GPU: the run takes this share of the card's free memory at start, and the KV budget
+    # is that less both models' weights and each engine's activations and workspaces
+    # (`memory_split.gpu_kv_budget`), written over kv_cache_gib in the run's config; null:
+    # kv_cache_gib, on a GPU too. CPU runs and replays always use kv_cache_gib.
+    gpu_free_fraction: float | None = None
     generator_fraction: float = 0.5  # the generator's share without optim.roofline_memory (static split)
     block_size: int = 32  # vLLM CPU needs a multiple of 32
     generator_max_num_seqs: int = 64
     verifier_max_num_seqs: int = 64
     max_num_batched_tokens: int = 4096
     offload_idle_model: bool = False  # extended mode: vLLM sleep mode (GPU only)
+    # vLLM's enforce_eager for both engines and the raw-vLLM ceiling: true runs eagerly
+    # (no CUDA graphs, no torch.compile); null: true on CPU (compiling costs about a minute
+    # per engine there), false on a GPU (CUDA graphs, what a vLLM user's numbers have)
+    enforce_eager: bool | None = None
 
     def __post_init__(self) -> None:
         _require(self.kv_cache_gib > 0, "memory.kv_cache_gib", "must be > 0")
+        _require(self.gpu_free_fraction is None or 0.0 < self.gpu_free_fraction <= 1.0,
+                 "memory.gpu_free_fraction", "must be in (0, 1] or null")
         _require(0.0 < self.generator_fraction < 1.0, "memory.generator_fraction", "must be in (0, 1)")
         _require(self.block_size % 32 == 0, "memory.block_size",
                  f"{self.block_size} is not a multiple of 32 (vLLM on CPU rejects it)")

@@ -111,6 +111,47 @@ def _with_floors(cfg: Config, gen_kv: int, ver_kv: int) -> tuple[int, int]:
     return gen_kv, ver_kv
 
 
+ENGINE_RESERVE = 1 << 30  # per engine on a GPU: CUDA graphs, cuBLAS and attention workspaces
+
+
+def engine_overhead_bytes(shape: ModelShape, max_num_batched_tokens: int, max_num_seqs: int) -> int:
+    """What one engine holds on a GPU besides its weights and KV cache (an estimate): the
+    peak activations of vLLM's start-up profiling pass (`max_num_batched_tokens` tokens
+    through one layer: q, k, v, the MLP's gate and up projections, the residual), float32
+    logits for `max_num_seqs` rows with the sampler's copies of them (four), and
+    `ENGINE_RESERVE`."""
+    q, kv = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    per_token = q + 2 * kv + 2 * shape.intermediate_size + 2 * shape.hidden_size
+    activations = max_num_batched_tokens * per_token * shape.dtype_bytes
+    logits = 4 * max_num_seqs * shape.vocab_size * 4
+    return activations + logits + ENGINE_RESERVE
+
+
+def gpu_kv_budget(cfg: Config, free_bytes: int) -> int:
+    """The run's total KV budget on a GPU with `free_bytes` free (`memory.gpu_free_fraction`):
+    that share of it, less the weights and `engine_overhead_bytes` of each vLLM engine the
+    run starts. ValueError naming the numbers when nothing is left for the KV cache."""
+    from tts.config.limits import engine_length
+    from tts.config.schema import BackendKind
+
+    m, g = cfg.memory, cfg.generator
+    batched = max(m.max_num_batched_tokens, engine_length(g))
+    weights = overhead = 0
+    for model, seqs in ((g, m.generator_max_num_seqs), (cfg.verifier, m.verifier_max_num_seqs)):
+        if model.backend is BackendKind.vllm:
+            shape = model_shape(model.model, model.dtype)
+            weights += shape.weight_bytes
+            overhead += engine_overhead_bytes(shape, batched, seqs)
+    share = int(free_bytes * m.gpu_free_fraction)
+    budget = share - weights - overhead
+    if budget <= 0:
+        raise ValueError(f"memory.gpu_free_fraction={m.gpu_free_fraction}: {share / GIB:.2f} GiB of the GPU's "
+                         f"{free_bytes / GIB:.2f} GiB free leave no KV cache after the models' weights "
+                         f"({weights / GIB:.2f} GiB) and activations ({overhead / GIB:.2f} GiB); free the GPU, "
+                         "raise the share, or choose smaller models")
+    return budget
+
+
 def initial_caps(cfg: Config) -> tuple[int, int]:
     """The (generator, verifier) batch caps of the roofline split for the run's peak workload."""
     split = _split(cfg, cfg.search.n * cfg.bench.concurrency, cfg.generator.max_total_tokens // 2)

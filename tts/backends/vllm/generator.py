@@ -173,6 +173,11 @@ class VllmGenerator(Generator):
         return bool(self._llm.reset_prefix_cache())
 
     def close(self) -> None:
+        """Stop the engine and let go of it: whatever still holds this backend (a frame a
+        library kept alive) then holds no model or KV cache. Using it afterwards fails."""
+        if self._llm is None:
+            return
         self.abort(list(self._live))
         shutdown_llm(self._llm)
+        self._llm = self._engine = self._probe = None
 

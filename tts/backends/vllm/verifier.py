@@ -195,7 +195,10 @@ class VllmVerifier(Verifier):
         return bool(self._llm.reset_prefix_cache())
 
     def close(self) -> None:
-        shutdown_llm(self._llm)
+        """Stop the engine and let go of it (as `VllmGenerator.close`)."""
+        if self._llm is not None:
+            shutdown_llm(self._llm)
+        self._llm = self._engine = self._probe = None
 
 
 def verifier_engine_kwargs(adapter: str) -> dict[str, Any]:

@@ -1,0 +1,168 @@
+"""`tts bench` on a GPU host (CUDA mocked: its name and free memory), and engines released
+between the variants of a compare run."""
+
+from __future__ import annotations
+
+import weakref
+
+import pytest
+
+from tts.config.compose import compose, validate
+
+FAKE = ["generator=fake", "verifier=fake", "logger=none", "dataset.first_k=2", "search.n=4",
+        "search.beam_width=2", "search.max_iterations=3"]
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """A CUDA host whose card is named by `gpu.name` with `gpu.free` bytes free."""
+    from tts.backends.vllm import engine
+
+    class Card:
+        name = "NVIDIA H100 80GB HBM3"
+        free = 40 << 30
+
+    monkeypatch.setattr(engine, "has_cuda", lambda: True)
+    monkeypatch.setattr(engine, "gpu_name", lambda: Card.name)
+    monkeypatch.setattr(engine, "gpu_free_bytes", lambda: Card.free)
+    return Card
+
+
+@pytest.mark.parametrize("card, profile", [
+    ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA GeForce RTX 4090", "rtx4090"),
+    ("NVIDIA A100-SXM4-80GB", "a100"), ("NVIDIA H200", "h200"),
+])
+def test_a_gpu_run_without_device_gets_its_cards_profile(gpu, card, profile) -> None:
+    from tts.runner import on_this_host
+
+    gpu.name = card
+    cfg = on_this_host(compose("config", []))  # device: cpu, the default
+    assert (cfg.device.name, cfg.device.kind) == (profile, "gpu")
+    assert validate(compose("config", [f"device={profile}"])).device == validate(cfg).device
+
+
+def test_a_device_given_is_kept_and_a_cpu_run_measures_its_cpu(gpu, monkeypatch) -> None:
+    from tts.backends.vllm import engine
+    from tts.runner import on_this_host
+
+    given = compose("config", ["device=a100"])
+    assert on_this_host(given) is given  # a GPU profile named on the command line
+    monkeypatch.setattr(engine, "has_cuda", lambda: False)
+    monkeypatch.setattr("tts.profiling.calibrate.host_profile", lambda p: (p, None))
+    cpu = compose("config", [])
+    assert on_this_host(cpu) is cpu
+
+
+def test_an_unknown_card_is_a_config_error_listing_the_choices(gpu, tmp_path, capsys) -> None:
+    from tts.cli_support import compose_jobs, run_jobs
+
+    gpu.name = "NVIDIA L40S"
+    jobs = compose_jobs("config", [f"bench.results_dir={tmp_path}", "logger=none", "dataset.first_k=1"], False, False)
+    assert run_jobs(jobs, verbose=True) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "device: no profile matches this GPU ('NVIDIA L40S')" in err
+    assert "device=<one of a100, h100, h200, rtx4090>" in err
+
+
+def test_the_kv_budget_comes_from_the_cards_free_memory(gpu) -> None:
+    """memory=gpu: 90% of 40 GiB free, less two SmolLM2-135M engines in bf16, each 269,030,016
+    bytes of weights and 1,360,003,072 of activations (8192 tokens x 5184 values x 2 bytes),
+    logits (4 x 256 rows x 49152 x 4 bytes) and the 1 GiB reserve."""
+    from tts.runner import kv_on_this_gpu
+
+    cfg = kv_on_this_gpu(compose("config", ["memory=gpu"]))
+    assert cfg.memory.kv_cache_gib * 2**30 == pytest.approx(int(0.9 * (40 << 30)) - 2 * (269_030_016 + 1_360_003_072))
+    fixed = compose("config", ["memory=gpu", "memory.gpu_free_fraction=null"])
+    assert kv_on_this_gpu(fixed) is fixed  # null: kv_cache_gib, on a GPU too
+    gpu.free = 3 << 30
+    with pytest.raises(ValueError, match=r"memory.gpu_free_fraction=0.9: 2.70 GiB of the GPU's 3.00 GiB free leave "
+                                         r"no KV cache after the models' weights \(0.50 GiB\) and activations"):
+        kv_on_this_gpu(compose("config", ["memory=gpu"]))
+
+
+def test_the_cpu_keeps_its_kv_budget(monkeypatch) -> None:
+    from tts.backends.vllm import engine
+    from tts.runner import kv_on_this_gpu
+
+    monkeypatch.setattr(engine, "has_cuda", lambda: False)
+    cfg = compose("config", ["memory=gpu"])
+    assert kv_on_this_gpu(cfg) is cfg and cfg.memory.kv_cache_gib == 8.0
+
+
+def test_engines_are_released_before_the_next_variants_are_built(tmp_path, monkeypatch) -> None:
+    """Variants whose engines differ (here: each variant's batch slots) get new engines,
+    built only once the previous variant's are closed and collected: no reference is left
+    in the runner, the engine, the collector, the records or a closure."""
+    import tts.runner
+    from tts.backends.factory import Backends, EngineSpec
+    from tts.runner import run_bench
+
+    specs = iter(range(8, 100))
+    monkeypatch.setattr(tts.runner, "static_split", lambda cfg: (EngineSpec(1 << 20, next(specs)),
+                                                                 EngineSpec(1 << 20, next(specs))))
+    built: list[weakref.ref] = []
+    events: list[str] = []
+
+    def recording(make):
+        def wrapper(self, spec):
+            events.append(f"build with {sum(ref() is not None for ref in built)} alive")
+            backend = make(self, spec)
+            built.append(weakref.ref(backend))
+            return backend
+        return wrapper
+
+    monkeypatch.setattr(Backends, "_make_generator", recording(Backends._make_generator))
+    monkeypatch.setattr(Backends, "_make_verifier", recording(Backends._make_verifier))
+    cfg = compose("config", FAKE + [f"bench.results_dir={tmp_path}", "bench.compare=[baseline,PMS,P]"])
+    run_bench(cfg)
+    # each variant: generator then verifier; the previous variant's pair is gone by then
+    assert events == ["build with 0 alive", "build with 1 alive"] * 3
+    assert all(ref() is None for ref in built)  # and the last pair once the run closes
+
+
+def test_release_empties_the_cuda_cache_on_a_gpu(monkeypatch) -> None:
+    import torch
+
+    from tts.backends import factory
+    from tts.backends.vllm import engine
+
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
+    monkeypatch.setattr(engine, "has_cuda", lambda: False)
+    factory.release_memory()
+    monkeypatch.setattr(engine, "has_cuda", lambda: True)
+    factory.release_memory()
+    assert emptied == [True]
+
+
+@pytest.mark.vllm
+def test_a_replaced_vllm_engine_is_collected_before_the_next_starts(monkeypatch) -> None:
+    """The same through real vLLM (SmolLM2-135M on CPU): the closed engine's `vllm.LLM` is
+    gone, not merely shut down, when the next variant's engine is built."""
+    pytest.importorskip("vllm")
+    from tts.backends.factory import Backends, EngineSpec
+    from tts.models.cache import ModelNotPresentError
+    from tts.models.resolve import resolve_model
+
+    try:
+        resolve_model("smollm2-135m-instruct")
+    except ModelNotPresentError as err:
+        pytest.skip(str(err))
+    import logging
+
+    # pytest's log capture keeps every record, and a record of an exception (a plugin that
+    # fails to load while the engine starts) keeps its traceback's frames, `LLM.__init__`
+    # with its `self` among them: a run's handlers keep none
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    backends = Backends(validate(compose("config", ["verifier=fake", "generator.dtype=float32"])))
+    first, _ = backends.get(EngineSpec(128 << 20, 8), None)
+    old = weakref.ref(first.llm)
+    del first
+    seen = []
+    make = Backends._make_generator
+    monkeypatch.setattr(Backends, "_make_generator", lambda self, spec: seen.append(old() is None) or make(self, spec))
+    try:
+        backends.get(EngineSpec(128 << 20, 9), None)
+    finally:
+        backends.close()
+    assert seen == [True]
