@@ -316,6 +316,7 @@ def test_math_shepherd_requests_get_no_prefix_cache_hits(math_shepherd, monkeypa
     cached = [math_shepherd._score([ScoreRequest(problem, STEPS[: k + 1], (k,))])[1].cached_tokens
               for k in (0, 1, 2, 2)]
     assert cached == [0, 0, 0, 0]
+    assert math_shepherd.adapter.reads_prefix_cache is False  # what the summary says ("not cached (vLLM)")
 
 
 def test_rlhflow_equals_a_reference_forward(rlhflow) -> None:
@@ -341,3 +342,4 @@ def test_rlhflow_requests_read_the_prefix_cache_with_the_same_scores(rlhflow) ->
         assert scores == pytest.approx([expected[k]], abs=TOL)
         cached.append(stats.cached_tokens)
     assert cached[0] == 0 and all(c > 0 for c in cached[1:]), cached
+    assert rlhflow.adapter.reads_prefix_cache
