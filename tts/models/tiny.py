@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 from tts.models.cache import MARKER_FILE, cache_dir, folder_problems
-from tts.models.registry import get_spec
 
 PREFIX = "tiny:"
 HUB_FACTS = Path(__file__).with_name("hub")

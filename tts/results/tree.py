@@ -94,3 +94,9 @@ def describe(summary: dict, by_variant: dict[str, list[dict]], config: dict) -> 
         quality = {"auroc": auroc, "speculation": spec, "at_chance": at_chance(auroc, spec)}
         variants[name]["verifier_quality"] = quality
         summary["verifier_lines"][name] = verifier_line(quality)
+
+
+def plain_lines(summary: dict) -> list[str]:
+    """The summary's tree lines, then one verifier line per variant that used one."""
+    return [*summary.get("tree_lines", []),
+            *(f"verifier ({name}): {line}" for name, line in summary.get("verifier_lines", {}).items())]

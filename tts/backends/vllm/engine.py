@@ -225,25 +225,11 @@ def make_llm(
     """
     config = read_hf_config(model_path)
     dtype = resolve_dtype(dtype, config)
-    model_len = int(config.get("max_position_embeddings", 4096))
-    max_len = min_tokens_per_seq or model_len
-    if max_len > model_len:
-        raise ValueError(f"min_tokens_per_seq: {max_len} exceeds the model's "
-                         f"max_position_embeddings ({model_len})")
-    if block_size % 32 != 0 and not has_cuda():
-        raise ValueError(f"block_size: {block_size} is not a multiple of 32 (vLLM on CPU)")
+    max_len = _max_len(config, min_tokens_per_seq, block_size)
     memory = _memory_kwargs(config, kv_cache_bytes, gpu_memory_utilization, block_size,
                             dtype, max_len, tensor_parallel_size)
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    import vllm
-
+    vllm = _import_vllm(engine_kwargs)
     from tts.backends.vllm import cpu_kernels
-    from tts.backends.vllm.internals import check_vllm_version
-    from tts.backends.vllm.model_runner import pin_for_sampler
-
-    check_vllm_version()  # before any weight loads: a clear error, not a failure deep in vLLM
-    if (engine_kwargs or {}).get("logits_processors"):  # V2 refuses them (model_runner.py)
-        pin_for_sampler(True)
 
     kwargs: dict[str, Any] = dict(
         model=str(Path(model_path).expanduser()), tokenizer=str(Path(model_path).expanduser()),
@@ -256,6 +242,35 @@ def make_llm(
     kwargs.update(cpu_kernels.engine_kwargs(on_gpu=has_cuda()))  # fused RMSNorm on CPU (cpu_kernels.py)
     kwargs.update(engine_kwargs or {})
     return vllm.LLM(**kwargs)
+
+
+def _max_len(config: dict[str, Any], min_tokens_per_seq: int | None, block_size: int) -> int:
+    """The engine's `max_model_len`; ValueError when the model cannot hold it or the block
+    size cannot run here."""
+    model_len = int(config.get("max_position_embeddings", 4096))
+    max_len = min_tokens_per_seq or model_len
+    if max_len > model_len:
+        raise ValueError(f"min_tokens_per_seq: {max_len} exceeds the model's "
+                         f"max_position_embeddings ({model_len})")
+    if block_size % 32 != 0 and not has_cuda():
+        raise ValueError(f"block_size: {block_size} is not a multiple of 32 (vLLM on CPU)")
+    return max_len
+
+
+def _import_vllm(engine_kwargs: dict[str, Any] | None) -> Any:
+    """vLLM, in this process, checked for its version before any weight loads (a clear
+    error, not a failure deep in vLLM), on the V1 model runner where our logits processors
+    go (V2 refuses them: model_runner.py)."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    import vllm
+
+    from tts.backends.vllm.internals import check_vllm_version
+    from tts.backends.vllm.model_runner import pin_for_sampler
+
+    check_vllm_version()
+    if (engine_kwargs or {}).get("logits_processors"):
+        pin_for_sampler(True)
+    return vllm
 
 
 def _memory_kwargs(

@@ -271,3 +271,12 @@ def configure_vllm_logging() -> None:
     except ImportError:
         return
     configure_logging_if_needed(LoggingConfig())
+
+
+def all_token_pooling() -> Any:
+    """A pooler config that returns one row per computed token (ALL), whatever the model's
+    default (Qwen2ForProcessRewardModel's is STEP): what a PRM reading the prefix cache
+    needs (`verifier.py`)."""
+    from vllm.config import PoolerConfig
+
+    return PoolerConfig(tok_pooling_type="ALL")

@@ -206,9 +206,9 @@ def verifier_engine_kwargs(adapter: str) -> dict[str, Any]:
     runner for a reward head) and, for pooling, ALL token pooling (see the module's notes)."""
     extra = dict(adapter_class(adapter).engine_kwargs)
     if extra.get("runner") == "pooling":
-        from vllm.config import PoolerConfig
+        from tts.backends.vllm.internals import all_token_pooling
 
-        extra.setdefault("pooler_config", PoolerConfig(tok_pooling_type="ALL"))
+        extra.setdefault("pooler_config", all_token_pooling())
     return extra
 
 
