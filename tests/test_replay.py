@@ -54,6 +54,7 @@ def test_another_engines_speculation_is_drawn_and_counted(tmp_path):
     served = RunStore(replayed).summary()["simulated"]["served"]
     assert served["baseline"]["drawn_tokens"] == 0
     assert served["PMS"]["drawn_tokens"] > 0 and 0 < served["PMS"]["drawn_token_share"] < 1
+    assert served["PMS"]["borrowed_tokens"] > 0 and served["baseline"]["borrowed_tokens"] == 0  # the baseline's
 
 
 def test_the_trace_survives_a_kill_and_a_resume(tmp_path):
@@ -137,6 +138,38 @@ def test_a_resumed_prompt_is_served_the_rest_of_its_recorded_step():
     assert trace.generation(7, resumed, resumable=True) == (Generation((5, 6, 7), "eos", False), 1)
     assert trace.generation(7, resumed, resumable=False) is None
     assert trace.generation(8, resumed, resumable=True) is None
+
+
+def test_each_variant_is_served_its_own_recorded_outputs_in_the_order_sent():
+    """The n-th request of a (seed, prompt) in a variant gets the n-th that variant sent (a
+    speculative one preferring one recorded as speculation); then another variant's; then
+    its own again. An aborted output goes on in a longer recording of the same request.
+    Scores likewise."""
+    from tts.replay.trace import Trace, VariantReader, Whose
+
+    trace = Trace({"t": "h"})
+    h = extend_hash(0, [1, 2])
+    for n, (v, out, spec, f) in enumerate([("PMS", [9, 9], False, "eos"), ("base", [5], False, "aborted"),
+                                           ("base", [6, 7], True, "eos"), ("base", [5, 8], False, "eos")]):
+        trace.add({"t": "g", "v": v, "seed": 7, "h": h, "o": out, "f": f, "spec": spec, "n": 3 - n})
+    base = VariantReader(trace, "base")  # sent in the order of "n": [5, 8], [6, 7], [5], then PMS's
+    assert base.take(7, h, True)[0].tokens == (6, 7)
+    assert [(g.tokens, whose) for g, whose, _ in (base.take(7, h, False) for _ in range(3))] == [
+        ((5, 8), Whose.OWN), ((5,), Whose.OWN), ((9, 9), Whose.BORROWED)]
+    assert base.take(7, h, False)[0].tokens == (9, 9)  # another's, not its own again
+    found = base.extending(7, h, [5])  # the aborted [5] goes on in the same request's [5, 8]
+    assert (found[0].tokens, found[1:]) == ((5, 8), (1, Whose.OWN))
+    trace.add({"t": "g", "v": "PMS", "seed": 8, "h": h, "o": [4], "f": "eos", "n": 4})
+    pms = VariantReader(trace, "PMS")
+    assert [(g.tokens, whose, again) for g, whose, again in (pms.take(7, h, False) for _ in range(2))] == [
+        ((9, 9), Whose.OWN, False), ((5, 8), Whose.BORROWED, False)]
+    assert [(g.tokens, whose, again) for g, whose, again in (pms.take(8, h, False) for _ in range(2))] == [
+        ((4,), Whose.OWN, False), ((4,), Whose.OWN, True)]  # no other variant sent it: its own again
+    assert base.take(9, h, False) is None
+    for v, r in [("base", 0.1), ("PMS", 0.5), ("base", 0.2)]:
+        trace.add({"t": "s", "v": v, "k": "k", "d": 0, "r": r})
+    assert [base.score("k") for _ in range(3)] == [(0.1, Whose.OWN), (0.2, Whose.OWN), (0.5, Whose.BORROWED)]
+    assert VariantReader(trace, "other").score("k") == (0.2, Whose.BORROWED) and base.score("x") is None
 
 
 def test_the_virtual_clock_moves_only_when_told():
@@ -231,3 +264,32 @@ def test_tts_report_plots_a_replays_ratios_by_device(tmp_path):
     text = out.read_text()
     assert (tmp_path / "report" / "ratio_by_device.png").exists()
     assert "SIMULATED" in text
+
+
+def iterations(path):
+    return {(r["variant"], r["problem_id"]): r["metrics"]["iterations"] for r in RunStore(path).records()}
+
+
+def test_a_bf16_trace_replays_each_variant_from_its_own_recording(tmp_path):
+    """A bf16 fake (its tokens depend on the batch a request is first scheduled in, as bf16
+    logits do) recorded as baseline and PMS: the same request gives other tokens in the two
+    variants, and each replayed variant is served its own. The baseline's replay draws and
+    borrows nothing, and its tree is the recorded one: the same final candidates, the same
+    iterations."""
+    path = bench(tmp_path, "bench.compare=[baseline,PMS]", "generator.dtype=bfloat16", "search.n=8",
+                 "search.beam_width=2", "search.max_iterations=8")
+    outputs: dict = {}
+    for line in gzip.decompress((path / TRACE).read_bytes()).decode().splitlines()[1:]:
+        if (g := json.loads(line))["t"] == "g":
+            outputs.setdefault((g["seed"], g["h"]), {}).setdefault(g["v"], set()).add(tuple(g["o"]))
+    assert any(len(by) == 2 and by["baseline"] != by["PMS"] for by in outputs.values())  # the variants differ
+    replayed = run_replay(path, [])
+    base = {k: v for k, v in trees(replayed).items() if k[0] == "baseline"}
+    assert base == {k: v for k, v in trees(path).items() if k[0] == "baseline"}
+    assert ({k: v for k, v in iterations(replayed).items() if k[0] == "baseline"}
+            == {k: v for k, v in iterations(path).items() if k[0] == "baseline"})
+    summary = RunStore(replayed).summary()["simulated"]
+    served = summary["served"]
+    assert served["baseline"]["drawn_tokens"] == 0 and served["baseline"]["borrowed_tokens"] == 0
+    assert served["baseline"]["recorded"] == served["baseline"]["requests"]
+    assert "baseline: drew 0 tokens (0.0% of its tokens), borrowed 0" in summary["against_recorded_md"]

@@ -45,17 +45,22 @@ def resolve_sampler(cfg: Config) -> Sampler:
     """The sampler the generator really uses: `generator.sampler`, with `auto` resolved to
     `position` where the generator's logits are exact (float32, or batch-invariant kernels:
     `vllm.engine.exact_logits`) and to vLLM's own sampler where they are not (bf16). The
-    fake backend is exact: `auto` is `position` there."""
+    fake backend is exact unless run in bf16 or fp16 (`FakeGenerator.batch_dependent`)."""
     g = cfg.generator
     if g.sampler is not Sampler.auto:
         return g.sampler
     if g.backend is BackendKind.fake:
-        return Sampler.position
+        return Sampler.vllm if fake_inexact(g.dtype) else Sampler.position
     from tts.backends.vllm.engine import exact_logits, read_hf_config
     from tts.models.resolve import resolve_model
 
     exact = exact_logits(g.dtype, read_hf_config(resolve_model(g.model)))
     return Sampler.position if exact else Sampler.vllm
+
+
+def fake_inexact(dtype: str) -> bool:
+    """The fake generator in bf16 or fp16: its tokens depend on the batch, as such logits do."""
+    return dtype in ("bfloat16", "float16")
 
 
 class Backends:
@@ -104,7 +109,8 @@ class Backends:
         if g.backend is BackendKind.fake:
             from tts.backends.fake import FakeGenerator
             # the fake's two modes are the two samplers' semantics
-            return FakeGenerator(batch_cap=spec.max_num_seqs, sampling="context" if position else "stream")
+            return FakeGenerator(batch_cap=spec.max_num_seqs, sampling="context" if position else "stream",
+                                 batch_dependent=fake_inexact(g.dtype))
         from tts.backends.vllm.generator import VllmGenerator, sampler_engine_kwargs
         # no local names the engine: a frame that outlives its call (a library that keeps a
         # traceback of an import done while the engine was built) would keep it alive

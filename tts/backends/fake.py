@@ -14,6 +14,11 @@ for the next step of a path samples that step. Two sampling modes:
   has (the script is called with a seed mixed from the seed and that position). Tests
   that claim "the same tree as the baseline" whatever the sampler run in this mode.
 
+Either mode can be made inexact as bf16 logits are (`batch_dependent`: the fake with
+`generator.dtype=bfloat16` or `float16`): a request's tokens then also depend on the batch
+it is first scheduled in (the script's seed is mixed with that batch's size), so the same
+request, sent in another variant or at another moment, can sample another step.
+
 Tokens are characters (id = code point + 16); EOS is written "\x03".
 
 It is never used by `tts bench` unless `generator.backend=fake` is chosen explicitly.
@@ -100,17 +105,20 @@ class _Running:
     request: GenRequest
     produced: str = ""  # text generated so far
     reported_prompt: bool = False
+    batch: int | None = None  # the size of the batch it was first scheduled in (batch-dependent sampling)
 
 
 class FakeGenerator(Generator):
     """Scripted generator with a batch cap and an LRU prefix cache of `block` tokens."""
 
     def __init__(self, script: StepScript = default_script, batch_cap: int = 64,
-                 cache_blocks: int = 1 << 20, block: int = 4, sampling: str = "context") -> None:
+                 cache_blocks: int = 1 << 20, block: int = 4, sampling: str = "context",
+                 batch_dependent: bool = False) -> None:
         if sampling not in ("context", "stream"):
             raise ValueError(f"fake generator: sampling {sampling!r}; valid choices: context, stream")
         self.script = script
         self.sampling = sampling
+        self.batch_dependent = batch_dependent
         self.resumable_sampling = sampling == "context"
         self._cap = batch_cap
         self._prompts: dict[str, str] = {}  # prompt text -> problem
@@ -157,7 +165,9 @@ class FakeGenerator(Generator):
     def num_unfinished(self) -> int:
         return len(self._queue)
 
-    def _next_token(self, request_text: str, produced: str, seed: int) -> int:
+    def _next_token(self, request_text: str, produced: str, seed: int, batch: int | None = None) -> int:
+        if batch is not None:  # bf16: the batch's shape moves the logits
+            seed = _h("batch", seed, batch) % (2**31 - 1)
         context = request_text + produced
         prompt = next((p for p in self._prompts if context.startswith(p)), None)
         assert prompt is not None, "fake generator: unknown prompt"
@@ -183,7 +193,8 @@ class FakeGenerator(Generator):
             if first:
                 self.calls.append(req.request_id)
                 run.reported_prompt = True
-            tok = self._next_token(decode(req.prompt_token_ids), run.produced, req.seed)
+                run.batch = len(running) if self.batch_dependent else None
+            tok = self._next_token(decode(req.prompt_token_ids), run.produced, req.seed, run.batch)
             run.produced += decode([tok])
             finish = (FinishReason.EOS if tok == EOS_ID else
                       FinishReason.LENGTH if len(run.produced) >= req.max_tokens else None)

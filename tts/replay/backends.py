@@ -19,30 +19,47 @@ from tts.backends.base import (FinishReason, GenDelta, Generator, GenRequest, Sc
                                StepStats, Verifier)
 from tts.backends.prefix_cache import PrefixCache
 from tts.clock import VirtualClock
+from tts.engine.model_runner import SPECULATIVE_PREFIX
 from tts.replay.cost import StepCost
 from tts.replay.sampler import StepSampler
-from tts.replay.trace import Trace, extend_hash, score_key
+from tts.replay.trace import VariantReader, Whose, extend_hash, score_key
 
 
 @dataclass
 class ReplayCounts:
-    """How much of a replay the trace answered, and how much was drawn (`StepSampler`)."""
+    """How much of a replayed variant the trace answered from its own recording, how much
+    it borrowed from another variant's recording of the same request, and how much was
+    drawn (`StepSampler`)."""
 
     requests: int = 0  # generation requests the engine sent
-    recorded: int = 0  # ... found in the trace as they were sent
+    recorded: int = 0  # ... served the variant's own recorded output of that request, one each
+    repeated: int = 0  # ... served an own recorded output an earlier request was served (all were)
     resumed: int = 0  # recorded outputs served from their middle, or chained on where one ran out
     # (resumable sampler: the same context and seed sample the same tokens)
+    borrowed_requests: int = 0  # ... served some tokens from another variant's recording
     drawn_requests: int = 0  # ... that needed at least one drawn token
     tokens: int = 0
+    borrowed_tokens: int = 0
     drawn_tokens: int = 0
     scores: int = 0
+    borrowed_scores: int = 0
     drawn_scores: int = 0
 
     def to_dict(self) -> dict:
         out = asdict(self)
         out["drawn_token_share"] = self.drawn_tokens / self.tokens if self.tokens else 0.0
+        out["borrowed_token_share"] = self.borrowed_tokens / self.tokens if self.tokens else 0.0
         out["drawn_score_share"] = self.drawn_scores / self.scores if self.scores else 0.0
         return out
+
+    def line(self) -> str:
+        """What the variant drew and borrowed, in a line."""
+        share = self.drawn_tokens / self.tokens if self.tokens else 0.0
+        text = (f"drew {self.drawn_tokens} tokens ({share:.1%} of its tokens), borrowed {self.borrowed_tokens} "
+                "from another variant's recording")
+        if self.drawn_scores or self.borrowed_scores:
+            text += f"; scores: drew {self.drawn_scores} of {self.scores}, borrowed {self.borrowed_scores}"
+        return text
 
 
 @dataclass(eq=False)
@@ -120,22 +137,23 @@ class SimEngine:
 class _Run:
     request: GenRequest
     slot: Slot
-    source: Iterator[tuple[int, bool]]  # (token, drawn)
+    source: Iterator[tuple[int, Whose]]  # (token, where it came from)
     produced: int = 0
     reported: bool = False
     drawn: bool = False
+    borrowed: bool = False
 
 
 class ReplayGenerator(Generator):
-    """Serves each request the tokens the trace recorded for it (its seed and prompt), then
-    drawn steps where the trace runs out; the clock moves by each step's cost plus
-    `host_s` (the recorded host time per step)."""
+    """Serves each request the tokens the trace recorded for it (its seed and prompt: the
+    variant's own recording first, `VariantReader`), then drawn steps where the trace runs
+    out; the clock moves by each step's cost plus `host_s` (the recorded host time per step)."""
 
-    def __init__(self, codec, eos_ids: frozenset[int], trace: Trace, sampler: StepSampler, engine: SimEngine,
-                 clock: VirtualClock, counts: ReplayCounts, host_s: float, resumable: bool) -> None:
+    def __init__(self, codec, eos_ids: frozenset[int], reader: VariantReader, sampler: StepSampler,
+                 engine: SimEngine, clock: VirtualClock, counts: ReplayCounts, host_s: float, resumable: bool) -> None:
         self.codec = codec
         self._eos_ids = eos_ids
-        self.trace = trace
+        self.reader = reader
         self.sampler = sampler
         self.engine = engine
         self.clock = clock
@@ -181,31 +199,44 @@ class ReplayGenerator(Generator):
     def _add(self, request: GenRequest) -> None:
         self.counts.requests += 1
         slot = Slot(list(request.prompt_token_ids))
-        source = self._source(request.seed, extend_hash(0, request.prompt_token_ids))
+        source = self._source(request.seed, extend_hash(0, request.prompt_token_ids),
+                              request.request_id.startswith(SPECULATIVE_PREFIX))
         self._runs[request.request_id] = _Run(request, slot, source)
         self.engine.waiting.append(slot)
 
-    def _source(self, seed: int, prompt_hash: int) -> Iterator[tuple[int, bool]]:
-        """(token, drawn) for a request: what the trace recorded for its seed and prompt;
-        with a resumable sampler, where that runs out before EOS, what it recorded for the
+    def _source(self, seed: int, prompt_hash: int, speculative: bool) -> Iterator[tuple[int, Whose]]:
+        """(token, whose) for a request: what the trace recorded for its seed and prompt
+        (`VariantReader.take`); where that was aborted before this request ends, a longer
+        recorded output of the same request that begins with what was served; with a
+        resumable sampler, where it runs out before EOS, what the trace recorded for the
         prompt extended by those tokens (the next step's request: the same context and seed
         sample the same tokens), and so on; then drawn steps."""
-        h, first = prompt_hash, True
-        while True:
-            found = self.trace.generation(seed, h, self.resumable_sampling)
+        h, served, found = prompt_hash, [], None
+        if (taken := self.reader.take(seed, h, speculative)) is not None:
+            gen, whose, repeated = taken
+            found = (gen, 0, whose)
+            self.counts.recorded += whose is Whose.OWN and not repeated
+            self.counts.repeated += repeated
+        elif self.resumable_sampling and (found := self.reader.resumed(seed, h)) is not None:
+            self.counts.resumed += 1
+        while found is not None:
+            gen, start, whose = found
+            for token in gen.tokens[start:]:
+                yield token, whose
+                h = extend_hash(h, (token,))
+                served.append(token)
+            if gen.finish == FinishReason.EOS.value:
+                break
+            found = None
+            if not gen.finished:  # aborted where it was recorded: the same request recorded further
+                found = self.reader.extending(seed, prompt_hash, served)
+            if found is None and self.resumable_sampling:
+                found = self.reader.resumed(seed, h)
             if found is None or not found[0].tokens[found[1]:]:
                 break
-            gen, start = found
-            self.counts.recorded += first and start == 0
-            self.counts.resumed += not first or start > 0
-            first = False
-            for token in gen.tokens[start:]:
-                yield token, False
-                h = extend_hash(h, (token,))
-            if gen.finish == FinishReason.EOS.value or not self.resumable_sampling:
-                break
+            self.counts.resumed += 1
         for token in self.sampler.tokens(seed * 1_000_003 + h):
-            yield token, True
+            yield token, Whose.DRAWN
 
     def _abort(self, request_ids: list[str]) -> None:
         for rid in request_ids:
@@ -224,12 +255,16 @@ class ReplayGenerator(Generator):
         return deltas, self.engine.stats(tokens, seconds)
 
     def _emit(self, rid: str, run: _Run) -> GenDelta:
-        token, drawn = next(run.source, (self.eos_token_id, True))
+        token, whose = next(run.source, (self.eos_token_id, Whose.DRAWN))
         self.counts.tokens += 1
-        self.counts.drawn_tokens += drawn
-        if drawn and not run.drawn:
+        if whose is Whose.DRAWN:
+            self.counts.drawn_tokens += 1
+            self.counts.drawn_requests += not run.drawn
             run.drawn = True
-            self.counts.drawn_requests += 1
+        elif whose is Whose.BORROWED:
+            self.counts.borrowed_tokens += 1
+            self.counts.borrowed_requests += not run.borrowed
+            run.borrowed = True
         run.produced += 1
         run.slot.ids.append(token)
         finish = (FinishReason.EOS if token in self._eos_ids else
@@ -250,7 +285,7 @@ class ReplayVerifier(Verifier):
     `host_s` per engine step."""
 
     build: Callable[[ScoreRequest], list[Sequence[int]]]
-    trace: Trace
+    reader: VariantReader
     sampler: StepSampler
     engine: SimEngine
     clock: VirtualClock
@@ -278,11 +313,12 @@ class ReplayVerifier(Verifier):
     def _lookup(self, req: ScoreRequest, i: int) -> float:
         key = score_key(req.problem, req.steps[: i + 1])
         self.counts.scores += 1
-        value = self.trace.scores.get(key)
-        if value is None:
+        found = self.reader.score(key)
+        if found is None:
             self.counts.drawn_scores += 1
-            value = self.sampler.score(key, i)
-        return value
+            return self.sampler.score(key, i)
+        self.counts.borrowed_scores += found[1] is Whose.BORROWED
+        return found[0]
 
     def _score(self, requests: Sequence[ScoreRequest]) -> tuple[list[tuple[float, ...]], ScoreBatchStats]:
         scores = [tuple(self._lookup(req, i) for i in req.indices) for req in requests]

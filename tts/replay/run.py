@@ -222,7 +222,9 @@ def run_replay(run_dir: Path, overrides: list[str], results_dir: Path | None = N
     against = against_recorded(recorded, summary)
     summary["simulated"] = {**host, "trace": str(run_dir / TRACE),
                             "trace_truncated": trace.truncated, "served": backends.counts_dict(),
-                            "against_recorded": against, "against_recorded_md": format_against(against)}
+                            "served_lines": backends.served_lines(), "against_recorded": against,
+                            "against_recorded_md": "\n\n".join(filter(None, [
+                                format_against(against), "\n".join(f"- {line}" for line in backends.served_lines())]))}
     out.write_summary(summary)
     return path
 

@@ -18,7 +18,7 @@ from tts.metrics.cost_model import CostModel
 from tts.replay.backends import ReplayCounts, ReplayGenerator, ReplayVerifier, SimEngine
 from tts.replay.cost import FittedCost, RooflineCost, StepCost
 from tts.replay.sampler import StepSampler
-from tts.replay.trace import Trace
+from tts.replay.trace import Trace, VariantReader
 
 
 def _tokenizer(model: str):
@@ -61,6 +61,7 @@ class ReplayBackends:
         self.build, self.per_score, self.partial = self._verifier_prompts()
         self.costs = self._costs()
         self.counts: dict[str, ReplayCounts] = {}
+        self.readers: dict[str, VariantReader] = {}  # each variant served its own recording first
         self.variant = ""
 
     def _eos_ids(self, model: str) -> tuple[int, ...]:
@@ -172,6 +173,7 @@ class ReplayBackends:
     def start_variant(self, name: str) -> None:
         self.variant = name
         self.counts.setdefault(name, ReplayCounts())
+        self.readers.setdefault(name, VariantReader(self.trace, name))
 
     def _engine(self, role: str, spec: EngineSpec) -> SimEngine:
         m, g = self.cfg.memory, self.cfg.generator
@@ -185,16 +187,21 @@ class ReplayBackends:
 
     def get(self, gen_spec: EngineSpec, ver_spec: EngineSpec | None) -> tuple[Generator, Verifier | None]:
         counts, (gen_host, ver_host, _) = self.counts[self.variant], self.host_parts()
-        gen = ReplayGenerator(self.codec, self.eos_ids, self.trace, self.sampler, self._engine("generator", gen_spec),
+        reader = self.readers[self.variant]
+        gen = ReplayGenerator(self.codec, self.eos_ids, reader, self.sampler, self._engine("generator", gen_spec),
                               self.clock, counts, gen_host, self.resumable)
         if ver_spec is None:
             return gen, None
-        ver = ReplayVerifier(self.build, self.trace, self.sampler, self._engine("verifier", ver_spec), self.clock,
+        ver = ReplayVerifier(self.build, reader, self.sampler, self._engine("verifier", ver_spec), self.clock,
                              counts, ver_host, self.per_score, self.partial)
         return gen, ver
 
     def counts_dict(self) -> dict:
         return {name: c.to_dict() for name, c in self.counts.items()}
+
+    def served_lines(self) -> list[str]:
+        """Per variant, what it drew and borrowed (`ReplayCounts.line`)."""
+        return [f"{name}: {c.line()}" for name, c in self.counts.items()]
 
     def close(self) -> None:
         pass

@@ -7,6 +7,13 @@ The file is a series of gzip members, one per flush: the runner flushes with eac
 so a killed run keeps the trace of everything it finished, and `--resume` appends to it.
 A last member cut off by a kill is dropped when read (and said), never misread.
 
+Each request and score is recorded with its variant and each request with its place in
+the order requests were sent. A replay serves each variant its own recorded outputs, the
+n-th request of a (seed, prompt) the n-th recorded one (`VariantReader`): in bf16 the
+same request gives other tokens in another variant (the batch moves the logits), so a
+variant served another's outputs grows another tree. Only where a variant's own are
+exhausted are another variant's borrowed, and only then are tokens drawn.
+
 Prompts are keyed by a polynomial rolling hash of their token ids, so that the key of a
 prompt extended by some of a recorded request's output is computed from the recorded
 prompt's key: a replay with a resumable sampler (`generator.sampler=position`) finds the
@@ -21,6 +28,7 @@ import json
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import IntEnum
 from pathlib import Path
 
 from tts.backends.base import FinishReason, GenDelta, Generator, GenRequest, ScoreRequest, StepStats, Verifier
@@ -49,10 +57,12 @@ class TraceRecorder:
 
     def __init__(self, path: Path, header: dict) -> None:
         self.path = Path(path)
+        self._sent = 0  # requests sent so far: each request's place in the order sent
         if self.path.exists():  # a resume: a member a kill cut off goes, so what follows reads
-            _, _, whole = _members(self.path.read_bytes())
+            text, _, whole = _members(self.path.read_bytes())
             with open(self.path, "r+b") as f:
                 f.truncate(whole)
+            self._sent = text.count(b'"t":"g"')  # a resume's requests come after the recorded ones
         fresh = not self.path.exists() or not self.path.stat().st_size
         self._lines: list[dict] = [{"t": "h", "version": VERSION, **header}] if fresh else []
         self._live: dict[str, dict] = {}
@@ -78,7 +88,8 @@ class TraceRecorder:
         self._live[request.request_id] = {
             "t": "g", "v": self.variant, "seed": request.seed, "h": extend_hash(0, request.prompt_token_ids),
             "p": len(request.prompt_token_ids), "max": request.max_tokens,
-            "spec": request.request_id.startswith(SPECULATIVE_PREFIX), "o": []}
+            "spec": request.request_id.startswith(SPECULATIVE_PREFIX), "n": self._sent, "o": []}
+        self._sent += 1
 
     def _stepped(self, deltas: list[GenDelta], stats: StepStats, wall_s: float) -> None:
         for d in deltas:
@@ -116,21 +127,31 @@ class TraceRecorder:
 
 @dataclass(frozen=True)
 class Generation:
-    """One recorded request's output."""
+    """One recorded request's output, the variant that sent it and its place in the order
+    requests were sent (the line's place, in a trace from before that was recorded)."""
 
     tokens: tuple[int, ...]
     finish: str  # a FinishReason value
     speculative: bool
+    variant: str = field(default="", compare=False)
+    order: int = field(default=0, compare=False)
 
     @property
     def finished(self) -> bool:
         return self.finish != FinishReason.ABORTED.value
 
 
+def _best(gens: Sequence[Generation]) -> Generation | None:
+    """The output that serves most: finished before aborted, then the longest (the first such)."""
+    return max(gens, key=lambda g: (g.finished, len(g.tokens)), default=None)
+
+
 @dataclass
 class Trace:
-    """A trace read back: its header, the generations by (seed, prompt hash), the scores
-    by key, and what reading found."""
+    """A trace read back: its header, the generations by (seed, prompt hash), each key's
+    in the order sent, the scores by key, each key's in the order recorded, and what
+    reading found. `generations` and `scores` pool the variants (the best output of a key,
+    its last score); a replay reads each variant's own first (`VariantReader`)."""
 
     header: dict
     generations: dict[tuple[int, int], Generation] = field(default_factory=dict)
@@ -138,36 +159,139 @@ class Trace:
     score_depths: dict[int, list[float]] = field(default_factory=dict)
     requests: int = 0
     truncated: bool = False  # the last member was cut off (a killed run)
-    _resume: dict[tuple[int, int], tuple[Generation, int]] | None = None
+    sent: dict[tuple[int, int], list[Generation]] = field(default_factory=dict)  # in the order sent
+    scored: dict[str, list[tuple[str, float]]] = field(default_factory=dict)  # (variant, score) in order
+    _resume: dict[tuple[str | None, int, int], tuple[Generation, int]] | None = None
+    _sorted: bool = True
 
     def add(self, line: dict) -> None:
         if line["t"] == "g":
+            new = Generation(tuple(line["o"]), line["f"], line.get("spec", False), line.get("v", ""),
+                             line.get("n", self.requests))
             self.requests += 1
-            new = Generation(tuple(line["o"]), line["f"], line.get("spec", False))
             key = (line["seed"], line["h"])
             old = self.generations.get(key)
             if old is None or (new.finished, len(new.tokens)) > (old.finished, len(old.tokens)):
                 self.generations[key] = new
+            self.sent.setdefault(key, []).append(new)
+            self._sorted = False
+            self._resume = None
         elif line["t"] == "s":
             self.scores[line["k"]] = line["r"]
+            self.scored.setdefault(line["k"], []).append((line.get("v", ""), line["r"]))
             self.score_depths.setdefault(line["d"], []).append(line["r"])
 
-    def generation(self, seed: int, prompt_hash: int, resumable: bool) -> tuple[Generation, int] | None:
+    def outputs(self, seed: int, prompt_hash: int) -> list[Generation]:
+        """Every recorded output of a request (seed, prompt), all variants, in the order sent."""
+        if not self._sorted:
+            for gens in self.sent.values():
+                gens.sort(key=lambda g: g.order)
+            self._sorted = True
+        return self.sent.get((seed, prompt_hash), [])
+
+    def generation(self, seed: int, prompt_hash: int, resumable: bool,
+                   variant: str | None = None) -> tuple[Generation, int] | None:
         """The recorded output a request (seed, prompt) gets, and where in it the request
         starts: 0 for the request recorded itself; with a resumable sampler also a request
-        whose prompt is a recorded prompt plus the first k tokens of its output."""
-        exact = self.generations.get((seed, prompt_hash))
-        if exact is not None or not resumable:
-            return (exact, 0) if exact is not None else None
+        whose prompt is a recorded prompt plus the first k tokens of its output. With a
+        variant, its own recorded outputs first (the request's, then one it resumes), then
+        any variant's."""
+        for who in ((variant, None) if variant is not None else (None,)):
+            gens = self.outputs(seed, prompt_hash)
+            exact = _best([g for g in gens if who is None or g.variant == who])
+            if exact is not None:
+                return exact, 0
+            if resumable and (found := self._resumes().get((who, seed, prompt_hash))) is not None:
+                return found
+        return None
+
+    def _resumes(self) -> dict[tuple[str | None, int, int], tuple[Generation, int]]:
+        """Each recorded prompt extended by the first k tokens of its output, by (variant,
+        seed, hash) and by (None, seed, hash): the output with most left after k, and k."""
         if self._resume is None:
             self._resume = {}
-            for (s, h), gen in self.generations.items():
-                for k, token in enumerate(gen.tokens[:-1], start=1):
-                    h = extend_hash(h, (token,))
-                    old = self._resume.get((s, h))
-                    if old is None or len(gen.tokens) - k > len(old[0].tokens) - old[1]:
-                        self._resume[(s, h)] = (gen, k)
-        return self._resume.get((seed, prompt_hash))
+            for (s, h0), gens in self.sent.items():
+                for gen in gens:
+                    h = h0
+                    for k, token in enumerate(gen.tokens[:-1], start=1):
+                        h = extend_hash(h, (token,))
+                        for key in ((gen.variant, s, h), (None, s, h)):
+                            old = self._resume.get(key)
+                            if old is None or len(gen.tokens) - k > len(old[0].tokens) - old[1]:
+                                self._resume[key] = (gen, k)
+        return self._resume
+
+
+class Whose(IntEnum):
+    """Where a served token or score came from."""
+
+    OWN = 0  # the variant's own recording
+    BORROWED = 1  # another variant's recording of the same request
+    DRAWN = 2  # neither: drawn (`tts.replay.sampler`)
+
+
+class VariantReader:
+    """What one replayed variant is served from a trace (module docstring): a request gets
+    the variant's own recorded outputs of its (seed, prompt) in the order they were sent,
+    one each (one sent as speculation preferring one recorded as such, and the same for a
+    plain request); once they are all served, another variant's (the best: finished, then
+    longest); then its own again (the best). A score likewise: the variant's own in order,
+    then another's, then its own last."""
+
+    def __init__(self, trace: Trace, variant: str) -> None:
+        self.trace = trace
+        self.variant = variant
+        self._served: set[int] = set()  # id() of own recorded outputs already served
+        self._scored: dict[str, int] = {}  # own scores of a key served so far
+
+    def take(self, seed: int, prompt_hash: int, speculative: bool) -> tuple[Generation, Whose, bool] | None:
+        """The recorded output a request sent now gets, whose it is, and whether it was
+        already served to an earlier request of this variant (all its own were)."""
+        gens = self.trace.outputs(seed, prompt_hash)
+        own = [g for g in gens if g.variant == self.variant]
+        fresh = [g for g in own if id(g) not in self._served]
+        if fresh:
+            gen = next((g for g in fresh if g.speculative == speculative), fresh[0])
+            self._served.add(id(gen))
+            return gen, Whose.OWN, False
+        other = _best([g for g in gens if g.variant != self.variant])
+        if other is not None:
+            return other, Whose.BORROWED, False
+        gen = _best(own)
+        return (gen, Whose.OWN, True) if gen is not None else None
+
+    def resumed(self, seed: int, prompt_hash: int) -> tuple[Generation, int, Whose] | None:
+        """A recorded output for a request (seed, prompt) under a resumable sampler, without
+        taking it: a request's continuation where its output ran out, or one that resumes a
+        recorded step part-way (`Trace.generation`). The variant's own first."""
+        found = self.trace.generation(seed, prompt_hash, True, self.variant)
+        if found is None:
+            return None
+        return found[0], found[1], self._whose(found[0])
+
+    def extending(self, seed: int, prompt_hash: int, served: Sequence[int]) -> tuple[Generation, int, Whose] | None:
+        """A recorded output of the request (seed, prompt) that begins with the tokens
+        `served` and goes on (the best: finished, then longest), and where it goes on; the
+        variant's own first."""
+        n = len(served)
+        longer = [g for g in self.trace.outputs(seed, prompt_hash) if len(g.tokens) > n and list(g.tokens[:n]) == served]
+        gen = _best([g for g in longer if g.variant == self.variant]) or _best(longer)
+        return (gen, n, self._whose(gen)) if gen is not None else None
+
+    def _whose(self, gen: Generation) -> Whose:
+        return Whose.OWN if gen.variant == self.variant else Whose.BORROWED
+
+    def score(self, key: str) -> tuple[float, Whose] | None:
+        values = self.trace.scored.get(key) or []
+        own = [v for w, v in values if w == self.variant]
+        n = self._scored.get(key, 0)
+        if n < len(own):
+            self._scored[key] = n + 1
+            return own[n], Whose.OWN
+        other = [v for w, v in values if w != self.variant]
+        if other:
+            return other[-1], Whose.BORROWED
+        return (own[-1], Whose.OWN) if own else None
 
 
 def read_trace(path: Path) -> Trace:
