@@ -77,7 +77,7 @@ def test_table_values_and_ratios_match_summaries(runs, tmp_path):
         else:
             assert table[label][2] == "-"
     assert checked >= 5 and intervals == 6  # goodput, latency, generator, verifier, problems/min, tokens
-    assert table["(problem, seed) pairs behind the 95% intervals (paired bootstrap)"] == ["-", "-", "2"]
+    assert table["(problem, seed) pairs behind the 95% intervals (bootstrap over problems)"] == ["-", "-", "2"]
 
 
 def test_markdown_embeds_existing_pngs_and_config(runs, tmp_path):

@@ -206,7 +206,7 @@ def _mark_uncached_verifier(summaries: dict[str, dict], config: dict) -> None:
         summary["ver_cache_hit_rate"] = NOT_CACHED
 
 
-PAIRS_LABEL = "(problem, seed) pairs behind the 95% intervals (paired bootstrap)"
+PAIRS_LABEL = "(problem, seed) pairs behind the 95% intervals (bootstrap over problems)"
 
 
 def ratio_table(summaries: dict[str, dict], baseline: str, records: dict[str, list[dict]] | None = None
@@ -216,7 +216,7 @@ def ratio_table(summaries: dict[str, dict], baseline: str, records: dict[str, li
     (by name; a variant without records gets none), each speed ratio carries its paired
     95% interval (`tts.results.intervals`): `"<v>/<baseline>_ci": [low, high]`, or None
     with `"<v>/<baseline>_ci_note"` saying why ("n/a (1 pair)"), and the row's `n_pairs`
-    by variant; a first row counts the pairs."""
+    and `n_problems` (the units resampled) by variant; a first row counts the pairs."""
     base = summaries[baseline]
     rows = []
     for key, label, higher in RATIO_METRICS:
@@ -257,7 +257,9 @@ def _add_intervals(rows: list[dict], summaries: dict[str, dict], baseline: str,
             if ci.bounds is None:
                 row[f"{col}_ci_note"] = ci.text()
             row.setdefault("n_pairs", {})[name] = ci.n_pairs
-            pairs[col] = ci.n_pairs
+            row.setdefault("n_problems", {})[name] = ci.n_problems or ci.n_pairs
+            # a cell: the pairs, and the problems resampled where seeds make them fewer
+            pairs[col] = ci.n_pairs if ci.n_problems is None else f"{ci.n_pairs} ({ci.n_problems} problems)"
     return pairs if len(pairs) > 2 else None
 
 
