@@ -349,6 +349,25 @@ def test_budget_check_leaves_out_vllms_null_block() -> None:
     assert info.num_blocks == 39
 
 
+def test_budget_check_leaves_out_a_sliding_windows_extra_block() -> None:
+    """vLLM's SlidingWindowSpec holds one block more per sequence (the window need not start
+    on a block boundary): Mistral-7B-v0.1's config (Math-Shepherd) needs it, a Qwen2 config
+    with `use_sliding_window: false` does not. Found by the tiny Math-Shepherd's smoke run,
+    whose floor-sized verifier engine vLLM refused to start."""
+    from tts.backends.vllm.engine import blocks_to_start, check_kv_budget
+
+    mistral = {"num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64,
+               "hidden_size": 128, "sliding_window": 4096, "torch_dtype": "float32"}
+    qwen = {**mistral, "use_sliding_window": False}
+    block = 32 * 1024  # bytes of one 32-token block in float32
+    assert (blocks_to_start(mistral, 1120, 32), blocks_to_start(qwen, 1120, 32)) == (37, 36)
+    check_kv_budget(qwen, kv_cache_bytes=36 * block, block_size=32, dtype="float32", min_tokens_per_seq=1120)
+    with pytest.raises(ValueError, match="null block and one for the sliding window.*at least 1212416 bytes"):
+        check_kv_budget(mistral, kv_cache_bytes=36 * block, block_size=32, dtype="float32", min_tokens_per_seq=1120)
+    assert check_kv_budget(mistral, kv_cache_bytes=37 * block, block_size=32, dtype="float32",
+                           min_tokens_per_seq=1120).num_blocks == 37
+
+
 def test_each_engine_gets_its_planned_kv_bytes_on_gpu_too(monkeypatch) -> None:
     """The static or roofline split is what each engine gets, on a GPU as on the CPU:
     vLLM's `kv_cache_memory_bytes` is the lever, and its start-up check gets the fraction

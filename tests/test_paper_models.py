@@ -1,13 +1,15 @@
 """The paper's PRMs through the real vLLM engine, as architecture-exact tiny checkpoints.
 
 Each checkpoint is the hub model's published config with 2 layers and hidden size 128,
-seeded random weights under the checkpoint's own names and format, and the real Qwen2.5
-tokenizer (`tts.models.tiny`). vLLM loads them with the model class it would use for the
+seeded random weights under the checkpoint's own names, format and files, and the family's
+real tokenizer (`tts.models.tiny`: Qwen2.5; Mistral-7B-v0.1's for Math-Shepherd; Llama 3.1's
+for RLHFlow). vLLM loads them with the model class it would use for the
 published folder (Skywork's through our plugin), so what is tested here is what a GPU run
 does with the real weights, except the scores' meaning.
 
 Every score is checked against a plain PyTorch forward of the same weights (transformers'
-Qwen2 decoder and the head written out), with the reference's own input construction. All
+Qwen2 decoder and the head written out; for the causal-LM PRMs transformers' own model
+loaded from the folder, as their model cards do), with the reference's own input construction. All
 in float32, where a row does not depend on the batch or the cache.
 """
 
@@ -32,6 +34,9 @@ STEPS = ("In the first two hours it travels 60 * 2 = 120 miles.\n\n",
          "So it travels 120 + 40 = 160 miles in all: \\boxed{160}.")
 SKYWORK = "tiny:skywork-o1-prm-qwen2.5-1.5b"
 QWEN_PRM = "tiny:qwen2.5-math-prm-7b"
+MATH_SHEPHERD = "tiny:math-shepherd-mistral-7b-prm"
+RLHFLOW = "tiny:rlhflow-llama3.1-8b-prm-deepseek"
+MISTRAL_VOCAB = 32_000
 TOL = 1e-4  # float32 through two different attention implementations
 
 
@@ -59,6 +64,29 @@ def qwen_prm(skywork):  # after skywork: both engines live in this process
     verifier.close()
 
 
+@pytest.fixture(scope="module")
+def math_shepherd():
+    """Math-Shepherd's scores are prompt log-probs, and vLLM returns those as a top-k list per
+    position. A trained PRM puts "+" and "-" at the top after each "ки" (it was trained to
+    predict them there), so the default top-20 holds both; random weights do not, so here
+    the list is the whole vocabulary and every score is exact."""
+    from tts.backends.vllm.verifier import VllmVerifier
+
+    verifier = VllmVerifier.from_model(str(_folder(MATH_SHEPHERD)), adapter="math_shepherd", top_logprobs=MISTRAL_VOCAB,
+                                       engine_kwargs={"max_logprobs": MISTRAL_VOCAB}, **ENGINE)
+    yield verifier
+    verifier.close()
+
+
+@pytest.fixture(scope="module")
+def rlhflow():
+    from tts.backends.vllm.verifier import VllmVerifier
+
+    verifier = VllmVerifier.from_model(str(_folder(RLHFLOW)), adapter="rlhflow", **ENGINE)
+    yield verifier
+    verifier.close()
+
+
 def _decoder_and_state(folder):
     """transformers' Qwen2 decoder with the checkpoint's `model.*` weights, and the whole state."""
     import torch
@@ -68,12 +96,14 @@ def _decoder_and_state(folder):
     fields = {k: v for k, v in config.items() if k not in ("architectures", "auto_map", "model_type")}
     hf_config = AutoConfig.for_model("qwen2", **fields)
     weights = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("pytorch_model*.bin"))
-    if weights[0].suffix == ".safetensors":
-        from safetensors.torch import load_file
+    state = {}
+    for shard in weights:  # one file, or the shards of a sharded checkpoint
+        if shard.suffix == ".safetensors":
+            from safetensors.torch import load_file
 
-        state = load_file(str(weights[0]))
-    else:
-        state = torch.load(weights[0], map_location="cpu", weights_only=True)
+            state.update(load_file(str(shard)))
+        else:
+            state.update(torch.load(shard, map_location="cpu", weights_only=True))
     state = {k: v.float() for k, v in state.items()}
     decoder = Qwen2Model(hf_config).float().eval()
     missing, unexpected = decoder.load_state_dict(
@@ -130,9 +160,58 @@ def qwen_prm_reference(folder, problem: str, steps) -> list[float]:
     return [float(probs[i]) for i, t in enumerate(ids) if t == sep[0]]
 
 
-@pytest.mark.parametrize("name", [SKYWORK, QWEN_PRM])
+def _causal_lm(folder):
+    """The checkpoint as its model card loads it: transformers' own class, from the folder."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+
+
+def math_shepherd_reference(folder, problem: str, steps) -> list[float]:
+    """The model card's recipe: "{question} {output}" with output "Step 1: {step} ки\\nStep 2:
+    ... ки", tokenized with the tokenizer's BOS; the reward of a step is softmax over the
+    logits of "+" and "-" (`encode("+ -")[1:]`) at its "ки" (`encode("ки")[-1]`), P("+")."""
+    import torch
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    candidate_tokens = tok.encode("+ -")[1:]
+    step_tag_id = tok.encode("ки")[-1]
+    assert (candidate_tokens, step_tag_id) == ([648, 387], 12902)  # the model card's ids
+    output = "\n".join(f"Step {i + 1}: {step.strip()} ки" for i, step in enumerate(steps))
+    input_id = torch.tensor([tok.encode(f"{problem} {output}")])
+    with torch.no_grad():
+        logits = _causal_lm(folder)(input_id).logits[:, :, candidate_tokens]
+    scores = logits.softmax(dim=-1)[:, :, 0]
+    return [float(x) for x in scores[input_id == step_tag_id]]
+
+
+def rlhflow_reference(folder, problem: str, steps) -> list[float]:
+    """The model card's recipe: the conversation grows by a user turn (the problem and the
+    first step, then each step alone) and an assistant "+" turn; the reward of step k is
+    softmax over the logits of "+" and "-" (`encode(...)[-1]`) at position -3 of the
+    conversation up to step k's "+" turn (the token before "+<|eot_id|>"), P("+")."""
+    import torch
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    candidate_tokens = [tok.encode("+")[-1], tok.encode("-")[-1]]
+    model = _causal_lm(folder)
+    conversation, rewards = [], []
+    for k, step in enumerate(steps):
+        text = problem + " " + step if k == 0 else step
+        conversation += [{"content": text, "role": "user"}, {"content": "+", "role": "assistant"}]
+        input_ids = tok.apply_chat_template(conversation, return_tensors="pt", return_dict=True)["input_ids"]
+        with torch.no_grad():
+            logits = model(input_ids).logits[:, -3, candidate_tokens]
+        rewards.append(float(logits.softmax(dim=-1)[0, 0]))
+    return rewards
+
+
+@pytest.mark.parametrize("name", [SKYWORK, QWEN_PRM, MATH_SHEPHERD, RLHFLOW])
 def test_tiny_checkpoints_keep_the_published_config_and_format(name: str) -> None:
-    from tts.models.tiny import SHAPE, published
+    from tts.models.tiny import SHAPE, _weight_files, published
 
     folder = _folder(name)
     facts = published(name.removeprefix("tiny:"))
@@ -142,6 +221,33 @@ def test_tiny_checkpoints_keep_the_published_config_and_format(name: str) -> Non
     weights = [p.name for p in folder.iterdir() if p.suffix in (".bin", ".safetensors")]
     published_format = ".safetensors" if any(f.endswith(".safetensors") for f in facts["files"]) else ".bin"
     assert weights and all(w.endswith(published_format) for w in weights)
+    if name in (MATH_SHEPHERD, RLHFLOW):  # never built by a tts that wrote one file for shards
+        names, index = _weight_files(facts)
+        assert sorted(weights) == names and len(names) == {MATH_SHEPHERD: 2, RLHFLOW: 4}[name]
+        weight_map = json.loads((folder / index).read_text())["weight_map"]
+        assert sorted(set(weight_map.values())) == names
+
+
+def test_math_shepherd_and_rlhflow_tokenizers_keep_their_own_settings() -> None:
+    """The family's tokenizer settings, overridden only by what the model's facts give: BOS
+    added and no chat template for Math-Shepherd; Llama 3.1 Instruct's template and eos for
+    RLHFlow."""
+    from transformers import AutoTokenizer
+
+    from tts.models.tokenizers import LLAMA31_CHAT_TEMPLATE
+
+    folder = _folder(MATH_SHEPHERD)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    assert (config["add_bos_token"], config["add_eos_token"], config["bos_token"], config["eos_token"]) == (
+        True, False, "<s>", "</s>")
+    assert "chat_template" not in config and "pad_token" not in config
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    assert tok.encode("Q ки")[0] == tok.bos_token_id == 1 and tok.chat_template is None
+    folder = _folder(RLHFLOW)
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    assert (tok.bos_token, tok.eos_token, tok.pad_token) == ("<|begin_of_text|>", "<|eot_id|>", None)
+    assert tok.chat_template == LLAMA31_CHAT_TEMPLATE.read_text()
+    assert (tok.encode("+")[-1], tok.encode("-")[-1]) == (10, 12)
 
 
 def test_skywork_plugin_equals_a_reference_forward(skywork) -> None:
@@ -189,3 +295,51 @@ def test_a_scored_row_served_from_the_cache_is_computed_again(skywork) -> None:
     expected = skywork_reference(folder, problem, STEPS)
     assert scores == pytest.approx([expected[0], expected[2]], abs=TOL)
     assert skywork.reruns == reruns + 1
+
+
+def test_math_shepherd_equals_a_reference_forward(math_shepherd) -> None:
+    folder = _folder(MATH_SHEPHERD)
+    expected = math_shepherd_reference(folder, PROBLEM, STEPS)
+    (scores,), _ = math_shepherd._score([ScoreRequest(PROBLEM, STEPS, (2, 0, 1))])
+    assert scores == pytest.approx([expected[2], expected[0], expected[1]], abs=TOL)
+    assert len(set(round(s, 6) for s in scores)) == 3
+
+
+def test_math_shepherd_requests_get_no_prefix_cache_hits(math_shepherd, monkeypatch) -> None:
+    """vLLM 0.32 serves no prompt-logprob request from the prefix cache (the log-probs of
+    cached positions would be missing): a growing path, and the same path scored again, are
+    computed in full. If this fails, vLLM has changed and Math-Shepherd can read the cache
+    too. (With the default top-20 log-probs, as a real run asks: the scores do not matter.)"""
+    monkeypatch.setattr(math_shepherd, "top_logprobs", 20)
+    math_shepherd.reset_prefix_cache()
+    problem = PROBLEM + " (math-shepherd cache)"
+    cached = [math_shepherd._score([ScoreRequest(problem, STEPS[: k + 1], (k,))])[1].cached_tokens
+              for k in (0, 1, 2, 2)]
+    assert cached == [0, 0, 0, 0]
+    assert math_shepherd.adapter.reads_prefix_cache is False  # what the summary says ("not cached (vLLM)")
+
+
+def test_rlhflow_equals_a_reference_forward(rlhflow) -> None:
+    folder = _folder(RLHFLOW)
+    expected = rlhflow_reference(folder, PROBLEM, STEPS)
+    (scores,), stats = rlhflow._score([ScoreRequest(PROBLEM, STEPS, (2, 0, 1))])
+    assert scores == pytest.approx([expected[2], expected[0], expected[1]], abs=TOL)
+    assert stats.num_requests == 3  # NEXT_TOKEN: one request per scored step
+    assert len(set(round(s, 6) for s in scores)) == 3
+
+
+def test_rlhflow_requests_read_the_prefix_cache_with_the_same_scores(rlhflow) -> None:
+    """The newest step of a growing path, one iteration after another: from the second on,
+    the conversation before it (system turn, earlier user and "+" turns) comes from the
+    cache, and each score equals the reference forward of the whole conversation."""
+    folder = _folder(RLHFLOW)
+    rlhflow.reset_prefix_cache()
+    problem = PROBLEM + " (rlhflow)"
+    expected = rlhflow_reference(folder, problem, STEPS)
+    cached = []
+    for k in range(len(STEPS)):
+        (scores,), stats = rlhflow._score([ScoreRequest(problem, STEPS[: k + 1], (k,))])
+        assert scores == pytest.approx([expected[k]], abs=TOL)
+        cached.append(stats.cached_tokens)
+    assert cached[0] == 0 and all(c > 0 for c in cached[1:]), cached
+    assert rlhflow.adapter.reads_prefix_cache

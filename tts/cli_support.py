@@ -243,6 +243,8 @@ def print_summary(path: Path, log: Path | None = None) -> None:
     if "ratio_table_md" in summary:
         out.print(line, soft_wrap=True, highlight=False, markup=False)
         out.print(summary["ratio_table_md"], soft_wrap=True, highlight=False, markup=False)
+    for text in [*summary.get("tree_lines", []), *(f"verifier ({n}): {v}" for n, v in summary.get("verifier_lines", {}).items())]:
+        out.print(text, soft_wrap=True, highlight=False, markup=False)
     out.print(f"results: {path}", soft_wrap=True)
     _paths(out, path, log)
 

@@ -85,18 +85,19 @@ def plan_memory(cfg: Config, optim: OptimConfig) -> tuple[EngineSpec, EngineSpec
 
 def _with_floors(cfg: Config, gen_kv: int, ver_kv: int) -> tuple[int, int]:
     """The split, with each engine raised to the KV vLLM needs to start at all (one longest
-    sequence, plus its null block), taken from the other's share: a small workload's split
-    can give an engine less than that. ValueError when the budget cannot hold both."""
-    from tts.backends.vllm.engine import kv_bytes_per_token
+    sequence, plus its null block and a sliding window's extra block), taken from the other's
+    share: a small workload's split can give an engine less than that. ValueError when the
+    budget cannot hold both."""
+    from tts.backends.vllm.engine import blocks_to_start, kv_bytes_per_token
     from tts.config.limits import engine_length
 
     g = cfg.generator
     longest = engine_length(g)
     block = cfg.memory.block_size
-    blocks = -(-longest // block) + 1
 
     def floor(model: str, dtype: str) -> int:
-        return blocks * block * kv_bytes_per_token(model_config(model), dtype)
+        config = model_config(model)
+        return blocks_to_start(config, longest, block) * block * kv_bytes_per_token(config, dtype)
 
     gen_floor, ver_floor = floor(g.model, g.dtype), floor(cfg.verifier.model, cfg.verifier.dtype)
     total = gen_kv + ver_kv

@@ -3,9 +3,11 @@
 `tiny:<registry key>` (e.g. `generator.model=tiny:qwen2.5-math-1.5b-instruct`) is the hub
 model's published `config.json` (`tts/models/hub/<key>.json`: architecture, vocabulary,
 special token ids, rope, context length, head) with a few layers and a small hidden size,
-seeded random weights under the checkpoint's own weight names and in its own format
-(`model.safetensors`, or `pytorch_model.bin` where the hub repository holds only that), and
-the family's real tokenizer (`tts.models.tokenizers`) with the model's own special tokens.
+seeded random weights under the checkpoint's own weight names and in its own format and
+files (the weight files a pull would fetch, as the hub listing names them: one
+`model.safetensors`, shards plus their index, or `pytorch_model*.bin` where the repository
+holds only those), and the family's real tokenizer (`tts.models.tokenizers`: Qwen2.5,
+Mistral-7B-v0.1's sentencepiece, Llama 3.1) with the model's own special tokens and settings.
 
 vLLM loads and runs it exactly as it would the published folder: the same model class,
 the same weight loader, the same tokenizer, the same pooling head. Only the scores are
@@ -17,6 +19,7 @@ PyPI once); `tts models pull tiny:<key>` builds it ahead.
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import tempfile
@@ -39,6 +42,27 @@ SEED = 0
 # Jinja source: the backslash escaped).
 QWEN_DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 QWEN_MATH_SYSTEM = "Please reason step by step, and put your final answer within \\\\boxed{}."
+# The tokenizer family of each hub model that has a tiny checkpoint (a fine-tune's tokenizer
+# is its base model's, which its config's model_type does not always name).
+# llama-3.2-1b-instruct is left out: `llama3` is Llama 3.1's tokenizer, and 3.2 Instruct's
+# chat template is not 3.1's (3.2's dates the system turn with strftime_now: today's date),
+# nor is it at hand byte for byte; nor are 3.2's special-token names verified.
+TOKENIZER_FAMILY: dict[str, str] = {
+    "qwen2.5-math-1.5b-instruct": "qwen2",
+    "qwen2.5-math-7b-instruct": "qwen2",
+    "qwen2.5-math-prm-7b": "qwen2",
+    "skywork-o1-prm-qwen2.5-1.5b": "qwen2",
+    "skywork-o1-prm-qwen2.5-7b": "qwen2",
+    "math-shepherd-mistral-7b-prm": "mistral",  # Mistral-7B-v0.1's sentencepiece
+    "rlhflow-llama3.1-8b-prm-deepseek": "llama3",  # Llama-3.1-8B-Instruct's
+}
+# Settings of the family's published tokenizer_config.json that its converted source lacks:
+# Qwen2.5's (the GGUF's metadata does not carry them).
+FAMILY_SETTINGS: dict[str, dict[str, Any]] = {
+    "qwen2": {"add_prefix_space": False, "clean_up_tokenization_spaces": False},
+}
+# What transformers writes about how a tokenizer was loaded, not how it tokenizes.
+LOAD_ONLY = ("is_local", "local_files_only")
 
 
 def is_tiny(name: str) -> bool:
@@ -47,15 +71,9 @@ def is_tiny(name: str) -> bool:
 
 def tiny_keys() -> list[str]:
     """The `tiny:<key>` names that can be built: hub models whose published config and
-    family tokenizer are both at hand."""
-    from tts.models.tokenizers import SOURCE_MODELS
-
-    keys = []
-    for path in sorted(HUB_FACTS.glob("*.json")):
-        facts = json.loads(path.read_text())
-        if facts.get("config") and _family(facts["config"]) in SOURCE_MODELS:
-            keys.append(PREFIX + path.stem)
-    return keys
+    family tokenizer (`TOKENIZER_FAMILY`) are both at hand."""
+    return [PREFIX + path.stem for path in sorted(HUB_FACTS.glob("*.json"))
+            if path.stem in TOKENIZER_FAMILY and json.loads(path.read_text()).get("config")]
 
 
 def published(key: str) -> dict[str, Any]:
@@ -69,7 +87,7 @@ def published(key: str) -> dict[str, Any]:
 
 def tiny_config(published_config: dict[str, Any]) -> dict[str, Any]:
     """The published config with the shrunk shape (`SHAPE`); every other field as published."""
-    config = dict(published_config)
+    config = copy.deepcopy(published_config)
     config.update(SHAPE)
     config["head_dim"] = SHAPE["hidden_size"] // SHAPE["num_attention_heads"]
     if "max_window_layers" in config:
@@ -89,13 +107,14 @@ def ensure_tiny(name: str, say: Callable[[str], None] = print, force: bool = Fal
     if not force and not folder_problems(dest):
         return dest
     facts = published(key)
-    if not facts.get("config"):
-        raise ValueError(f"{name}: the published config of {facts.get('hf_id', key)} is not recorded "
-                         f"({HUB_FACTS / (key + '.json')}); tiny checkpoints exist for: {', '.join(tiny_keys())}")
+    if key not in TOKENIZER_FAMILY or not facts.get("config"):
+        missing = "tokenizer family" if facts.get("config") else f"published config ({HUB_FACTS / (key + '.json')})"
+        raise ValueError(f"{name}: the {missing} of {facts.get('hf_id', key)} is not recorded; "
+                         f"tiny checkpoints exist for: {', '.join(tiny_keys())}")
     from tts.models.tokenizers import family_tokenizer
 
     started = time.monotonic()
-    tokenizer_dir = family_tokenizer(_family(facts["config"]), say=say)
+    tokenizer_dir = family_tokenizer(TOKENIZER_FAMILY[key], say=say)
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{dest.name}-", dir=dest.parent) as tmp:
         out = Path(tmp) / "model"
@@ -115,30 +134,45 @@ def ensure_tiny(name: str, say: Callable[[str], None] = print, force: bool = Fal
     return dest
 
 
-def _family(config: dict[str, Any]) -> str:
-    return str(config.get("model_type"))
+def _weight_files(facts: dict[str, Any]) -> tuple[list[str], str | None]:
+    """The weight files a pull fetches from the hub listing (safetensors if any, else
+    `pytorch_model*.bin`), and their shard index (None for one file)."""
+    from fnmatch import fnmatch
+
+    from tts.models.provision import HUB_WEIGHT_FORMATS
+
+    top = [name for name in facts.get("files") or [] if "/" not in name]
+    for weights, index in HUB_WEIGHT_FORMATS:
+        names = sorted(name for name in top if fnmatch(name, weights))
+        if names:
+            return names, next((n for n in top if fnmatch(n, index)), None) if len(names) > 1 else None
+    return ["model.safetensors"], None
 
 
-def _weight_format(facts: dict[str, Any]) -> str:
-    """`safetensors`, or `bin` where the hub repository holds only pickled weights."""
-    files = facts.get("files") or []
-    return "safetensors" if any(f.endswith(".safetensors") for f in files) else "bin"
-
-
-def _write_weights(config: dict[str, Any], facts: dict[str, Any], out: Path) -> str:
-    """Seeded random weights under the checkpoint's own names, in its own format."""
+def _write_weights(config: dict[str, Any], facts: dict[str, Any], out: Path) -> list[str]:
+    """Seeded random weights under the checkpoint's own names, in its own format and files
+    (the tensors in order, split evenly over the shards, with the hub's index format)."""
     import torch
 
     state = _state_dict(config)
     dtype = getattr(torch, str(config.get("torch_dtype", "bfloat16")))
     state = {name: tensor.to(dtype).contiguous() for name, tensor in state.items()}
-    if _weight_format(facts) == "safetensors":
-        from safetensors.torch import save_file
+    names, index = _weight_files(facts)
+    keys = list(state)
+    weight_map = {}
+    for i, file in enumerate(names):
+        shard = {k: state[k] for k in keys[i * len(keys) // len(names): (i + 1) * len(keys) // len(names)]}
+        if file.endswith(".safetensors"):
+            from safetensors.torch import save_file
 
-        save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-        return "model.safetensors"
-    torch.save(state, out / "pytorch_model.bin")
-    return "pytorch_model.bin"
+            save_file(shard, str(out / file), metadata={"format": "pt"})
+        else:
+            torch.save(shard, out / file)
+        weight_map.update(dict.fromkeys(shard, file))
+    if index:
+        total = sum(t.numel() * t.element_size() for t in state.values())
+        (out / index).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
+    return names + ([index] if index else [])
 
 
 def _state_dict(config: dict[str, Any]) -> dict[str, Any]:
@@ -149,7 +183,8 @@ def _state_dict(config: dict[str, Any]) -> dict[str, Any]:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     arch = config["architectures"][0]
-    fields = {k: v for k, v in config.items() if k not in ("architectures", "auto_map", "model_type")}
+    # a deep copy: transformers rewrites nested fields in place (rope_scaling gains rope_theta)
+    fields = copy.deepcopy({k: v for k, v in config.items() if k not in ("architectures", "auto_map", "model_type")})
     hf_config = AutoConfig.for_model(config["model_type"], **fields)
     torch.manual_seed(SEED)
     model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
@@ -192,16 +227,14 @@ def _write_tokenizer(source: Path, key: str, facts: dict[str, Any], out: Path) -
     template = template_file.read_text() if template_file.is_file() else base.get("chat_template")
     if template and key.startswith("qwen2.5-math") and "prm" not in key:
         template = template.replace(QWEN_DEFAULT_SYSTEM, QWEN_MATH_SYSTEM)
-    config = {
-        "tokenizer_class": base.get("tokenizer_class", "PreTrainedTokenizerFast"),
+    # the family's own settings (add_bos_token, clean-up, class...), then the model's facts
+    config = {k: v for k, v in base.items() if k not in LOAD_ONLY and k != "chat_template"}
+    config.update(FAMILY_SETTINGS.get(TOKENIZER_FAMILY[key], {}))
+    for field in ("bos_token", "eos_token", "pad_token", "model_max_length"):
         # Skywork's reference input starts with `tokenizer.bos_token`: its tokenizer has one
-        "bos_token": tok.get("bos_token") or base.get("bos_token"),
-        "eos_token": tok.get("eos_token") or base.get("eos_token"),
-        "pad_token": tok.get("pad_token") or base.get("pad_token"),
-        "model_max_length": tok.get("model_max_length") or facts["config"].get("max_position_embeddings"),
-        "clean_up_tokenization_spaces": False,
-        "add_prefix_space": False,
-    }
-    if template and tok.get("chat_template") is not None:
+        if tok.get(field) is not None:
+            config[field] = tok[field]
+    config.setdefault("model_max_length", facts["config"].get("max_position_embeddings"))
+    if template and tok.get("chat_template"):
         config["chat_template"] = template
-    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")

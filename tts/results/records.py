@@ -6,7 +6,7 @@ each candidate's text and aggregated score.
 
 from __future__ import annotations
 
-from eval import extract_answer, grade_answer
+from eval import extract_answer, grade_answer, grade_many
 from eval.accuracy import Candidate, accuracy_curves, majority_vote, pass_at_n, prm_max, weighted_best_of_n
 
 METHODS = ("majority", "weighted", "prm_max")
@@ -41,8 +41,13 @@ def grade_candidates(gold: str, candidates: list[dict]) -> dict:
         v = grade_answer(gold, "" if answer is None else f"\\boxed{{{answer}}}")
         verdicts[method] = {"correct": v.correct, "reason": v.reason}
     n = len(cands)
+    # each distinct answer graded once, all in one call: for the verifier's AUROC
+    unique = [a for a in dict.fromkeys(c.answer for c in cands) if a is not None]
+    graded = {a: v.correct for a, v in zip(unique, grade_many([(gold, f"\\boxed{{{a}}}") for a in unique]))}
+    graded[None] = False
     return {
         "answers": chosen,
+        "candidate_correct": [graded[c.answer] for c in cands],
         "verdicts": verdicts,
         "correct": {m: v["correct"] for m, v in verdicts.items()},
         f"pass@{n}": pass_at_n(cands, gold, n) if n else False,

@@ -352,6 +352,9 @@ def write_summary(store: RunStore, names: list[str], step_logs: dict[str, dict],
         rows = ratio_table(summaries, names[0], by_variant)
         summary["ratios"] = rows
         summary["ratio_table_md"] = format_table(rows, names, names[0])
+    from tts.results.tree import describe
+
+    describe(summary, by_variant, store.saved_config())
     store.write_summary(summary)
     from tts.results.plots import make_plots
     plots = make_plots(store, summary, step_logs)

@@ -91,6 +91,20 @@ def dtype_bytes(dtype: str, config: dict[str, Any]) -> int:
     return _DTYPE_BYTES[name]
 
 
+def sliding_window_block(config: dict[str, Any]) -> int:
+    """1 when the model attends through a sliding window (Mistral-7B-v0.1's 4096; not a
+    Qwen2 config whose `use_sliding_window` is false), else 0: vLLM's SlidingWindowSpec
+    counts one block more per sequence, as the window need not start on a block boundary
+    (`vllm/v1/kv_cache_interface.py`), and refuses to start without it."""
+    return int(bool(config.get("sliding_window")) and config.get("use_sliding_window", True) is not False)
+
+
+def blocks_to_start(config: dict[str, Any], tokens: int, block_size: int) -> int:
+    """The KV blocks vLLM needs to start with one sequence of `tokens`: its blocks, the
+    null block, and the sliding window's extra block (`sliding_window_block`)."""
+    return -(-tokens // block_size) + 1 + sliding_window_block(config)
+
+
 def check_kv_budget(
     config: dict[str, Any], *, kv_cache_bytes: int, block_size: int, dtype: str,
     min_tokens_per_seq: int, tensor_parallel_size: int = 1,
@@ -98,17 +112,19 @@ def check_kv_budget(
     """The KV cache `kv_cache_bytes` buys; ValueError if it cannot hold one whole sequence.
 
     vLLM's block pool keeps one block back (the null block), so a sequence must fit in
-    the blocks less one, as vLLM's own start-up check requires."""
+    the blocks less one (less two with a sliding window), as vLLM's own start-up check
+    requires (`blocks_to_start`)."""
     per_token = kv_bytes_per_token(config, dtype, tensor_parallel_size)
     blocks = kv_cache_bytes // (block_size * per_token)
-    usable = max(0, blocks - 1)
+    reserved = 1 + sliding_window_block(config)
+    usable = max(0, blocks - reserved)
     if usable * block_size < min_tokens_per_seq:
-        need_blocks = -(-min_tokens_per_seq // block_size) + 1
-        need = need_blocks * block_size * per_token
+        need = blocks_to_start(config, min_tokens_per_seq, block_size) * block_size * per_token
+        window = " and one for the sliding window's unaligned start" if reserved > 1 else ""
         raise ValueError(
             f"kv_cache_bytes: {kv_cache_bytes} bytes hold {blocks} blocks of {block_size} tokens "
             f"({usable * block_size} usable tokens at {per_token} bytes/token, one block is "
-            f"vLLM's null block), fewer than one sequence of {min_tokens_per_seq} tokens; give "
+            f"vLLM's null block{window}), fewer than one sequence of {min_tokens_per_seq} tokens; give "
             f"at least {need} bytes ({need / 2**20:.1f} MiB) or lower the sequence length"
         )
     return KvCacheInfo(num_blocks=blocks, block_size=block_size, bytes_per_token=per_token)

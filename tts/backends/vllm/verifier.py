@@ -62,14 +62,16 @@ class VllmVerifier(Verifier):
 
     @classmethod
     def from_model(cls, model_path: str, adapter: str = "judge",
-                   adapter_options: dict[str, Any] | None = None,
+                   adapter_options: dict[str, Any] | None = None, top_logprobs: int = 20,
                    **engine_kwargs: Any) -> VllmVerifier:
         """Start an engine for `model_path` (plus the adapter's own engine arguments) and
-        build the adapter `adapter` on its tokenizer; unknown names fail before loading."""
+        build the adapter `adapter` on its tokenizer; unknown names fail before loading.
+        `top_logprobs` above vLLM's default cap (20) needs `engine_kwargs={"max_logprobs": ...}`."""
         extra = verifier_engine_kwargs(adapter)
         extra.update(engine_kwargs.pop("engine_kwargs", None) or {})
         llm = make_llm(model_path, engine_kwargs=extra, **engine_kwargs)
-        return cls(llm, make_adapter(adapter, llm.get_tokenizer(), **(adapter_options or {})))
+        return cls(llm, make_adapter(adapter, llm.get_tokenizer(), **(adapter_options or {})),
+                   top_logprobs=top_logprobs)
 
     @property
     def llm(self) -> vllm.LLM:

@@ -1,0 +1,70 @@
+"""The tree beside the schedule and the verifier beside chance (`tts.results.tree`,
+`eval.verifier_quality`): constructed cases with known answers, and fake-backend runs."""
+
+import json
+
+import pytest
+
+from eval.verifier_quality import at_chance, auroc, final_auroc, speculation_vs_chance
+from tts.config.compose import compose
+from tts.results.tree import tree_line, tree_stats, verifier_line
+from tts.runner import run_bench
+
+FAKE = ["generator=fake", "verifier=fake", "logger=none", "dataset.first_k=3", "search.n=4",
+        "search.beam_width=2", "search.max_iterations=4", "generator.step_max_tokens=20"]
+
+
+def test_auroc_on_a_constructed_case():
+    # right 0.9, 0.8 against wrong 0.1, 0.85: 3 of the 4 pairs ordered right
+    assert auroc([0.9, 0.8], [0.1, 0.85]) == pytest.approx(0.75)
+    assert auroc([0.5], [0.5]) == pytest.approx(0.5)  # a tie counts a half
+    assert auroc([0.9], []) is None
+
+
+def test_final_auroc_pools_problems_and_bootstraps_over_them():
+    perfect = [[(0.9, True), (0.1, False)], [(0.8, True), (0.2, False)], [(0.7, True), (0.3, False)]]
+    result = final_auroc(perfect)
+    assert result["auroc"] == 1.0 and result["ci"] == [1.0, 1.0]
+    assert (result["n_right"], result["n_wrong"], result["n_problems"]) == (3, 3, 3)
+    coin = [[(0.9, True), (0.9, False)], [(0.1, True), (0.1, False)], [(0.5, False), (0.5, True)]]
+    coin_result = final_auroc(coin)
+    assert coin_result["auroc"] == pytest.approx(0.5) and coin_result["ci"][0] <= 0.5 <= coin_result["ci"][1]
+    assert final_auroc([[(0.9, False)], [(0.2, False)]]) is None  # nothing right: undefined
+
+
+def test_a_verifier_at_chance_is_flagged():
+    spec = speculation_vs_chance(0.24, 0.25)  # the issue's N=16, M=4 judge
+    assert spec["at_chance"] and at_chance(None, spec)
+    good = {"auroc": 0.8, "ci": [0.7, 0.9], "n_right": 10, "n_wrong": 30, "n_problems": 8}
+    assert not at_chance(good, speculation_vs_chance(0.6, 0.25))
+    assert at_chance({**good, "ci": [0.45, 0.7]}, None)
+    line = verifier_line({"auroc": good, "speculation": spec, "at_chance": True})
+    assert "AT CHANCE" in line and "0.24 against 0.25 by chance" in line
+    assert "AT CHANCE" not in verifier_line({"auroc": good, "speculation": None, "at_chance": False})
+
+
+def test_tree_stats_and_line():
+    records = [{"metrics": {"iterations": 4, "ver_requests": 10},
+                "candidates": [{"num_steps": 2, "num_tokens": 40}, {"num_steps": 4, "num_tokens": 40}]}]
+    stats = tree_stats(records)
+    assert stats == {"iterations": 4, "steps_per_path": 3.0, "tokens_per_step": pytest.approx(80 / 6),
+                     "verifier_calls": 10}
+    longer = {**stats, "iterations": 2.0, "tokens_per_step": 2 * stats["tokens_per_step"]}
+    line = tree_line("PMS", longer, stats, 0.5, "vllm")
+    assert line.startswith("PMS grew a different tree (0.5x iterations") and "2x tokens per step" in line
+    assert "PMS_branches_prune keeps the baseline's tree" in line
+    assert "PMS_exact" in tree_line("PMS", longer, stats, 0.5, "position")
+    assert tree_line("PMS", longer, stats, 1.0, "vllm") is None
+
+
+@pytest.mark.parametrize("variant, differs", [("PMS_exact", False), ("PMS", True)])
+def test_the_tree_line_appears_only_when_the_trees_differ(tmp_path, variant, differs):
+    """On the fake backend, PMS_exact keeps the baseline's tree (resumable sampling), and
+    PMS's duplicates restart inside child 0's step: another tree."""
+    path = run_bench(compose("config", FAKE + [f"bench.results_dir={tmp_path}", "bench.run_name=r",
+                                               f"bench.compare=[baseline,{variant}]"]))
+    summary = json.loads((path / "summary.json").read_text())
+    assert bool(summary["tree_lines"]) == differs, summary["tree_lines"]
+    assert summary["variants"][variant]["tree"]["iterations"] > 0
+    if differs:
+        assert summary["tree_lines"][0].startswith(f"{variant} grew a different tree")

@@ -1,0 +1,96 @@
+"""The tree beside the schedule, and the verifier beside chance: what a speed ratio rests on.
+
+A FlashTTS switch should change when work runs, not what the search finds. When a variant's
+final candidates differ from the run's first variant's, its speed is partly another search
+(fewer, longer steps; earlier stops), and a ratio between the two is not a scheduling
+effect alone. `tree_stats` measures each variant's tree from its records, and `tree_line`
+says in one plain line when and how it differs. `verifier_line` puts the verifier's
+quality (`eval.verifier_quality`) in one line, flagged when it cannot be told from chance.
+"""
+
+from __future__ import annotations
+
+from statistics import fmean
+
+# the presets that keep the baseline's tree: by branches (any sampler), or exactly where
+# sampling is resumable (the position sampler, float32 or batch-invariant kernels)
+KEEPS_TREE = {"position": "PMS_exact", "vllm": "PMS_branches_prune"}
+
+
+def tree_stats(records: list[dict]) -> dict:
+    """Iterations per problem, steps per final path, tokens per step, verifier requests per
+    problem, over a variant's records (empty dict without records)."""
+    if not records:
+        return {}
+    paths = [c for r in records for c in r.get("candidates", [])]
+    steps = [c.get("num_steps") or 0 for c in paths]
+    return {
+        "iterations": fmean(r["metrics"]["iterations"] for r in records),
+        "steps_per_path": fmean(steps) if steps else 0.0,
+        "tokens_per_step": (sum(c.get("num_tokens") or 0 for c in paths) / sum(steps)) if sum(steps) else 0.0,
+        "verifier_calls": fmean(r["metrics"].get("ver_requests", 0) for r in records),
+    }
+
+
+def tree_line(name: str, mine: dict, base: dict, same_share: float | None, sampler: str) -> str | None:
+    """One plain line when `name`'s tree is not the first variant's (some problem's final
+    candidates differ), with the ratios that say how; None when the trees are the same."""
+    if same_share is None or same_share >= 1.0 or not mine or not base:
+        return None
+    parts = []
+    for key, label in (("iterations", "iterations"), ("steps_per_path", "steps per path"),
+                       ("tokens_per_step", "tokens per step"), ("verifier_calls", "verifier calls")):
+        if base.get(key):
+            parts.append(f"{mine[key] / base[key]:.2g}x {label}")
+    keeper = KEEPS_TREE.get(sampler, KEEPS_TREE["vllm"])
+    return (f"{name} grew a different tree ({', '.join(parts)}; the same final candidates on "
+            f"{same_share:.0%} of problems): its speed is a different search, not only a faster "
+            f"schedule; {keeper} keeps the baseline's tree")
+
+
+def verifier_line(quality: dict) -> str:
+    """The verifier's quality in one line (`eval.verifier_quality` results), ending with a
+    warning when it is at chance."""
+    parts = []
+    au = quality.get("auroc")
+    if au:
+        ci = f" [{au['ci'][0]:.2f}, {au['ci'][1]:.2f}]" if au.get("ci") else ""
+        parts.append(f"final-path AUROC {au['auroc']:.2f}{ci} ({au['n_right']} right, {au['n_wrong']} wrong paths)")
+    else:
+        parts.append("final-path AUROC n/a (no problem with both right and wrong paths)")
+    spec = quality.get("speculation")
+    if spec:
+        parts.append(f"speculation hit rate {spec['hit_rate']:.2f} against {spec['chance']:.2f} by chance")
+    line = "; ".join(parts)
+    if quality.get("at_chance"):
+        line += (": AT CHANCE, so PRM-guided selection and speculation's priority cannot help, "
+                 "and a speed-up here is not FlashTTS's mechanism")
+    return line
+
+
+def describe(summary: dict, by_variant: dict[str, list[dict]], config: dict) -> None:
+    """Add to a run's summary each variant's tree (`tree`), its verifier quality
+    (`verifier_quality`), and the plain lines: `tree_lines` (variants whose tree is not the
+    first's) and `verifier_lines`."""
+    from eval.verifier_quality import at_chance, final_auroc, speculation_vs_chance
+
+    names = list(by_variant)
+    variants = summary["variants"]
+    search = config.get("search") or {}
+    kept_share = 1.0 / max(1, int(search.get("beam_width") or 1))
+    sampler = str((summary.get("host") or {}).get("sampler") or "vllm")
+    for name in names:
+        variants[name]["tree"] = tree_stats(by_variant[name])
+    summary["tree_lines"] = [line for name in names[1:] if (line := tree_line(
+        name, variants[name]["tree"], variants[names[0]]["tree"], variants[name].get("same_candidates"), sampler))]
+    summary["verifier_lines"] = {}
+    for name in names:
+        problems = [[(c.get("score"), ok) for c, ok in zip(r["candidates"], r["candidate_correct"])]
+                    for r in by_variant[name] if "candidate_correct" in r]
+        if not any(score is not None for p in problems for score, _ in p):
+            continue  # no verifier scored these paths (self-consistency), or records before grading kept them
+        auroc = final_auroc(problems)
+        spec = speculation_vs_chance(variants[name].get("spec_hit_rate"), kept_share)
+        quality = {"auroc": auroc, "speculation": spec, "at_chance": at_chance(auroc, spec)}
+        variants[name]["verifier_quality"] = quality
+        summary["verifier_lines"][name] = verifier_line(quality)
