@@ -213,6 +213,23 @@ def test_a_variant_with_no_records_keeps_the_summary(tmp_path):
     assert rows_of(summary)[PAIRS]["PMS/baseline"] == 0
 
 
+def test_a_statistic_that_fails_costs_only_itself(tmp_path, monkeypatch):
+    """Whatever a statistic raises on some data, the summary and its table are written,
+    and the summary lists what was not computed."""
+    import tts.results.summary as summary_module
+
+    def broken(*_):
+        raise ValueError("each sample in `data` must contain two or more observations")
+
+    path = bench(tmp_path, "dataset.first_k=2")
+    monkeypatch.setattr(summary_module, "paired_accuracy", broken)
+    monkeypatch.setattr(summary_module, "_add_intervals", broken)
+    summary, _ = summary_module.write_summary(RunStore(path), ["baseline", "PMS"], {})
+    assert "precise goodput (tok/s)" in summary["ratio_table_md"]
+    assert [e.split(":")[0] for e in summary["statistics_errors"]] == ["paired accuracy", "speed intervals"]
+    assert json.loads((path / "summary.json").read_text())["statistics_errors"] == summary["statistics_errors"]
+
+
 def test_seeds_run_every_problem_under_each_and_pair_by_problem_and_seed(tmp_path):
     """`bench.seeds=[0,1]`: every problem once per seed for every variant, each record
     with its seed; the pairs are (problem, seed); a resume that adds a seed runs only it."""

@@ -206,6 +206,23 @@ def _mark_uncached_verifier(summaries: dict[str, dict], config: dict) -> None:
         summary["ver_cache_hit_rate"] = NOT_CACHED
 
 
+STATISTICS_ERRORS: list[str] = []  # what `guarded` caught while the summary was built
+
+
+def guarded(what: str, fn, *args):
+    """`fn(*args)`, or None where it raises: a statistic that fails on some data (scipy
+    refusing a sample, a record without a field) costs the run that statistic, never its
+    summary. The error is logged and listed in the summary (`statistics_errors`)."""
+    try:
+        return fn(*args)
+    except Exception as err:  # noqa: BLE001 - deliberately broad: the summary must be written
+        import logging
+
+        logging.getLogger(__name__).warning("%s: not computed (%s: %s)", what, type(err).__name__, err)
+        STATISTICS_ERRORS.append(f"{what}: {type(err).__name__}: {err}")
+        return None
+
+
 PAIRS_LABEL = "(problem, seed) pairs behind the 95% intervals (bootstrap over problems)"
 
 
@@ -230,7 +247,7 @@ def ratio_table(summaries: dict[str, dict], baseline: str, records: dict[str, li
                     and base[key]:
                 row[f"{name}/{baseline}"] = value / base[key]
         rows.append(row)
-    pairs = _add_intervals(rows, summaries, baseline, records or {})
+    pairs = guarded("speed intervals", _add_intervals, rows, summaries, baseline, records or {})
     return ([pairs] if pairs else []) + rows + accuracy_rows(summaries, baseline)
 
 
@@ -316,6 +333,7 @@ def write_summary(store: RunStore, names: list[str], step_logs: dict[str, dict],
     without one (too few pairs) says so, and the summary is written whatever the pairs. `host`
     is where the run ran (`tts.results.host.host_info`); None keeps the one recorded before
     (re-grading runs nothing)."""
+    STATISTICS_ERRORS.clear()
     seed = int((store.saved_config().get("bench") or {}).get("seed") or 0)
     # a record from before records carried their seed ran under the run's bench.seed
     records = [r if "seed" in r else {**r, "seed": seed} for r in store.records()]
@@ -348,13 +366,17 @@ def write_summary(store: RunStore, names: list[str], step_logs: dict[str, dict],
         for name in names:
             summaries[name]["same_candidates"] = same_candidates(records, names[0], name)
             if name != names[0]:
-                summaries[name]["paired"] = paired_accuracy(by_variant[names[0]], by_variant[name])
+                summaries[name]["paired"] = guarded("paired accuracy", paired_accuracy, by_variant[names[0]],
+                                                    by_variant[name]) or {}
         rows = ratio_table(summaries, names[0], by_variant)
         summary["ratios"] = rows
         summary["ratio_table_md"] = format_table(rows, names, names[0])
     from tts.results.tree import describe
 
-    describe(summary, by_variant, store.saved_config())
+    guarded("tree and verifier", describe, summary, by_variant, store.saved_config())
+    if STATISTICS_ERRORS:
+        summary["statistics_errors"] = STATISTICS_ERRORS.copy()
+        STATISTICS_ERRORS.clear()
     store.write_summary(summary)
     from tts.results.plots import make_plots
     plots = make_plots(store, summary, step_logs)
