@@ -68,3 +68,18 @@ def test_the_tree_line_appears_only_when_the_trees_differ(tmp_path, variant, dif
     assert summary["variants"][variant]["tree"]["iterations"] > 0
     if differs:
         assert summary["tree_lines"][0].startswith(f"{variant} grew a different tree")
+
+
+def test_a_bound_above_the_measured_time_says_the_cost_model_does_not_fit(monkeypatch):
+    """A 'least time' longer than the measured one is no bound: the fit does not hold for
+    this run, and the table says so (with the fit's r2) instead of a share above 1."""
+    from tts.metrics.cost_model import CostModel
+    from tts.results import summary as summary_mod
+
+    monkeypatch.setattr(summary_mod, "work_bounds", lambda *a, **k: {"gen_bound_s": 3.0, "ver_bound_s": 1.0})
+    monkeypatch.setattr(summary_mod, "work_of", lambda *a, **k: None)  # the above-bound split: not this test's
+    monkeypatch.setattr(summary_mod, "above_bound", lambda *a, **k: None)
+    model = CostModel(step_s=0.01, per_decode_seq_s=0.001, per_prefill_token_s=0.0001, steps=20, r2=0.29)
+    s = {"latency_s_mean": 2.0}
+    summary_mod.add_bounds(s, [{"metrics": {"latency_s": 2.0}}], {"generator": model, "verifier": None})
+    assert isinstance(s["bound_share"], str) and "does not fit" in s["bound_share"] and "r2 0.29" in s["bound_share"]
