@@ -9,7 +9,8 @@ comparison of two variants over the same problems with the paired difference and
 - `paired_comparison`: for the problems both variants answered, the difference in
   accuracy (variant minus baseline) with a 95% paired bootstrap interval over problems
   (scipy's `bootstrap(paired=True)`, percentile method, a fixed seed so that re-running the
-  summary gives the same numbers), the discordant counts (b: only the variant right, c:
+  summary gives the same numbers; no interval, None, with fewer than 2 pairs: one pair
+  says nothing of the spread, and scipy refuses it), the discordant counts (b: only the variant right, c:
   only the baseline right) and the exact McNemar p-value: the two-sided binomial test of
   b against b + c at 1/2 (scipy's `binomtest`), 1.0 when no problem is discordant.
 """
@@ -42,8 +43,8 @@ class PairedComparison:
     baseline_acc: float
     acc: float
     diff: float  # acc - baseline_acc
-    diff_low: float  # 95% paired bootstrap interval of the difference
-    diff_high: float
+    diff_low: float | None  # 95% paired bootstrap interval of the difference (None: under 2 pairs)
+    diff_high: float | None
     only_variant: int  # discordant: the variant right, the baseline wrong (b)
     only_baseline: int  # discordant: the baseline right, the variant wrong (c)
     mcnemar_p: float  # exact (binomial) McNemar test on the discordant problems
@@ -69,7 +70,10 @@ def paired_comparison(baseline: Sequence[bool], variant: Sequence[bool],
     b = int(np.sum((y == 1) & (x == 0)))
     c = int(np.sum((x == 1) & (y == 0)))
     diff = float(y.mean() - x.mean())
-    if b + c == 0:  # every problem concordant: no evidence of any difference, nothing to resample
+    if n < 2:  # one pair has no spread to resample (scipy's bootstrap refuses it)
+        low = high = None
+        p = float(binomtest(b, b + c, 0.5).pvalue) if b + c else 1.0
+    elif b + c == 0:  # every problem concordant: no evidence of any difference, nothing to resample
         low = high = diff
         p = 1.0
     else:

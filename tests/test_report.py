@@ -53,7 +53,7 @@ def test_table_values_and_ratios_match_summaries(runs, tmp_path):
     header, table = _md_table(path.read_text())
     assert header == ["n2", "n4", "n4 ÷ n2"]
     rows = {r["metric"]: r for r in json.loads((path.parent / "report.json").read_text())["rows"]}
-    checked = 0
+    checked = intervals = 0
     for key, label, _ in RATIO_METRICS:
         if key not in base:
             continue
@@ -65,11 +65,19 @@ def test_table_values_and_ratios_match_summaries(runs, tmp_path):
                 assert float(table[label][col]) == pytest.approx(value, rel=6e-3, abs=1e-12)
         if base[key]:
             assert rows[label]["n4/n2"] == pytest.approx(other[key] / base[key])
-            assert float(table[label][2]) == pytest.approx(other[key] / base[key], rel=6e-3)
+            ratio, _, interval = table[label][2].partition(" ")
+            assert float(ratio) == pytest.approx(other[key] / base[key], rel=6e-3)
+            if "n4/n2_ci" in rows[label]:  # a speed ratio: its paired interval over the 2 problems
+                low, high = rows[label]["n4/n2_ci"]
+                assert interval.startswith("[") and rows[label]["n_pairs"] == {"n4": 2} and low <= high
+                intervals += 1
+            else:
+                assert interval == ""
             checked += 1
         else:
             assert table[label][2] == "-"
-    assert checked >= 5
+    assert checked >= 5 and intervals == 6  # goodput, latency, generator, verifier, problems/min, tokens
+    assert table["(problem, seed) pairs behind the 95% intervals (bootstrap over problems)"] == ["-", "-", "2"]
 
 
 def test_markdown_embeds_existing_pngs_and_config(runs, tmp_path):

@@ -175,7 +175,7 @@ def _run_search(fn, cfg: DictConfig, term: Console, on_folder) -> Path:
     from tts.runner import run_variants
 
     conf = validate(cfg)
-    total = len(load_problems_for(conf))
+    total = len(load_problems_for(conf)) * len(conf.bench.run_seeds)  # each problem once per seed
     names = [name for name, _, _ in run_variants(conf)]
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(),

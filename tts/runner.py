@@ -1,7 +1,9 @@
 """`tts bench`: run one or more engine variants over a problem set and record everything.
 
 Variants (`bench.compare`, else the configured `optim`) run one after another in this
-process, over the same problems with the same seeds, sharing the loaded models.
+process, over the same problems with the same seeds, sharing the loaded models. Each
+problem runs once per seed of `bench.seeds` (default `[bench.seed]`); a record carries its
+seed, so records and a resume are keyed by (variant, problem, seed).
 """
 
 from __future__ import annotations
@@ -272,7 +274,7 @@ def run_problems(cfg: Config, cfg_node: DictConfig, problems: list, backends, ho
     if measure_raw and store.raw_generator() is None:  # a resumed run keeps its measurement
         store.write_raw_generator(_raw_generator(cfg, problems[0].problem))
     host = host or run_host(cfg)
-    done = store.done_keys() if cfg.bench.resume else set()
+    done = store.done_keys(cfg.bench.seed) if cfg.bench.resume else set()
     logger = RunLogger(cfg.logger.wandb, cfg.logger.mode, cfg.logger.project, cfg.logger.entity,
                        list(cfg.logger.tags), store.path,
                        OmegaConf.to_container(cfg_node, resolve=True), store.path.name)
@@ -282,13 +284,19 @@ def run_problems(cfg: Config, cfg_node: DictConfig, problems: list, backends, ho
                                                "adapter": cfg.verifier.adapter.value, "sampler": host.get("sampler")})
     try:
         for name, optim, search in variants:
-            todo = [p for p in problems if (name, p.id) not in done]
-            if todo:
-                # the variant's engine lives in this call only: the next variant's engines are
-                # built once nothing holds this one's (Backends.get frees replaced ones)
+            todo = {seed: [p for p in problems if (name, p.id, seed) not in done] for seed in cfg.bench.run_seeds}
+            if any(todo.values()):
                 backends.start_variant(name)
-                _run_variant(name, build_engine(cfg, optim, backends, search), todo, store, step_logs, logger,
-                             progress, trace if record_trace else None, on_iteration)
+            for seed, mine in todo.items():
+                if not mine:
+                    continue
+                # one pass per seed, each on its own engine (the seed is the engine's, and
+                # each pass starts on cold caches like the first). The engine lives in this
+                # call only: the next one's engines are built once nothing holds this one's
+                # (Backends.get frees replaced ones)
+                seeded = dataclasses.replace(cfg, bench=dataclasses.replace(cfg.bench, seed=seed))
+                _run_variant(name, build_engine(seeded, optim, backends, search), mine, store, step_logs, logger,
+                             progress, trace if record_trace else None, on_iteration, seed)
     finally:
         backends.close()
     summary, plots = write_summary(store, [n for n, _, _ in variants], step_logs, host)
@@ -325,9 +333,11 @@ def _open_store(cfg: Config, cfg_node: DictConfig, names: list[str]) -> RunStore
 
 def _run_variant(name: str, engine, todo: list, store: RunStore, step_logs: dict[str, dict],
                  logger: RunLogger, progress: Callable | None, trace: TraceRecorder | None,
-                 on_iteration: Callable[[str, str, int], None] | None = None) -> None:
-    """Run one variant's remaining problems: a record, the step statistics and the trace
-    written as each problem finishes, so a killed run keeps them."""
+                 on_iteration: Callable[[str, str, int], None] | None = None, seed: int = 0) -> None:
+    """Run one variant's remaining problems under one seed (the engine's): a record (with
+    its `seed`), the step statistics and the trace written as each problem finishes, so a
+    killed run keeps them. The variant's wall clock and step statistics run on across its
+    seeds' passes."""
     if on_iteration:
         engine.on_problem_iteration = functools.partial(on_iteration, name)
     gold = {p.id: p for p in todo}
@@ -342,7 +352,7 @@ def _run_variant(name: str, engine, todo: list, store: RunStore, step_logs: dict
     try:
         for outcome in engine.run([ProblemInput(p.id, p.problem) for p in todo]):
             p = gold[outcome.problem.id]
-            record = build_record(outcome, p.answer, name, {"level": p.level, "subject": p.subject})
+            record = build_record(outcome, p.answer, name, {"seed": seed, "level": p.level, "subject": p.subject})
             record["variant_wall_s"] = clock.now() - start
             store.append(record)
             step_logs[name] = merge_step_logs(earlier, engine.step_logs())
@@ -360,7 +370,7 @@ def _run_variant(name: str, engine, todo: list, store: RunStore, step_logs: dict
 
 
 def _table_rows(records: list[dict]) -> list[dict]:
-    return [{"variant": r["variant"], "problem_id": r["problem_id"], "gold": r["gold"],
+    return [{"variant": r["variant"], "problem_id": r["problem_id"], "seed": r.get("seed"), "gold": r["gold"],
              "majority": r["answers"].get("majority"), "correct_majority": r["correct"].get("majority"),
              "latency_s": r["metrics"]["latency_s"], "precise_goodput": r["metrics"]["precise_goodput"]}
             for r in records]

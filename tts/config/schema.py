@@ -272,6 +272,10 @@ class BenchConfig:
     mode: BenchMode = BenchMode.search
     concurrency: int = 1  # problems in flight; 1 = latency mode, more = throughput mode
     seed: int = 0
+    # every problem runs once under each of these seeds, for every variant, and the
+    # variants are paired by (problem, seed): the speed intervals resample over both.
+    # Empty: [seed]. A record carries its seed; a resume may add seeds.
+    seeds: list[int] = field(default_factory=list)
     run_name: str | None = None  # folder name under results/; null: generated
     results_dir: str = "results"
     resume: bool = False
@@ -298,6 +302,12 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         _require(self.concurrency >= 1, "bench.concurrency", "must be >= 1")
+        _require(len(set(self.seeds)) == len(self.seeds), "bench.seeds", f"repeats a seed: {list(self.seeds)}")
+
+    @property
+    def run_seeds(self) -> list[int]:
+        """The seeds every problem runs under: `seeds`, or `[seed]` when it is empty."""
+        return list(self.seeds) or [self.seed]
 
 
 @dataclass

@@ -35,6 +35,16 @@ class RunData:
     config: dict[str, Any] = field(default_factory=dict)
     profile: dict[str, Any] | None = None
     host: dict[str, Any] | None = None  # `tts.results.host.host_info` of the run, if recorded
+    # its per-problem records (a local folder's records.jsonl; none from W&B): the speed
+    # ratios' paired intervals are computed from them
+    records: list[dict] = field(default_factory=list)
+
+    def variant_records(self, variant: str) -> list[dict]:
+        """The records of one variant, each with its seed (the run's `bench.seed` where a
+        record predates records carrying theirs)."""
+        seed = (self.config.get("bench") or {}).get("seed") or 0
+        return [r if "seed" in r else {**r, "seed": seed} for r in self.records
+                if r.get("variant", "") == variant and "problem_id" in r and isinstance(r.get("metrics"), dict)]
 
     def columns(self) -> list[tuple[str, str]]:
         """(column name, variant name): "<run>/<variant>" with several variants, else "<run>"."""
@@ -95,7 +105,7 @@ def load_folder(path: Path) -> RunData:
         summary = _read_json(path / SUMMARY, "summary")
         run.variants = _variants(summary, path / SUMMARY)
         run.host = summary.get("host") if isinstance(summary.get("host"), dict) else None
-        _check_records(path / RECORDS)
+        run.records = _read_records(path / RECORDS)
     if has_profile:
         run.profile = _read_json(path / PROFILE, "memory profile")
     run.config = _read_config(path / CONFIG)
@@ -127,11 +137,12 @@ def _variants(summary: dict, path: Path) -> dict[str, dict]:
     return variants
 
 
-def _check_records(path: Path) -> None:
-    """Every complete line of records.jsonl must be a JSON object (read-only: a line cut
-    off by a killed run is left alone, as `tts bench --resume` handles it)."""
+def _read_records(path: Path) -> list[dict]:
+    """The records; every complete line of records.jsonl must be a JSON object (read-only:
+    a line cut off by a killed run is left alone, as `tts bench --resume` handles it)."""
+    records: list[dict] = []
     if not path.exists():
-        return
+        return records
     lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
     for i, line in enumerate(lines, 1):
         if not line.strip():
@@ -140,10 +151,12 @@ def _check_records(path: Path) -> None:
             record = json.loads(line)
         except json.JSONDecodeError as err:
             if i == len(lines) and not line.endswith("\n"):
-                return
+                return records
             raise ReportError(f"{path.parent}: corrupt {path.name} (line {i}: {err.msg})") from err
         if not isinstance(record, dict):
             raise ReportError(f"{path.parent}: corrupt {path.name} (line {i} is not a JSON object)")
+        records.append(record)
+    return records
 
 
 def _read_config(path: Path) -> dict[str, Any]:

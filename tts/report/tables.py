@@ -81,8 +81,11 @@ def resolve_baseline(columns: list[Column], runs: list[RunData], baseline: str |
 
 
 def metric_rows(columns: list[Column], baseline: str) -> list[dict]:
-    """The headline metrics (`RATIO_METRICS`): each column's value and its ratio to the baseline's."""
-    return ratio_table({c.name: c.metrics for c in columns}, baseline)
+    """The headline metrics (`RATIO_METRICS`): each column's value and its ratio to the
+    baseline's; a speed ratio with its paired 95% interval over the (problem, seed) pairs
+    both columns ran, where both runs' records are at hand (`ratio_table`)."""
+    records = {c.name: c.run.variant_records(c.variant) for c in columns if c.run.records}
+    return ratio_table({c.name: c.metrics for c in columns}, baseline, records)
 
 
 def engine_label(optim: dict[str, Any]) -> str:

@@ -103,17 +103,23 @@ def accuracy_summary(records: list[dict]) -> dict:
     return out
 
 
+def pair_key(record: dict) -> tuple[str, int | None]:
+    """What pairs a record with another variant's: its problem and its seed (`bench.seeds`;
+    None in records written before records carried their seed)."""
+    return record["problem_id"], record.get("seed")
+
+
 def paired_accuracy(baseline: list[dict], variant: list[dict]) -> dict:
-    """Per accuracy key, the variant against the baseline over the problems both answered
-    (`eval.statistics.paired_comparison`: difference, its 95% paired bootstrap interval,
-    discordant counts, exact McNemar p-value)."""
+    """Per accuracy key, the variant against the baseline over the (problem, seed) pairs
+    both answered (`eval.statistics.paired_comparison`: difference, its 95% paired
+    bootstrap interval, discordant counts, exact McNemar p-value)."""
     from eval.statistics import paired_comparison
 
-    base = {r["problem_id"]: r for r in baseline}
+    base = {pair_key(r): r for r in baseline}
     out = {}
     for key in ACCURACY_KEYS:
-        pairs = [(correctness(base[r["problem_id"]], key), correctness(r, key))
-                 for r in variant if r["problem_id"] in base]
+        pairs = [(correctness(base[pair_key(r)], key), correctness(r, key))
+                 for r in variant if pair_key(r) in base]
         pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
         result = paired_comparison([a for a, _ in pairs], [b for _, b in pairs])
         if result is not None:

@@ -52,8 +52,8 @@ class RunStore:
         """Settings of `config` that differ from the run's saved `config.yaml`, as
         "key: saved -> now". Not compared: settings only one side has (another version of
         tts), those that cannot change a record (`bench.resume`, `logger.*`), the
-        subset's size and choice, and the list of compared variants (a resumed run may
-        take more problems or more variants: records are per problem and variant; each
+        subset's size and choice, the list of compared variants and the seeds (a resumed run
+        may take more problems, variants or seeds: records are per problem, seed and variant; each
         variant's own settings, `bench.optim_overrides` included, are still compared)."""
         saved = self.saved_config()
         if not saved:
@@ -62,7 +62,7 @@ class RunStore:
         skip = ("bench.resume", "logger.", "dataset.first_k", "dataset.random_k", "dataset.ids", "dataset.levels")
         return [f"{k}: {old[k]!r} -> {new[k]!r}" for k in sorted(old.keys() & new.keys())
                 if old[k] != new[k] and not k.startswith(skip)
-                and k not in ("bench.compare", "bench.search_variants")]
+                and k not in ("bench.compare", "bench.search_variants", "bench.seeds")]
 
     def saved_config(self) -> dict:
         """The run's `config.yaml` as a dict ({} when there is none)."""
@@ -118,8 +118,10 @@ class RunStore:
         with open(path, "r+b") as f:
             f.truncate(size - len(line.encode("utf-8")))
 
-    def done_keys(self) -> set[tuple[str, str]]:
-        return {(r.get("variant", ""), r["problem_id"]) for r in self.iter_records()}
+    def done_keys(self, default_seed: int = 0) -> set[tuple[str, str, int]]:
+        """(variant, problem id, seed) of every record; a record written before records
+        carried their seed ran under `default_seed` (the run's `bench.seed`)."""
+        return {(r.get("variant", ""), r["problem_id"], r.get("seed", default_seed)) for r in self.iter_records()}
 
     def write_summary(self, summary: dict) -> None:
         (self.path / SUMMARY).write_text(json.dumps(summary, indent=2, default=_jsonable))

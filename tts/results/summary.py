@@ -10,7 +10,7 @@ from pathlib import Path
 from tts.metrics.collector import KV_BLOCKS, summarize_problems
 from tts.metrics.cost_model import (COST, CostModel, CostSums, above_bound, fit, tail_forfeit, work_bounds,
                                      work_of)
-from tts.results.records import accuracy_summary, paired_accuracy
+from tts.results.records import accuracy_summary, pair_key, paired_accuracy
 from tts.results.store import RunStore
 
 # (summary key, label, higher is better)
@@ -187,7 +187,9 @@ def accuracy_rows(summaries: dict[str, dict], baseline: str) -> list[dict]:
                          "exact McNemar p", "higher_is_better": True}
         for name, s in summaries.items():
             p = (s.get("paired") or {}).get(key)
-            row[name] = (f"{p['diff']:+.3f} [{p['diff_low']:+.3f}, {p['diff_high']:+.3f}], "
+            ci = (f"[{p['diff_low']:+.3f}, {p['diff_high']:+.3f}]" if p and p.get("diff_low") is not None
+                  else f"n/a ({p['n']} pair{'' if p['n'] == 1 else 's'})" if p else "")
+            row[name] = (f"{p['diff']:+.3f} {ci}, "
                          f"{p['only_variant']}:{p['only_baseline']} discordant, p={p['mcnemar_p']:.3g}") if p else None
         rows.append(row)
     return rows
@@ -209,15 +211,40 @@ def _mark_uncached_verifier(summaries: dict[str, dict], config: dict) -> None:
         summary["ver_cache_hit_rate"] = NOT_CACHED
 
 
-def ratio_table(summaries: dict[str, dict], baseline: str) -> list[dict]:
+STATISTICS_ERRORS: list[str] = []  # what `guarded` caught while the summary was built
+
+
+def guarded(what: str, fn, *args):
+    """`fn(*args)`, or None where it raises: a statistic that fails on some data (scipy
+    refusing a sample, a record without a field) costs the run that statistic, never its
+    summary. The error is logged and listed in the summary (`statistics_errors`)."""
+    try:
+        return fn(*args)
+    except Exception as err:  # noqa: BLE001 - deliberately broad: the summary must be written
+        import logging
+
+        logging.getLogger(__name__).warning("%s: not computed (%s: %s)", what, type(err).__name__, err)
+        STATISTICS_ERRORS.append(f"{what}: {type(err).__name__}: {err}")
+        return None
+
+
+PAIRS_LABEL = "(problem, seed) pairs behind the 95% intervals (bootstrap over problems)"
+
+
+def ratio_table(summaries: dict[str, dict], baseline: str, records: dict[str, list[dict]] | None = None
+                ) -> list[dict]:
     """One row per metric: each variant's value and its ratio to the baseline's; then the
-    accuracy intervals and paired tests (`accuracy_rows`)."""
+    accuracy intervals and paired tests (`accuracy_rows`). With the variants' `records`
+    (by name; a variant without records gets none), each speed ratio carries its paired
+    95% interval (`tts.results.intervals`): `"<v>/<baseline>_ci": [low, high]`, or None
+    with `"<v>/<baseline>_ci_note"` saying why ("n/a (1 pair)"), and the row's `n_pairs`
+    and `n_problems` (the units resampled) by variant; a first row counts the pairs."""
     base = summaries[baseline]
     rows = []
     for key, label, higher in RATIO_METRICS:
         if key not in base:
             continue
-        row = {"metric": label, "higher_is_better": higher}
+        row = {"metric": label, "key": key, "higher_is_better": higher}
         for name, s in summaries.items():
             value = s.get(key)
             row[name] = value
@@ -225,17 +252,55 @@ def ratio_table(summaries: dict[str, dict], baseline: str) -> list[dict]:
                     and base[key]:
                 row[f"{name}/{baseline}"] = value / base[key]
         rows.append(row)
-    return rows + accuracy_rows(summaries, baseline)
+    pairs = guarded("speed intervals", _add_intervals, rows, summaries, baseline, records or {})
+    return ([pairs] if pairs else []) + rows + accuracy_rows(summaries, baseline)
+
+
+def _add_intervals(rows: list[dict], summaries: dict[str, dict], baseline: str,
+                   records: dict[str, list[dict]]) -> dict | None:
+    """The speed rows' intervals (`ratio_table`); the row counting the pairs, None without
+    records."""
+    from tts.results.intervals import SPEED_PARTS, speed_intervals
+
+    if baseline not in records:
+        return None
+    by_key = {row["key"]: row for row in rows if "key" in row}
+    pairs = {"metric": PAIRS_LABEL, "higher_is_better": None}
+    for name in summaries:
+        if name == baseline or name not in records:
+            continue
+        col = f"{name}/{baseline}"
+        point = {key: row[col] for key, row in by_key.items() if key in SPEED_PARTS and col in row}
+        for key, ci in speed_intervals(records[baseline], records[name], point).items():
+            row = by_key.get(key)
+            if row is None or col not in row:
+                continue
+            row[f"{col}_ci"] = ci.bounds
+            if ci.bounds is None:
+                row[f"{col}_ci_note"] = ci.text()
+            row.setdefault("n_pairs", {})[name] = ci.n_pairs
+            row.setdefault("n_problems", {})[name] = ci.n_problems or ci.n_pairs
+            # a cell: the pairs, and the problems resampled where seeds make them fewer
+            pairs[col] = ci.n_pairs if ci.n_problems is None else f"{ci.n_pairs} ({ci.n_problems} problems)"
+    return pairs if len(pairs) > 2 else None
 
 
 def format_table(rows: list[dict], names: list[str], baseline: str) -> str:
-    """A Markdown table of values and ratios."""
+    """A Markdown table of values and ratios; a ratio with its interval reads
+    "1.23 [1.05, 1.41]", one without "1.23 n/a (1 pair)"."""
     cols = names + [f"{n}/{baseline}" for n in names if n != baseline]
     lines = ["| metric | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for row in rows:
-        cells = [_fmt(row.get(c)) for c in cols]
+        cells = [_fmt(row.get(c)) + _interval_text(row, c) for c in cols]
         lines.append(f"| {row['metric']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _interval_text(row: dict, col: str) -> str:
+    if f"{col}_ci" not in row or row.get(col) is None:
+        return ""
+    ci = row[f"{col}_ci"]
+    return f" [{_fmt(float(ci[0]))}, {_fmt(float(ci[1]))}]" if ci else f" {row.get(f'{col}_ci_note') or 'n/a'}"
 
 
 def _fmt(v) -> str:
@@ -247,12 +312,12 @@ def _fmt(v) -> str:
 
 
 def same_candidates(records: list[dict], baseline: str, variant: str) -> float | None:
-    """The share of the problems both variants ran whose final candidates (their texts, in
+    """The share of the (problem, seed) pairs both variants ran whose final candidates (their texts, in
     any order) are the baseline's: 1.0 where the variant kept the search's results, as
     the FlashTTS switches should up to the numerics of other batches. None: no problem
     in common."""
-    def texts(name: str) -> dict[str, list[str]]:
-        return {r["problem_id"]: sorted(c["text"] for c in r["candidates"])
+    def texts(name: str) -> dict[tuple, list[str]]:
+        return {pair_key(r): sorted(c["text"] for c in r["candidates"])
                 for r in records if r.get("variant") == name}
 
     base, mine = texts(baseline), texts(variant)
@@ -268,10 +333,15 @@ def variant_wall(records: list[dict], variant: str) -> float:
 def write_summary(store: RunStore, names: list[str], step_logs: dict[str, dict],
                   host: dict | None = None) -> tuple[dict, list[Path]]:
     """Summarise the run's records per variant, write summary.json and the plots. A variant's
-    wall time is the largest `variant_wall_s` of its records (see `variant_summary`). `host`
+    wall time is the largest `variant_wall_s` of its records (see `variant_summary`). Speed
+    ratios get paired intervals over the (problem, seed) pairs (`ratio_table`); a ratio
+    without one (too few pairs) says so, and the summary is written whatever the pairs. `host`
     is where the run ran (`tts.results.host.host_info`); None keeps the one recorded before
     (re-grading runs nothing)."""
-    records = store.records()
+    STATISTICS_ERRORS.clear()
+    seed = int((store.saved_config().get("bench") or {}).get("seed") or 0)
+    # a record from before records carried their seed ran under the run's bench.seed
+    records = [r if "seed" in r else {**r, "seed": seed} for r in store.records()]
     previous = {}
     try:
         previous = store.summary()
@@ -293,20 +363,25 @@ def write_summary(store: RunStore, names: list[str], step_logs: dict[str, dict],
     skipped = store.skipped()  # problems left out: their prompts do not fit the engines
     summary = {"host": host or previous.get("host"), "variants": summaries, "baseline": names[0],
                "cost_model": {m: (asdict(cm) if cm else None) for m, cm in models.items()},
-               "num_skipped": len(skipped), "skipped": skipped}
+               "num_skipped": len(skipped), "skipped": skipped,
+               "seeds": sorted({r["seed"] for r in records})}
     if raw:
         summary["raw_generator"] = raw
     if len(names) > 1:
         for name in names:
             summaries[name]["same_candidates"] = same_candidates(records, names[0], name)
             if name != names[0]:
-                summaries[name]["paired"] = paired_accuracy(by_variant[names[0]], by_variant[name])
-        rows = ratio_table(summaries, names[0])
+                summaries[name]["paired"] = guarded("paired accuracy", paired_accuracy, by_variant[names[0]],
+                                                    by_variant[name]) or {}
+        rows = ratio_table(summaries, names[0], by_variant)
         summary["ratios"] = rows
         summary["ratio_table_md"] = format_table(rows, names, names[0])
     from tts.results.tree import describe
 
-    describe(summary, by_variant, store.saved_config())
+    guarded("tree and verifier", describe, summary, by_variant, store.saved_config())
+    if STATISTICS_ERRORS:
+        summary["statistics_errors"] = STATISTICS_ERRORS.copy()
+        STATISTICS_ERRORS.clear()
     store.write_summary(summary)
     from tts.results.plots import make_plots
     plots = make_plots(store, summary, step_logs)
