@@ -35,8 +35,14 @@ def test_bench_prints_what_it_ran_and_logs_the_libraries(tmp_path: Path) -> None
     lines = [line for line in out.splitlines() if line.strip()]
     assert lines and not [line for line in lines if LIBRARY_LINE.search(line)], out
     assert lines[0].startswith("host: ") or any(line.startswith("host: ") for line in lines[:3])
-    assert any("tts bench summary" in line for line in lines)
-    assert "| metric | baseline | PMS | PMS/baseline |" in out  # the main job: baseline against PMS
+    # the main job's headline: what ran, accuracy, PMS/baseline with intervals, the tree and
+    # verifier lines, where the full tables are; at most about 15 lines after the progress bars
+    after = lines[next(i for i, line in enumerate(lines) if line.startswith("host: ")):]
+    assert len(after) <= 15, out
+    assert any(line.startswith("ran: baseline, PMS on 1 problems") for line in after)
+    assert any(line.startswith("PMS/baseline: goodput ") for line in after)
+    assert "| metric | baseline | PMS | PMS/baseline |" not in out  # the full table is in summary.md
+    assert "| metric | baseline | PMS | PMS/baseline |" in (folder / "summary.md").read_text()
     assert f"results: {folder}" in out and f"{folder / 'tts.log'}" in out
     log = (folder / "tts.log").read_text()
     assert "INFO" in log and "vllm" in log.lower()
@@ -45,3 +51,4 @@ def test_bench_prints_what_it_ran_and_logs_the_libraries(tmp_path: Path) -> None
 def test_verbose_shows_the_libraries(tmp_path: Path) -> None:
     out, folder = tts(tmp_path, "loud", "-v")
     assert LIBRARY_LINE.search(out) and not (folder / "tts.log").exists()
+    assert "| metric | baseline | PMS | PMS/baseline |" in out  # -v prints the full tables

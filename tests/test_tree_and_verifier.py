@@ -83,3 +83,25 @@ def test_a_bound_above_the_measured_time_says_the_cost_model_does_not_fit(monkey
     s = {"latency_s_mean": 2.0}
     summary_mod.add_bounds(s, [{"metrics": {"latency_s": 2.0}}], {"generator": model, "verifier": None})
     assert isinstance(s["bound_share"], str) and "does not fit" in s["bound_share"] and "r2 0.29" in s["bound_share"]
+
+
+def test_the_headline_is_short_and_the_full_tables_are_kept(tmp_path):
+    """`tts bench` ends with a headline of at most about 15 lines (ratios with intervals, the
+    tree line); the full tables are in summary.md, which `tts report RUN` prints."""
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    args = ["bench", *FAKE, f"bench.results_dir={tmp_path}", "bench.run_name=h", "bench.compare=[baseline,PMS]"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    after = lines[next(i for i, line in enumerate(lines) if line.startswith("host: ")):]
+    assert len(after) <= 15, result.output
+    ratios = next(line for line in after if line.startswith("PMS/baseline: "))
+    assert "goodput " in ratios and "x [" in ratios and "(3 pairs)" in ratios
+    assert any(line.startswith("PMS grew a different tree") for line in after)
+    full = (tmp_path / "h" / "summary.md").read_text()
+    assert "| metric | baseline | PMS | PMS/baseline |" in full and "| precise_goodput |" in full
+    report = CliRunner().invoke(app, ["report", str(tmp_path / "h"), "--out", str(tmp_path / "rep")])
+    assert report.exit_code == 0 and "| metric | baseline | PMS | PMS/baseline |" in report.output

@@ -99,7 +99,7 @@ def run_jobs(jobs: list[Job], verbose: bool = False) -> int:
         finally:
             if quiet is not None:
                 quiet.close()
-        print_summary(path, log=quiet.log_path if quiet else None)
+        print_summary(path, log=quiet.log_path if quiet else None, full=verbose)
     if len(jobs) > 1:  # an in-process sweep: its jobs share the sweep folder
         from tts.results.store import write_sweep_summary
 
@@ -206,57 +206,32 @@ def _run_search(fn, cfg: DictConfig, term: Console, on_folder) -> Path:
         return fn(cfg, progress=tick, on_folder=on_folder, on_iteration=iteration)
 
 
-def print_summary(path: Path, log: Path | None = None) -> None:
+def print_summary(path: Path, log: Path | None = None, full: bool = False) -> None:
+    """The run's headline (`tts.results.headline`): about a dozen lines; `full` (`-v`): the
+    whole tables, as `<run>/summary.md` keeps them."""
+    from tts.results.headline import SUMMARY_MD, headline, summary_markdown
     from tts.results.host import host_line
     from tts.results.store import RunStore
-    from tts.results.tree import plain_lines
 
-    summary = RunStore(path).summary()
+    store = RunStore(path)
+    summary = store.summary()
     out = Console()
-    line = host_line(summary.get("host"))
-    out.print(line, soft_wrap=True, highlight=False, markup=False)
+    text = lambda line: out.print(line, soft_wrap=True, highlight=False, markup=False)  # noqa: E731
+    text(host_line(summary.get("host")))
     if "ceiling" in summary:
-        out.print(summary["ceiling_table_md"], soft_wrap=True, highlight=False, markup=False)
-        out.print(f"results: {path}", soft_wrap=True)
+        text(summary["ceiling_table_md"])
+        text(f"results: {path}")
         _paths(out, path, log)
         return
-    table = Table(title="tts bench summary")
-    names = list(summary["variants"])
-    table.add_column("metric")
-    for n in names:
-        table.add_column(n, justify="right")
-    keys = ["num_problems", "precise_goodput", "latency_s_mean", "generator_s_mean", "verifier_s_mean",
-            "tokens_per_s", "problems_per_min", "acc_majority", "acc_weighted", "acc_prm_max", "pass@n",
-            "gen_cache_hit_rate", "ver_cache_hit_rate", "gen_batch_util_mean", "ver_batch_util_mean",
-            "straggler_gap", "spec_hit_rate"]
-    for k in keys:
-        variants = [summary["variants"][n] for n in names]
-        if all(v.get(k) is None for v in variants):
-            continue
-        table.add_row(k, *[_cell(v, k) for v in variants])
-    out.print(table)
+    for line in (summary_markdown(summary).splitlines() if full else headline(summary, store.saved_config())):
+        text(line)
     skipped = summary.get("skipped") or []
     if skipped:
         listed = ", ".join(f"{s['problem_id']} ({s['prompt_tokens']} > {s['limit']} tokens)" for s in skipped[:5])
-        out.print(f"skipped {len(skipped)} problem(s), prompt longer than the engines hold: {listed}"
-                  + (", ..." if len(skipped) > 5 else "") + " (skipped.json)", soft_wrap=True, highlight=False)
-    if "ratio_table_md" in summary:
-        out.print(line, soft_wrap=True, highlight=False, markup=False)
-        out.print(summary["ratio_table_md"], soft_wrap=True, highlight=False, markup=False)
-    for text in plain_lines(summary):  # the tree beside the schedule, the verifier beside chance
-        out.print(text, soft_wrap=True, highlight=False, markup=False)
-    out.print(f"results: {path}", soft_wrap=True)
+        text(f"skipped {len(skipped)} problem(s), prompt longer than the engines hold: {listed}"
+             + (", ..." if len(skipped) > 5 else "") + " (skipped.json)")
+    text(f"results: {path}" + ("" if full else f" (full tables: {path / SUMMARY_MD}; `tts bench -v` or `tts report {path}` prints them)"))
     _paths(out, path, log)
-
-
-def _cell(variant: dict, key: str) -> str:
-    """A summary value; an accuracy with its 95% interval (`<key>_ci`)."""
-    value, interval = variant.get(key), variant.get(f"{key}_ci")
-    if value is None:
-        return "-"
-    if interval:
-        return f"{value:.3g} [{interval[0]:.2f}, {interval[1]:.2f}]"
-    return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
 def _paths(out: Console, path: Path, log: Path | None) -> None:
@@ -363,6 +338,8 @@ def run_report(runs: list[Path], baseline: str | None, out: Path | None) -> int:
         what = ("cannot tell whether the hosts match" if warning.endswith("host not recorded")
                 else "runs from different hosts or dtypes, ratios do not compare")
         console.print(f"[yellow]warning:[/yellow] {what}: {escape(warning)}")
+    if len(runs) == 1 and (Path(runs[0]) / "summary.json").is_file():  # one local run: its full tables
+        print_summary(Path(runs[0]), full=True)
     Console().print(f"report written to {path}")
     return 0
 

@@ -383,6 +383,9 @@ def write_summary(store: RunStore, names: list[str], step_logs: dict[str, dict],
         summary["statistics_errors"] = STATISTICS_ERRORS.copy()
         STATISTICS_ERRORS.clear()
     store.write_summary(summary)
+    from tts.results.headline import write_summary_markdown
+
+    write_summary_markdown(store.path, summary)
     from tts.results.plots import make_plots
     plots = make_plots(store, summary, step_logs)
     return summary, plots

@@ -1,0 +1,101 @@
+"""What a run says on the terminal, and the full tables it keeps beside it.
+
+A run ends with a headline of about a dozen lines a newcomer can trust: where it ran and
+what, each variant's accuracy with its interval, the key speed ratios with their paired
+intervals and the pairs they rest on, the tree line and the verifier line (`tree.py`), and
+where the full tables are. The full per-variant table and ratio table go to
+`<run>/summary.md` (`summary_markdown`); `tts bench -v` and `tts report RUN` print them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tts.results.tree import plain_lines
+
+SUMMARY_MD = "summary.md"
+# the ratios the headline shows, by their summary key, with a short name
+KEY_RATIOS = (("precise_goodput", "goodput"), ("latency_s_mean", "latency"), ("problems_per_min", "problems/min"),
+              ("total_gen_tokens", "tokens"), ("verifier_s_mean", "verifier time"))
+VARIANT_KEYS = ("num_problems", "precise_goodput", "latency_s_mean", "generator_s_mean", "verifier_s_mean",
+                "tokens_per_s", "problems_per_min", "acc_majority", "acc_weighted", "acc_prm_max", "pass@n",
+                "gen_cache_hit_rate", "ver_cache_hit_rate", "gen_batch_util_mean", "ver_batch_util_mean",
+                "straggler_gap", "spec_hit_rate")
+
+
+def cell(variant: dict, key: str) -> str:
+    """A summary value; an accuracy with its 95% interval (`<key>_ci`)."""
+    value, interval = variant.get(key), variant.get(f"{key}_ci")
+    if value is None:
+        return "-"
+    if interval:
+        return f"{value:.3g} [{interval[0]:.2f}, {interval[1]:.2f}]"
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def summary_markdown(summary: dict) -> str:
+    """The run's full tables as Markdown: every variant's metrics, the ratio table, the tree
+    and verifier lines."""
+    names = list(summary["variants"])
+    lines = ["| metric | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for key in VARIANT_KEYS:
+        values = [summary["variants"][n] for n in names]
+        if any(v.get(key) is not None for v in values):
+            lines.append(f"| {key} | " + " | ".join(cell(v, key) for v in values) + " |")
+    parts = ["\n".join(lines)]
+    if summary.get("ratio_table_md"):
+        parts.append(summary["ratio_table_md"])
+    parts.append("\n".join(plain_lines(summary)))
+    return "\n\n".join(p for p in parts if p) + "\n"
+
+
+def write_summary_markdown(path: Path, summary: dict) -> Path:
+    out = path / SUMMARY_MD
+    out.write_text(summary_markdown(summary))
+    return out
+
+
+def headline(summary: dict, config: dict) -> list[str]:
+    """The run in about a dozen lines (after the host line, which the caller prints)."""
+    names = list(summary["variants"])
+    out = [_what_ran(summary, config, names)]
+    acc = _accuracy_key(summary["variants"][names[0]])
+    if acc:
+        out.append(f"accuracy ({acc.removeprefix('acc_')}), 95% interval: "
+                   + "; ".join(f"{n} {cell(summary['variants'][n], acc)}" for n in names))
+    rows = {r.get("key"): r for r in summary.get("ratios", []) if r.get("key")}
+    base = names[0]
+    for name in names[1:]:
+        parts = [f"{short} {_ratio(rows.get(key), name, base)}" for key, short in KEY_RATIOS if rows.get(key)]
+        pairs = next((r.get("n_pairs", {}).get(name) for r in rows.values() if r.get("n_pairs")), None)
+        out.append(f"{name}/{base}: " + ", ".join(parts) + (f" ({pairs} pairs)" if pairs else ""))
+    out.extend(plain_lines(summary))
+    return out
+
+
+def _what_ran(summary: dict, config: dict, names: list[str]) -> str:
+    search, dataset = config.get("search") or {}, config.get("dataset") or {}
+    seeds = summary.get("seeds") or []
+    n = summary["variants"][names[0]].get("num_problems", 0)
+    per_seed = f" x {len(seeds)} seeds" if len(seeds) > 1 else ""
+    models = f"{(config.get('generator') or {}).get('model')} + {(config.get('verifier') or {}).get('model')}"
+    return (f"ran: {', '.join(names)} on {n} problems{per_seed} ({dataset.get('name')}), "
+            f"{search.get('algorithm')} N={search.get('n')} M={search.get('beam_width')}, {models}")
+
+
+def _accuracy_key(variant: dict) -> str | None:
+    for key in ("acc_weighted", "acc_majority"):
+        if variant.get(key) is not None:
+            return key
+    return None
+
+
+def _ratio(row: dict | None, name: str, base: str) -> str:
+    """A ratio with its paired interval, or why it has none."""
+    value = (row or {}).get(f"{name}/{base}")
+    if not isinstance(value, (int, float)):
+        return "-"
+    ci = row.get(f"{name}/{base}_ci")
+    if ci:
+        return f"{value:.2f}x [{ci[0]:.2f}, {ci[1]:.2f}]"
+    return f"{value:.2f}x {row.get(f'{name}/{base}_ci_note') or 'n/a'}"
