@@ -82,7 +82,11 @@ def test_a_bound_above_the_measured_time_says_the_cost_model_does_not_fit(monkey
     model = CostModel(step_s=0.01, per_decode_seq_s=0.001, per_prefill_token_s=0.0001, steps=20, r2=0.29)
     s = {"latency_s_mean": 2.0}
     summary_mod.add_bounds(s, [{"metrics": {"latency_s": 2.0}}], {"generator": model, "verifier": None})
-    assert isinstance(s["bound_share"], str) and "does not fit" in s["bound_share"] and "r2 0.29" in s["bound_share"]
+    assert s["bound_share"] == 2.0  # kept as measured, for whatever reads the number
+    assert "does not fit" in s["bound_fit_note"] and "r2 0.29" in s["bound_fit_note"]
+    rows = summary_mod.ratio_table({"baseline": s}, "baseline")
+    share = next(r for r in rows if r.get("key") == "bound_share" or r["metric"].startswith("latency bound / latency"))
+    assert share["baseline"] == s["bound_fit_note"]  # the table says why there is no share
 
 
 def test_the_headline_is_short_and_the_full_tables_are_kept(tmp_path):
