@@ -5,7 +5,14 @@ import json
 
 import pytest
 
-from eval.verifier_quality import at_chance, auroc, final_auroc, speculation_vs_chance
+from eval.verifier_quality import (
+    at_chance,
+    auroc,
+    final_auroc,
+    selection_events,
+    selection_prediction,
+    speculation_vs_chance,
+)
 from tts.config.compose import compose
 from tts.results.tree import tree_line, tree_stats, verifier_line
 from tts.runner import run_bench
@@ -41,6 +48,47 @@ def test_a_verifier_at_chance_is_flagged():
     line = verifier_line({"auroc": good, "speculation": spec, "at_chance": True})
     assert "AT CHANCE" in line and "0.24 against 0.25 by chance" in line
     assert "AT CHANCE" not in verifier_line({"auroc": good, "speculation": None, "at_chance": False})
+
+
+def test_the_previous_score_against_selection_on_constructed_cases():
+    """Selection kept the two best of four by the new step's score. Where the previous score
+    ranks the same way, its top 2 are the kept 2 (hit rate 1 against chance 0.5, Spearman
+    with kept 2/sqrt(5)); where it ranks the other way, none; equal previous scores say nothing."""
+    kept = (True, True, False, False)
+    agree = selection_events([((0.9, 0.8, 0.2, 0.1), kept)])
+    assert agree["hits"] == [1.0] and agree["chance"] == [0.5]
+    assert agree["rho"][0] == pytest.approx(2 / 5 ** 0.5)
+    against = selection_events([((0.1, 0.2, 0.8, 0.9), kept)])
+    assert against["hits"] == [0.0] and against["rho"][0] == pytest.approx(-2 / 5 ** 0.5)
+    assert selection_events([((0.5,) * 4, kept)])["rho"] == [None]
+    assert selection_events([((0.5, 0.4), (True, True))]) == {"rho": [], "hits": [], "chance": []}
+    result = selection_prediction([agree, agree, against])
+    assert result["hit_rate"] == pytest.approx(2 / 3) and result["chance"] == 0.5
+    assert result["selections"] == 3 and result["n_problems"] == 3
+    assert result["hit_rate_ci"][0] <= 2 / 3 <= result["hit_rate_ci"][1]
+    assert result["hit_rate_ci"][0] == 0.0 and result["hit_rate_ci"][1] == 1.0  # 3 problems: all agree or none
+    assert selection_prediction([{}, {"rho": [], "hits": [], "chance": []}]) is None
+    coin = {"rho": 0.0, "rho_ci": None, "hit_rate": 0.27, "hit_rate_ci": None, "chance": 0.25, "selections": 9,
+            "n_problems": 3}
+    assert at_chance(None, None, coin) and not at_chance(None, None, {**coin, "hit_rate": 0.6})
+    line = verifier_line({"auroc": None, "selection": coin, "speculation": None, "at_chance": True})
+    assert "its top-k kept 0.27 against 0.25 by chance (9 selections)" in line and "AT CHANCE" in line
+
+
+def test_every_search_run_measures_the_previous_score_against_selection(tmp_path):
+    """Beam search on the fake backend: each record carries its selections, and the summary
+    the previous score's rank correlation and hit rate beside chance, for every variant."""
+    path = run_bench(compose("config", FAKE + [f"bench.results_dir={tmp_path}", "bench.run_name=s",
+                                               "bench.compare=[baseline,PMS]"]))
+    summary = json.loads((path / "summary.json").read_text())
+    for name in ("baseline", "PMS"):
+        selection = summary["variants"][name]["verifier_quality"]["selection"]
+        assert selection["selections"] > 0 and 0 < selection["chance"] < 1
+        assert 0.0 <= selection["hit_rate"] <= 1.0
+        assert "the previous step's score predicts selection" in summary["verifier_lines"][name]
+    records = [json.loads(line) for line in (path / "records.jsonl").read_text().splitlines()]
+    assert sum(len(r["selection"]["hits"]) for r in records if r["variant"] == "baseline") == summary["variants"]["baseline"][
+        "verifier_quality"]["selection"]["selections"]
 
 
 def test_tree_stats_and_line():

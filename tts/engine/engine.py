@@ -21,7 +21,7 @@ the metrics, which are events (`tts.metrics.events`) that one collector attribut
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tts.backends.base import Generator, Verifier
 from tts.config.schema import LookaheadScope
@@ -47,6 +47,7 @@ class ProblemOutcome:
     candidates: list[Beam]
     metrics: ProblemMetrics
     policy: SearchPolicy
+    selections: list = field(default_factory=list)  # ProblemSearch.selections
 
 
 @dataclass(frozen=True)
@@ -164,7 +165,7 @@ class Engine:
         metrics = self.collector.finish(ProblemFinished(
             problem.id, latency, tuple(b.num_tokens for b in candidates),
             tuple(b.completed_at or latency for b in candidates), hits, looked))
-        return ProblemOutcome(problem.input, candidates, metrics, self.policy)
+        return ProblemOutcome(problem.input, candidates, metrics, self.policy, problem.search.selections)
 
     def step_logs(self) -> dict[str, dict]:
         out = {name: log.summary() for name, log in self.collector.logs.items()}

@@ -61,6 +61,8 @@ def _scored(cands: list[Candidate]) -> bool:
 
 
 def build_record(outcome, gold: str, variant: str, extra: dict | None = None) -> dict:
+    from eval.verifier_quality import selection_events
+
     candidates = candidate_dicts(outcome)
     return {
         "variant": variant,
@@ -70,6 +72,7 @@ def build_record(outcome, gold: str, variant: str, extra: dict | None = None) ->
         **(extra or {}),
         "candidates": candidates,
         **grade_candidates(gold, candidates),
+        "selection": selection_events(getattr(outcome, "selections", ())),
         "metrics": outcome.metrics.to_dict(),
     }
 

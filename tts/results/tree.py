@@ -54,10 +54,15 @@ def verifier_line(quality: dict) -> str:
     parts = []
     au = quality.get("auroc")
     if au:
-        ci = f" [{au['ci'][0]:.2f}, {au['ci'][1]:.2f}]" if au.get("ci") else ""
-        parts.append(f"final-path AUROC {au['auroc']:.2f}{ci} ({au['n_right']} right, {au['n_wrong']} wrong paths)")
+        parts.append(f"final-path AUROC {au['auroc']:.2f}{_ci(au.get('ci'))} ({au['n_right']} right, {au['n_wrong']} wrong paths)")
     else:
         parts.append("final-path AUROC n/a (no problem with both right and wrong paths)")
+    sel = quality.get("selection")
+    if sel:
+        rho = "n/a" if sel["rho"] is None else f"{sel['rho']:.2f}{_ci(sel['rho_ci'])}"
+        parts.append(f"the previous step's score predicts selection: rank correlation {rho}, its top-k kept "
+                     f"{sel['hit_rate']:.2f}{_ci(sel['hit_rate_ci'])} against {sel['chance']:.2f} by chance "
+                     f"({sel['selections']} selections)")
     spec = quality.get("speculation")
     if spec:
         parts.append(f"speculation hit rate {spec['hit_rate']:.2f} against {spec['chance']:.2f} by chance")
@@ -68,11 +73,15 @@ def verifier_line(quality: dict) -> str:
     return line
 
 
+def _ci(ci: list[float] | None) -> str:
+    return f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
+
+
 def describe(summary: dict, by_variant: dict[str, list[dict]], config: dict) -> None:
     """Add to a run's summary each variant's tree (`tree`), its verifier quality
     (`verifier_quality`), and the plain lines: `tree_lines` (variants whose tree is not the
     first's) and `verifier_lines`."""
-    from eval.verifier_quality import at_chance, final_auroc, speculation_vs_chance
+    from eval.verifier_quality import at_chance, final_auroc, selection_prediction, speculation_vs_chance
 
     names = list(by_variant)
     variants = summary["variants"]
@@ -91,7 +100,9 @@ def describe(summary: dict, by_variant: dict[str, list[dict]], config: dict) -> 
             continue  # no verifier scored these paths (self-consistency), or records before grading kept them
         auroc = final_auroc(problems)
         spec = speculation_vs_chance(variants[name].get("spec_hit_rate"), kept_share)
-        quality = {"auroc": auroc, "speculation": spec, "at_chance": at_chance(auroc, spec)}
+        selection = selection_prediction([r.get("selection") or {} for r in by_variant[name]])
+        quality = {"auroc": auroc, "selection": selection, "speculation": spec,
+                   "at_chance": at_chance(auroc, spec, selection)}
         variants[name]["verifier_quality"] = quality
         summary["verifier_lines"][name] = verifier_line(quality)
 

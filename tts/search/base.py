@@ -44,6 +44,10 @@ class ProblemSearch:
     completed: list[Beam] = field(default_factory=list)
     iteration: int = 0
     done: bool = False
+    # each ranking selection made: (the candidates' path scores before their newest step,
+    # which of them it kept); how well the previous score predicts selection
+    # (`eval.verifier_quality.selection_prediction`), the bet speculation makes
+    selections: list[tuple[tuple[float, ...], tuple[bool, ...]]] = field(default_factory=list)
 
 
 class SearchPolicy(ABC):
@@ -135,13 +139,17 @@ class SearchPolicy(ABC):
             beams = (beams * (self.cfg.n // len(beams) + 1))[: self.cfg.n]
         return beams
 
-    def top_k(self, beams: list[Beam], k: int) -> list[Beam]:
+    def top_k(self, beams: list[Beam], k: int, search: ProblemSearch | None = None) -> list[Beam]:
         """The k best by path score, in their order; ties keep the earlier beam. The rest
-        are marked pruned."""
+        are marked pruned. With `search`, the selection is noted in `search.selections`
+        when it kept some and not all, and every candidate has a previous step."""
         keep = {id(b) for b in self.ranked(beams, k)}
         for beam in beams:
             if id(beam) not in keep:
                 beam.state = BeamState.PRUNED
+        if search is not None and 0 < len(keep) < len(beams) and all(b.depth >= 2 for b in beams):
+            search.selections.append((tuple(aggregate(b.scores[:-1], self.cfg.aggregation) for b in beams),
+                                      tuple(id(b) in keep for b in beams)))
         return [b for b in beams if id(b) in keep]
 
     def dedup(self, beams: list[Beam]) -> list[Beam]:

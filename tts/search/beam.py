@@ -11,7 +11,7 @@ class BeamSearch(SearchPolicy):
 
     def select(self, search: ProblemSearch, now: float) -> None:
         active = self.dedup(self.finish_completed(search, now))
-        kept = self.top_k(active, self.cfg.n // self.cfg.beam_width)
+        kept = self.top_k(active, self.cfg.n // self.cfg.beam_width, search)
         search.frontier = expand(kept, self.cfg.n)
 
     def rejection_cut(self, search: ProblemSearch) -> int:

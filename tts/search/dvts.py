@@ -27,7 +27,7 @@ class DVTS(SearchPolicy):
             groups.setdefault(beam.group, []).append(beam)
         frontier = []
         for group in groups.values():
-            best = self.top_k(group, 1)[0]
+            best = self.top_k(group, 1, search)[0]
             if best.is_finished_path or last:
                 best.state = BeamState.COMPLETE
                 best.completed_at = now

@@ -26,7 +26,7 @@ class DynamicBranching(SearchPolicy):
 
     def select(self, search: ProblemSearch, now: float) -> None:
         active = self.dedup(self.finish_completed(search, now))
-        kept = self.top_k(active, self.cfg.n // self.cfg.beam_width)
+        kept = self.top_k(active, self.cfg.n // self.cfg.beam_width, search)
         counts = branch_counts([self.path_score(b) for b in kept], self.cfg.n)
         frontier: list[Beam] = []
         for beam, count in zip(kept, counts):
