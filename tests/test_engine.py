@@ -247,6 +247,23 @@ def test_duplicate_truncate_rule_exact():
     assert truncate_len(20, 1.7, 0.0, rng) == 20  # clipped to [0, 1]
 
 
+def test_a_duplicate_always_samples_some_of_its_own_step():
+    """The paper's rule keeps the whole step on a draw near 1 (for 10 tokens, any draw at or
+    above 0.95), and the duplicate is child 0's clone; with `own_min` it samples at least
+    that many tokens of its own, whatever the draw."""
+    rng = random.Random(0)
+    assert truncate_len(10, 1.0, 0.0, rng) == 10  # own_min 0: Algorithm 1 as written, a clone
+    assert truncate_len(10, 1.0, 0.0, rng, own_min=4) == 6
+    assert truncate_len(10, 0.5, 0.0, rng, own_min=4) == 5  # the draw already leaves enough
+    assert truncate_len(3, 0.85, 0.0, rng, own_min=4) == 0  # a step shorter than that: all its own
+    draws = [truncate_len(10, 0.85, 0.1, rng, own_min=4) for _ in range(2000)]
+    assert max(draws) == 6 and min(draws) < 6
+    parent = Beam("p", (1,), seed=5, spec_tokens=tuple(range(10)))
+    orig, dup = parent.fork(5), parent.fork(6)
+    inherit_speculation([orig, dup], {parent.uid: parent}, 1.0, 0.0, rng, step_lens={parent.uid: 10}, own_min=4)
+    assert orig.spec_tokens == tuple(range(10)) and dup.spec_tokens == tuple(range(6))
+
+
 def test_duplicates_keep_a_fraction_of_the_next_step_not_of_all_the_run_on():
     """Run-on tokens may hold more than the next step; a duplicate keeps a fraction of that
     step only, so it diverges within it instead of starting as a copy of child 0's step."""
@@ -273,15 +290,15 @@ def test_engine_cuts_duplicates_at_the_speculative_next_step(monkeypatch):
     seen = []
     real = barrier.inherit_speculation
 
-    def spy(children, parents, ratio, std, rng, step_lens=None):
-        out = real(children, parents, ratio, std, rng, step_lens)
+    def spy(children, parents, ratio, std, rng, step_lens=None, own_min=0):
+        out = real(children, parents, ratio, std, rng, step_lens, own_min)
         seen.append(({uid: p.spec_tokens for uid, p in parents.items()}, dict(step_lens or {}),
                      [(c.parent, c.seed == parents[c.parent].seed, c.spec_tokens) for c in children]))
         return out
 
     monkeypatch.setattr(barrier, "inherit_speculation", spy)
     run(endless, n=4, m=2, iters=4, eos_at_depth_limit=False, speculative=True,
-        spec_truncate_ratio=1.0, spec_truncate_std=0.0)
+        spec_truncate_ratio=1.0, spec_truncate_std=0.0, spec_own_min_tokens=0)  # the paper's rule
     past_the_step = 0
     for spec_of, step_lens, children in seen:
         for parent, original, got in children:

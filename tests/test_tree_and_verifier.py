@@ -14,7 +14,7 @@ from eval.verifier_quality import (
     speculation_vs_chance,
 )
 from tts.config.compose import compose
-from tts.results.tree import tree_line, tree_stats, verifier_line
+from tts.results.tree import diversity, tree_line, tree_stats, verifier_line
 from tts.runner import run_bench
 
 FAKE = ["generator=fake", "verifier=fake", "logger=none", "dataset.first_k=3", "search.n=4",
@@ -91,12 +91,24 @@ def test_every_search_run_measures_the_previous_score_against_selection(tmp_path
         "verifier_quality"]["selection"]["selections"]
 
 
+def test_diversity_counts_clones_and_distinct_answers():
+    cands = [{"text": t, "answer": a} for t, a in (("x", "1"), ("x", "1"), ("y", "1"), ("z", None), ("x", "1"))]
+    one = {"candidates": cands}
+    other = {"candidates": [{"text": "p", "answer": "2"}, {"text": "q", "answer": "3"}]}
+    assert diversity([one]) == {"identical_candidates_mean": 3, "unique_answers_mean": 1}
+    assert diversity([one, other]) == {"identical_candidates_mean": 1.5, "unique_answers_mean": 1.5}
+    assert diversity([]) == {}
+    base = {"iterations": 4, "identical_candidates_mean": 1.0}
+    line = tree_line("PMS", {**base, "identical_candidates_mean": 5.0}, base, 0.5, "vllm")
+    assert "5.0 identical final candidates per problem against 1.0" in line
+
+
 def test_tree_stats_and_line():
     records = [{"metrics": {"iterations": 4, "ver_requests": 10},
-                "candidates": [{"num_steps": 2, "num_tokens": 40}, {"num_steps": 4, "num_tokens": 40}]}]
+                "candidates": [{"num_steps": 2, "num_tokens": 40, "text": "a"}, {"num_steps": 4, "num_tokens": 40, "text": "b"}]}]
     stats = tree_stats(records)
     assert stats == {"iterations": 4, "steps_per_path": 3.0, "tokens_per_step": pytest.approx(80 / 6),
-                     "verifier_calls": 10}
+                     "verifier_calls": 10, "identical_candidates_mean": 0, "unique_answers_mean": 0}
     longer = {**stats, "iterations": 2.0, "tokens_per_step": 2 * stats["tokens_per_step"]}
     line = tree_line("PMS", longer, stats, 0.5, "vllm")
     assert line.startswith("PMS grew a different tree (0.5x iterations") and "2x tokens per step" in line
@@ -108,9 +120,12 @@ def test_tree_stats_and_line():
 @pytest.mark.parametrize("variant, differs", [("PMS_exact", False), ("PMS", True)])
 def test_the_tree_line_appears_only_when_the_trees_differ(tmp_path, variant, differs):
     """On the fake backend, PMS_exact keeps the baseline's tree (resumable sampling), and
-    PMS's duplicates restart inside child 0's step: another tree."""
+    PMS's duplicates restart inside child 0's step (the paper's rule): another tree."""
+    # the fake's steps are short ("d1 w3.\n\n"): a duplicate that samples its last 4 tokens
+    # samples the step it would have anyway, so PMS keeps the tree; Algorithm 1 as written
+    # (spec_own_min_tokens=0) keeps whole steps on high draws, and the tree moves
     path = run_bench(compose("config", FAKE + [f"bench.results_dir={tmp_path}", "bench.run_name=r",
-                                               f"bench.compare=[baseline,{variant}]"]))
+                                               f"bench.compare=[baseline,{variant}]", "optim.spec_own_min_tokens=0"]))
     summary = json.loads((path / "summary.json").read_text())
     assert bool(summary["tree_lines"]) == differs, summary["tree_lines"]
     assert summary["variants"][variant]["tree"]["iterations"] > 0
@@ -144,7 +159,8 @@ def test_the_headline_is_short_and_the_full_tables_are_kept(tmp_path):
 
     from cli.main import app
 
-    args = ["bench", *FAKE, f"bench.results_dir={tmp_path}", "bench.run_name=h", "bench.compare=[baseline,PMS]"]
+    args = ["bench", *FAKE, f"bench.results_dir={tmp_path}", "bench.run_name=h", "bench.compare=[baseline,PMS]",
+            "optim.spec_own_min_tokens=0"]  # the paper's rule: another tree (see above)
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     lines = [line for line in result.output.splitlines() if line.strip()]

@@ -83,7 +83,7 @@ def engine_options(cfg: Config, optim: OptimConfig) -> EngineOptions:
         ordering="prefix_aware" if optim.prefix_aware else optim.request_order,
         spec_max_tokens=optim.spec_max_tokens, spec_batch_cap=spec_batch_cap(cfg, optim),
         spec_truncate_ratio=optim.spec_truncate_ratio,
-        spec_truncate_std=optim.spec_truncate_std, spec_branches=optim.spec_branches, spec_prune=optim.spec_prune,
+        spec_truncate_std=optim.spec_truncate_std, spec_own_min_tokens=optim.spec_own_min_tokens, spec_branches=optim.spec_branches, spec_prune=optim.spec_prune,
         temperature=cfg.generator.temperature if cfg.search.temperature is None else cfg.search.temperature,
         top_p=cfg.generator.top_p, fresh_cache_per_problem=cfg.bench.fresh_cache_per_problem,
         adaptive=AdaptiveOptions(

@@ -151,6 +151,11 @@ class OptimConfig:
     roofline_memory: bool = False  # M: roofline-guided KV split
     spec_truncate_ratio: float = 0.85  # R: mean kept fraction of speculative tokens on duplicates
     spec_truncate_std: float = 0.1
+    # a duplicate samples at least this many tokens of its own step (its end token counted):
+    # kept at most step - this. Without it a draw near 1 keeps child 0's whole step (for a
+    # 10-token step, a draw at or above 0.95: about 16% of duplicates), the duplicate is a
+    # clone, and selection keeps the copies together. 0: Algorithm 1 exactly as written
+    spec_own_min_tokens: int = 4
     # speculate by branches: a finished beam starts one request per child it may have
     # (up to its bin's B - j + 1), child k's seed, so children adopt exactly their own
     # next step; false = the paper's run-on with truncated copies for duplicates
@@ -188,6 +193,7 @@ class OptimConfig:
         _require(0.0 <= self.spec_truncate_ratio <= 1.0, "optim.spec_truncate_ratio", "must be in [0, 1]")
         _require(self.spec_batch_cap >= -1, "optim.spec_batch_cap", "must be -1 (auto), 0 (batch cap) or >= 1")
         _require(self.spec_truncate_std >= 0.0, "optim.spec_truncate_std", "must be >= 0")
+        _require(self.spec_own_min_tokens >= 0, "optim.spec_own_min_tokens", "must be >= 0")
         _require(not (self.spec_branches and not self.speculative), "optim.spec_branches",
                  "needs optim.speculative=true")
         _require(not (self.lookahead and not self.speculative), "optim.lookahead",

@@ -387,7 +387,7 @@ class BarrierSchedule(Schedule):
             step_lens = {uid: self._spec_step_len(b, search) for uid, b in parents.items()
                          if b.spec_tokens and not b.spec_branches}
             inherit_speculation(search.frontier, parents, self.opts.spec_truncate_ratio,
-                      self.opts.spec_truncate_std, p.rng, step_lens)
+                      self.opts.spec_truncate_std, p.rng, step_lens, self.opts.spec_own_min_tokens)
         for beam in parents.values():
             beam.spec_branches = {}  # handed down; the tokens live on in the children
             if beam.state is not BeamState.ACTIVE:

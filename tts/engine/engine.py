@@ -64,6 +64,7 @@ class EngineOptions:
     spec_batch_cap: int = 0  # 0 = the generator's batch cap
     spec_truncate_ratio: float = 0.85
     spec_truncate_std: float = 0.1
+    spec_own_min_tokens: int = 4  # a duplicate samples at least this many of its own step
     spec_branches: bool = False  # speculate child k's step with child k's seed (exact)
     spec_prune: bool = False  # stop the speculation of beams selection cannot keep (barrier.py)
     temperature: float = 0.8

@@ -5,7 +5,8 @@ into B bins (B = the branching factor), bin 1 the highest, and a beam in bin j m
 up to B - j + 1 speculative branches. After selection the original child (child 0, same
 seed) keeps all of its parent's speculative tokens; each duplicate keeps a prefix of the
 speculative *next step* whose length is a fraction drawn around R of that step, so
-duplicates start ahead yet diverge within it. (Run-on speculation may run past the next
+duplicates start ahead yet diverge within it; a duplicate always samples at least
+`spec_own_min_tokens` of its own step, or a draw near 1 would make it child 0's clone. (Run-on speculation may run past the next
 step while stragglers finish; a fraction of all those tokens would often hold child 0's
 whole next step, and the duplicates would start as copies of child 0.) With
 speculative branches (`IterationGeneration(spec_branches=True)`) each child inherits its own
@@ -37,18 +38,20 @@ def spec_priorities(prev_scores: Sequence[float | None], bins: int) -> list[int]
     return out
 
 
-def truncate_len(n: int, ratio: float, std: float, rng: random.Random) -> int:
-    """How many of n speculative tokens a duplicate keeps: round(n * clip(N(R, std), 0, 1))."""
+def truncate_len(n: int, ratio: float, std: float, rng: random.Random, own_min: int = 0) -> int:
+    """How many of a step's n speculative tokens a duplicate keeps: round(n * clip(N(R, std),
+    0, 1)), and at most n - own_min, so that it samples at least `own_min` tokens of its own
+    (0: the paper's rule, which can keep the whole step and make the duplicate a clone)."""
     frac = min(1.0, max(0.0, rng.gauss(ratio, std) if std > 0 else ratio))
-    return int(round(n * frac))
+    return min(int(round(n * frac)), max(0, n - own_min))
 
 
 def inherit_speculation(children: Sequence[Beam], parents: dict[int, Beam], ratio: float, std: float,
-              rng: random.Random, step_lens: dict[int, int] | None = None) -> tuple[int, int]:
+              rng: random.Random, step_lens: dict[int, int] | None = None, own_min: int = 0) -> tuple[int, int]:
     """Give each child its parent's speculative tokens (all for child 0, a prefix for
     duplicates). `step_lens[parent uid]` is how many of the parent's speculative tokens
     make its next step (its end token included; absent: all of them); a duplicate keeps
-    `truncate_len` of that many. A parent with speculative branches gives each child its
+    `truncate_len` of that many, sampling at least `own_min` of its own. A parent with speculative branches gives each child its
     own branch whole, and nothing to a child without one. Returns (tokens handed down in
     full, tokens handed down truncated)."""
     full = trunc = 0
@@ -66,7 +69,7 @@ def inherit_speculation(children: Sequence[Beam], parents: dict[int, Beam], rati
             full += len(spec)
         else:
             step = min(len(spec), (step_lens or {}).get(parent.uid, len(spec)))
-            k = truncate_len(step, ratio, std, rng)
+            k = truncate_len(step, ratio, std, rng, own_min)
             child.spec_tokens = spec[:k]
             trunc += k
     return full, trunc

@@ -12,6 +12,7 @@ from tts.metrics.cost_model import (COST, CostModel, CostSums, above_bound, fit,
                                      work_of)
 from tts.results.records import accuracy_summary, pair_key, paired_accuracy
 from tts.results.store import RunStore
+from tts.results.tree import describe, diversity
 
 # (summary key, label, higher is better)
 RATIO_METRICS = [
@@ -49,6 +50,8 @@ RATIO_METRICS = [
     ("spec_hit_rate", "speculation hit rate", True),
     ("lookahead_hit_rate", "lookahead hit rate (scores used / scored ahead)", True),
     ("same_candidates", "final candidates = baseline's (share of problems)", True),
+    ("identical_candidates_mean", "final candidates identical to another (per problem)", False),
+    ("unique_answers_mean", "distinct answers among the final candidates (per problem)", True),
     ("above_bound_s", "wall time above the bound (s), of which:", False),
     ("above_host_s", "- host, outside any model step (Python, tokenizer, selection) (s)", False),
     ("above_gen_steps_s", "- generator steps beyond the fewest (stragglers, barriers) (s)", False),
@@ -354,7 +357,7 @@ def write_summary(store: RunStore, names: list[str], step_logs: dict[str, dict],
     summaries = {}
     for name, mine in by_variant.items():
         log = step_logs.get(name) or {k: v for k, v in old.get(name, {}).items() if k in ("generator", "verifier", KV_BLOCKS)}
-        summaries[name] = variant_summary(mine, log or None, variant_wall(mine, name) or None)
+        summaries[name] = variant_summary(mine, log or None, variant_wall(mine, name) or None) | diversity(mine)
     models = cost_models(summaries)  # on every variant's steps: bounds need them all first
     concurrency = int((store.saved_config().get("bench") or {}).get("concurrency") or 1)
     raw = store.raw_generator()
@@ -378,8 +381,6 @@ def write_summary(store: RunStore, names: list[str], step_logs: dict[str, dict],
         rows = ratio_table(summaries, names[0], by_variant)
         summary["ratios"] = rows
         summary["ratio_table_md"] = format_table(rows, names, names[0])
-    from tts.results.tree import describe
-
     guarded("tree and verifier", describe, summary, by_variant, store.saved_config())
     if STATISTICS_ERRORS:
         summary["statistics_errors"] = STATISTICS_ERRORS.copy()

@@ -10,6 +10,7 @@ quality (`eval.verifier_quality`) in one line, flagged when it cannot be told fr
 
 from __future__ import annotations
 
+from collections import Counter
 from statistics import fmean
 
 # the presets that keep the baseline's tree: by branches (any sampler), or exactly where
@@ -29,7 +30,21 @@ def tree_stats(records: list[dict]) -> dict:
         "steps_per_path": fmean(steps) if steps else 0.0,
         "tokens_per_step": (sum(c.get("num_tokens") or 0 for c in paths) / sum(steps)) if sum(steps) else 0.0,
         "verifier_calls": fmean(r["metrics"].get("ver_requests", 0) for r in records),
+        **diversity(records),
     }
+
+
+def diversity(records: list[dict]) -> dict:
+    """How diverse a variant's final candidates are, per problem on average: how many are
+    textually identical to another candidate (clones: identical paths score the same, so
+    selection keeps the copies together and the beam's width collapses) and how many
+    distinct answers they give (no answer counts as none). Empty without candidates."""
+    per = [r["candidates"] for r in records if r.get("candidates")]
+    if not per:
+        return {}
+    clones = [sum(n for n in Counter(c["text"] for c in cands).values() if n > 1) for cands in per]
+    answers = [len({c.get("answer") for c in cands} - {None}) for cands in per]
+    return {"identical_candidates_mean": fmean(clones), "unique_answers_mean": fmean(answers)}
 
 
 def tree_line(name: str, mine: dict, base: dict, same_share: float | None, sampler: str) -> str | None:
@@ -42,6 +57,9 @@ def tree_line(name: str, mine: dict, base: dict, same_share: float | None, sampl
                        ("tokens_per_step", "tokens per step"), ("verifier_calls", "verifier calls")):
         if base.get(key):
             parts.append(f"{mine[key] / base[key]:.2g}x {label}")
+    if "identical_candidates_mean" in mine and "identical_candidates_mean" in base:
+        parts.append(f"{mine['identical_candidates_mean']:.1f} identical final candidates per problem "
+                     f"against {base['identical_candidates_mean']:.1f}")
     keeper = KEEPS_TREE.get(sampler, KEEPS_TREE["vllm"])
     return (f"{name} grew a different tree ({', '.join(parts)}; the same final candidates on "
             f"{same_share:.0%} of problems): its speed is a different search, not only a faster "
