@@ -129,12 +129,15 @@ def speculation_vs_chance(hit_rate: float | None, kept_share: float) -> dict | N
     return {"hit_rate": hit_rate, "chance": kept_share, "at_chance": abs(hit_rate - kept_share) <= CHANCE_MARGIN}
 
 
-def at_chance(auroc_result: dict | None, speculation: dict | None, selection: dict | None = None) -> bool:
-    """Whether the verifier cannot be told from a coin: its AUROC interval holds 0.5, the
-    previous score's top-k hit rate is within `CHANCE_MARGIN` of chance, or speculation
-    hits at its chance rate."""
+def at_chance(auroc_result: dict | None, speculation: dict | None, selection: dict | None = None) -> list[str]:
+    """Which measures cannot tell the verifier from a coin (empty: none): its AUROC interval
+    holds 0.5, the previous score's top-k hit rate is within `CHANCE_MARGIN` of chance, or
+    speculation hits at its chance rate."""
+    why = []
     if auroc_result is not None and auroc_result.get("ci") and auroc_result["ci"][0] <= 0.5 <= auroc_result["ci"][1]:
-        return True
+        why.append("the final-path AUROC's interval holds 0.5")
     if selection is not None and abs(selection["hit_rate"] - selection["chance"]) <= CHANCE_MARGIN:
-        return True
-    return bool(speculation and speculation["at_chance"])
+        why.append("the previous score's top k are kept at the chance rate")
+    if speculation and speculation["at_chance"]:
+        why.append("speculation hits at the chance rate")
+    return why

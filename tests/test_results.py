@@ -446,7 +446,8 @@ def test_a_verifier_vllm_cannot_serve_from_the_cache_says_so_instead_of_a_zero_h
     config["verifier"].update(backend="vllm", adapter="math_shepherd")
     (path / "config.yaml").write_text(yaml.safe_dump(config))
     summary, _ = write_summary(store, ["baseline", "P"], store.step_logs(), None)
-    assert all(v["ver_cache_hit_rate"] == NOT_CACHED for v in summary["variants"].values())
+    assert all(v["ver_cache_hit_rate"] is None and v["ver_cache_hit_rate_note"] == NOT_CACHED
+               for v in summary["variants"].values())  # no number, and the reason beside it
     row = next(r for r in summary["ratios"] if r["metric"] == "verifier prefix-cache hit rate")
     assert row["P"] == NOT_CACHED and "P/baseline" not in row
     assert f"| verifier prefix-cache hit rate | {NOT_CACHED} | {NOT_CACHED} | - |" in summary["ratio_table_md"]

@@ -45,9 +45,15 @@ def test_a_verifier_at_chance_is_flagged():
     good = {"auroc": 0.8, "ci": [0.7, 0.9], "n_right": 10, "n_wrong": 30, "n_problems": 8}
     assert not at_chance(good, speculation_vs_chance(0.6, 0.25))
     assert at_chance({**good, "ci": [0.45, 0.7]}, None)
-    line = verifier_line({"auroc": good, "speculation": spec, "at_chance": True})
-    assert "AT CHANCE" in line and "0.24 against 0.25 by chance" in line
+    why = at_chance(good, spec)
+    assert why == ["speculation hits at the chance rate"]
+    line = verifier_line({"auroc": good, "speculation": spec, "at_chance": True, "at_chance_why": why})
+    assert "AT CHANCE (speculation hits at the chance rate)" in line and "0.24 against 0.25 by chance" in line
+    assert "speculation's priority cannot help" in line
     assert "AT CHANCE" not in verifier_line({"auroc": good, "speculation": None, "at_chance": False})
+    weak = {**good, "ci": [0.45, 0.7]}
+    line = verifier_line({"auroc": weak, "speculation": None, "at_chance_why": at_chance(weak, None)})
+    assert "AT CHANCE (the final-path AUROC's interval holds 0.5)" in line and "selection cannot help accuracy" in line
 
 
 def test_the_previous_score_against_selection_on_constructed_cases():
@@ -71,7 +77,7 @@ def test_the_previous_score_against_selection_on_constructed_cases():
     coin = {"rho": 0.0, "rho_ci": None, "hit_rate": 0.27, "hit_rate_ci": None, "chance": 0.25, "selections": 9,
             "n_problems": 3}
     assert at_chance(None, None, coin) and not at_chance(None, None, {**coin, "hit_rate": 0.6})
-    line = verifier_line({"auroc": None, "selection": coin, "speculation": None, "at_chance": True})
+    line = verifier_line({"auroc": None, "selection": coin, "speculation": None, "at_chance_why": at_chance(None, None, coin)})
     assert "its top-k kept 0.27 against 0.25 by chance (9 selections)" in line and "AT CHANCE" in line
 
 

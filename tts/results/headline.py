@@ -24,10 +24,11 @@ VARIANT_KEYS = ("num_problems", "precise_goodput", "latency_s_mean", "generator_
 
 
 def cell(variant: dict, key: str) -> str:
-    """A summary value; an accuracy with its 95% interval (`<key>_ci`)."""
+    """A summary value; an accuracy with its 95% interval (`<key>_ci`); where there is no
+    value, the note that says why (`<key>_note`), else "-"."""
     value, interval = variant.get(key), variant.get(f"{key}_ci")
     if value is None:
-        return "-"
+        return variant.get(f"{key}_note") or "-"
     if interval:
         return f"{value:.3g} [{interval[0]:.2f}, {interval[1]:.2f}]"
     return f"{value:.3g}" if isinstance(value, float) else str(value)

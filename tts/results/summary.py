@@ -203,7 +203,8 @@ NOT_CACHED = "not cached (vLLM)"
 
 def _mark_uncached_verifier(summaries: dict[str, dict], config: dict) -> None:
     """A verifier whose requests vLLM cannot serve from the prefix cache (prompt log-probs:
-    Math-Shepherd) has no hit rate: it says so instead of a 0 that reads as a cold cache."""
+    Math-Shepherd) has no hit rate: null, with a note that says why (`<key>_note`, which the
+    tables print in its place) instead of a 0 that reads as a cold cache."""
     from tts.backends.adapters import ADAPTERS
 
     verifier = config.get("verifier") or {}
@@ -211,7 +212,7 @@ def _mark_uncached_verifier(summaries: dict[str, dict], config: dict) -> None:
     if verifier.get("backend", "vllm") != "vllm" or adapter is None or adapter.reads_prefix_cache:
         return
     for summary in summaries.values():
-        summary["ver_cache_hit_rate"] = NOT_CACHED
+        summary["ver_cache_hit_rate"], summary["ver_cache_hit_rate_note"] = None, NOT_CACHED
 
 
 STATISTICS_ERRORS: list[str] = []  # what `guarded` caught while the summary was built
@@ -252,6 +253,8 @@ def ratio_table(summaries: dict[str, dict], baseline: str, records: dict[str, li
             value = s.get(key)
             if key in ("bound_share", "tree_bound_share") and s.get("bound_fit_note"):
                 value = s["bound_fit_note"]  # no bound: the cost model does not fit this run
+            elif value is None and s.get(f"{key}_note"):
+                value = s[f"{key}_note"]  # why there is no number
             row[name] = value
             if name != baseline and isinstance(value, (int, float)) and isinstance(base.get(key), (int, float)) \
                     and base[key]:

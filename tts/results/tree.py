@@ -85,9 +85,13 @@ def verifier_line(quality: dict) -> str:
     if spec:
         parts.append(f"speculation hit rate {spec['hit_rate']:.2f} against {spec['chance']:.2f} by chance")
     line = "; ".join(parts)
-    if quality.get("at_chance"):
-        line += (": AT CHANCE, so PRM-guided selection and speculation's priority cannot help, "
-                 "and a speed-up here is not FlashTTS's mechanism")
+    why = quality.get("at_chance_why") or []
+    if why:
+        line += f": AT CHANCE ({'; '.join(why)})"
+        if any("previous score" in w or "speculation" in w for w in why):
+            line += ", so speculation's priority cannot help, and a speed-up here is not FlashTTS's mechanism"
+        else:
+            line += ", so the final paths' scores do not tell right from wrong and selection cannot help accuracy"
     return line
 
 
@@ -119,8 +123,9 @@ def describe(summary: dict, by_variant: dict[str, list[dict]], config: dict) -> 
         auroc = final_auroc(problems)
         spec = speculation_vs_chance(variants[name].get("spec_hit_rate"), kept_share)
         selection = selection_prediction([r.get("selection") or {} for r in by_variant[name]])
-        quality = {"auroc": auroc, "selection": selection, "speculation": spec,
-                   "at_chance": at_chance(auroc, spec, selection)}
+        why = at_chance(auroc, spec, selection)
+        quality = {"auroc": auroc, "selection": selection, "speculation": spec, "at_chance": bool(why),
+                   "at_chance_why": why}
         variants[name]["verifier_quality"] = quality
         summary["verifier_lines"][name] = verifier_line(quality)
 
