@@ -47,7 +47,8 @@ def diversity(records: list[dict]) -> dict:
     return {"identical_candidates_mean": fmean(clones), "unique_answers_mean": fmean(answers)}
 
 
-def tree_line(name: str, mine: dict, base: dict, same_share: float | None, sampler: str) -> str | None:
+def tree_line(name: str, mine: dict, base: dict, same_share: float | None, sampler: str,
+              base_name: str = "baseline") -> str | None:
     """One plain line when `name`'s tree is not the first variant's (some problem's final
     candidates differ), with the ratios that say how; None when the trees are the same."""
     if same_share is None or same_share >= 1.0 or not mine or not base:
@@ -63,7 +64,7 @@ def tree_line(name: str, mine: dict, base: dict, same_share: float | None, sampl
     keeper = KEEPS_TREE.get(sampler, KEEPS_TREE["vllm"])
     return (f"{name} grew a different tree ({', '.join(parts)}; the same final candidates on "
             f"{same_share:.0%} of problems): its speed is a different search, not only a faster "
-            f"schedule; {keeper} keeps the baseline's tree")
+            f"schedule; {keeper} keeps the {base_name}'s tree")
 
 
 def verifier_line(quality: dict) -> str:
@@ -113,7 +114,8 @@ def describe(summary: dict, by_variant: dict[str, list[dict]], config: dict) -> 
     for name in names:
         variants[name]["tree"] = tree_stats(by_variant[name])
     summary["tree_lines"] = [line for name in names[1:] if (line := tree_line(
-        name, variants[name]["tree"], variants[names[0]]["tree"], variants[name].get("same_candidates"), sampler))]
+        name, variants[name]["tree"], variants[names[0]]["tree"], variants[name].get("same_candidates"), sampler,
+        names[0]))]
     summary["verifier_lines"] = {}
     for name in names:
         problems = [[(c.get("score"), ok) for c, ok in zip(r["candidates"], r["candidate_correct"])]
