@@ -123,21 +123,22 @@ def selection_prediction(problems: Sequence[dict]) -> dict | None:
 
 def speculation_vs_chance(hit_rate: float | None, kept_share: float) -> dict | None:
     """The speculation hit rate, its chance level (the share selection keeps) and whether it
-    is within `CHANCE_MARGIN` of it; None without speculation."""
+    is no more than `CHANCE_MARGIN` above it (below chance predicts no better); None without
+    speculation."""
     if hit_rate is None:
         return None
-    return {"hit_rate": hit_rate, "chance": kept_share, "at_chance": abs(hit_rate - kept_share) <= CHANCE_MARGIN}
+    return {"hit_rate": hit_rate, "chance": kept_share, "at_chance": hit_rate - kept_share <= CHANCE_MARGIN}
 
 
 def at_chance(auroc_result: dict | None, speculation: dict | None, selection: dict | None = None) -> list[str]:
     """Which measures cannot tell the verifier from a coin (empty: none): its AUROC interval
-    holds 0.5, the previous score's top-k hit rate is within `CHANCE_MARGIN` of chance, or
-    speculation hits at its chance rate."""
+    holds 0.5, the previous score's top-k hit rate is no more than `CHANCE_MARGIN` above
+    chance, or speculation's is (a rate below chance predicts no better than a coin)."""
     why = []
     if auroc_result is not None and auroc_result.get("ci") and auroc_result["ci"][0] <= 0.5 <= auroc_result["ci"][1]:
         why.append("the final-path AUROC's interval holds 0.5")
-    if selection is not None and abs(selection["hit_rate"] - selection["chance"]) <= CHANCE_MARGIN:
-        why.append("the previous score's top k are kept at the chance rate")
+    if selection is not None and selection["hit_rate"] - selection["chance"] <= CHANCE_MARGIN:
+        why.append("the previous score's top k are kept at or below the chance rate")
     if speculation and speculation["at_chance"]:
-        why.append("speculation hits at the chance rate")
+        why.append("speculation hits at or below the chance rate")
     return why

@@ -46,9 +46,10 @@ def test_a_verifier_at_chance_is_flagged():
     assert not at_chance(good, speculation_vs_chance(0.6, 0.25))
     assert at_chance({**good, "ci": [0.45, 0.7]}, None)
     why = at_chance(good, spec)
-    assert why == ["speculation hits at the chance rate"]
+    assert why == ["speculation hits at or below the chance rate"]
+    assert speculation_vs_chance(0.35, 0.5)["at_chance"]  # below chance is no better than a coin
     line = verifier_line({"auroc": good, "speculation": spec, "at_chance": True, "at_chance_why": why})
-    assert "AT CHANCE (speculation hits at the chance rate)" in line and "0.24 against 0.25 by chance" in line
+    assert "AT CHANCE (speculation hits at or below the chance rate)" in line and "0.24 against 0.25 by chance" in line
     assert "speculation's priority cannot help" in line
     assert "AT CHANCE" not in verifier_line({"auroc": good, "speculation": None, "at_chance": False})
     weak = {**good, "ci": [0.45, 0.7]}
