@@ -31,6 +31,7 @@ from eval.statistics import CONFIDENCE
 _RESAMPLES = 2000
 _SEED = 20261125
 CHANCE_MARGIN = 0.05  # a hit rate within this of chance is at chance
+AUROC_AT_CHANCE = "the final-path AUROC's interval holds 0.5"  # the one reason about selection, not ranking ahead
 
 
 def auroc(right: Sequence[float], wrong: Sequence[float]) -> float | None:
@@ -109,10 +110,10 @@ def selection_prediction(problems: Sequence[dict]) -> dict | None:
         return sum(values) / len(values) if values else 0.0
 
     every = list(range(len(events)))
-    rho = [v for p in events for v in p["rho"] if v is not None]
+    varied = any(v is not None for p in events for v in p["rho"])
     return {
-        "rho": sum(rho) / len(rho) if rho else None,
-        "rho_ci": _over_problems(every, lambda i: pooled(i, "rho")) if rho else None,
+        "rho": pooled(every, "rho") if varied else None,
+        "rho_ci": _over_problems(every, lambda i: pooled(i, "rho")) if varied else None,
         "hit_rate": pooled(every, "hits"),
         "hit_rate_ci": _over_problems(every, lambda i: pooled(i, "hits")),
         "chance": pooled(every, "chance"),
@@ -136,7 +137,7 @@ def at_chance(auroc_result: dict | None, speculation: dict | None, selection: di
     chance, or speculation's is (a rate below chance predicts no better than a coin)."""
     why = []
     if auroc_result is not None and auroc_result.get("ci") and auroc_result["ci"][0] <= 0.5 <= auroc_result["ci"][1]:
-        why.append("the final-path AUROC's interval holds 0.5")
+        why.append(AUROC_AT_CHANCE)
     if selection is not None and selection["hit_rate"] - selection["chance"] <= CHANCE_MARGIN:
         why.append("the previous score's top k are kept at or below the chance rate")
     if speculation and speculation["at_chance"]:

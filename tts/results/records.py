@@ -72,7 +72,7 @@ def build_record(outcome, gold: str, variant: str, extra: dict | None = None) ->
         **(extra or {}),
         "candidates": candidates,
         **grade_candidates(gold, candidates),
-        "selection": selection_events(getattr(outcome, "selections", ())),
+        "selection": selection_events(outcome.selections),
         "metrics": outcome.metrics.to_dict(),
     }
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections import Counter
 from statistics import fmean
 
+from eval.verifier_quality import AUROC_AT_CHANCE
+
 # the presets that keep the baseline's tree: by branches (any sampler), or exactly where
 # sampling is resumable (the position sampler, float32 or batch-invariant kernels)
 KEEPS_TREE = {"position": "PMS_exact", "vllm": "PMS_branches_prune"}
@@ -89,7 +91,7 @@ def verifier_line(quality: dict) -> str:
     why = quality.get("at_chance_why") or []
     if why:
         line += f": AT CHANCE ({'; '.join(why)})"
-        if any("previous score" in w or "speculation" in w for w in why):
+        if set(why) - {AUROC_AT_CHANCE}:  # the previous score or speculation ranks at chance
             line += ", so speculation's priority cannot help, and a speed-up here is not FlashTTS's mechanism"
         else:
             line += ", so the final paths' scores do not tell right from wrong and selection cannot help accuracy"
