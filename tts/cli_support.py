@@ -25,13 +25,13 @@ class Job:
 def compose_jobs(config_name: str, overrides: list[str], multirun: bool, resume: bool) -> list[Job]:
     """One composed config per sweep combination (one without -m); each job of a sweep
     writes its own folder under the sweep's folder."""
-    from tts.config.compose import compose, expand_sweep
+    from tts.config.compose import compose, config_sweep, expand_sweep
 
     if resume:
         overrides = overrides + ["bench.resume=true"]
     if any(_key(o) == "optim" for o in overrides) and not any(_key(o) == "bench.compare" for o in overrides):
         overrides = overrides + ["bench.compare=[]"]  # an engine chosen on the command line runs alone
-    combos = expand_sweep(overrides) if multirun else [overrides]
+    combos = expand_sweep(config_sweep(config_name, overrides)) if multirun else [overrides]
     if not multirun and any(_is_sweep(o) for o in overrides):
         raise ValueError(f"{[o for o in overrides if _is_sweep(o)]}: comma-separated values sweep; add -m")
     jobs = []
@@ -299,7 +299,7 @@ def run_replays(run: Path, overrides: list[str], multirun: bool, out: Path | Non
     from tts.results.store import RunStore
 
     try:
-        combos = expand_sweep(overrides) if multirun else [overrides]
+        combos = expand_sweep(config_sweep(config_name, overrides)) if multirun else [overrides]
         if not multirun and any(_is_sweep(o) for o in overrides):
             raise ValueError(f"{[o for o in overrides if _is_sweep(o)]}: comma-separated values sweep; add -m")
         base = out or Path(run).parent

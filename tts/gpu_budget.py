@@ -1,9 +1,11 @@
-"""A run's KV budget on a GPU: the card's free memory less what the models take.
+"""A run's KV budget: the card's free memory less what the models take, or a share of the
+search's working set.
 
 `tts bench` on a CUDA host with `memory.gpu_free_fraction` set sizes the engines' KV cache
 from the card itself (`tts.engine.memory_split.gpu_kv_budget`) instead of a fixed
 `memory.kv_cache_gib`; the run folder's config records the budget used, and `--resume`
-keeps it.
+keeps it. With `memory.working_set_fraction` the budget is that share of the search's KV
+working set (`tts.engine.memory_split.working_set_bytes`), on any host.
 """
 
 from __future__ import annotations
@@ -56,3 +58,28 @@ def _resumed_kv(cfg_node: DictConfig) -> float | None:
     if not isinstance(saved, dict) or saved.get("gpu_free_fraction") != cfg_node.memory.gpu_free_fraction:
         return None
     return saved.get("kv_cache_gib")
+
+
+def kv_budget(cfg_node: DictConfig) -> DictConfig:
+    """`cfg_node` with `memory.kv_cache_gib` the budget the run gets: `memory.working_set_fraction`
+    of the search's working set where it is set, else the GPU's share (`kv_on_this_gpu`), else
+    unchanged. ValueError when the working set's share is more than the GPU has."""
+    gpu = kv_on_this_gpu(cfg_node)
+    fraction = cfg_node.memory.get("working_set_fraction")
+    if fraction is None:
+        return gpu
+    import copy
+
+    from tts.backends.factory import GIB
+    from tts.engine.memory_split import working_set_bytes
+
+    working_set = working_set_bytes(validate(cfg_node)) / GIB
+    gib = fraction * working_set
+    if gpu is not cfg_node and gib > gpu.memory.kv_cache_gib:
+        raise ValueError(f"memory.working_set_fraction={fraction}: {gib:.2f} GiB of the working set's "
+                         f"{working_set:.2f} GiB is more than the {gpu.memory.kv_cache_gib:.2f} GiB of KV cache "
+                         "this GPU has (memory.gpu_free_fraction); lower the fraction, search.n or "
+                         "generator.max_total_tokens")
+    cfg_node = copy.deepcopy(cfg_node)
+    cfg_node.memory.kv_cache_gib = round(gib, 6)
+    return cfg_node

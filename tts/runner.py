@@ -24,7 +24,7 @@ from tts.config.limits import check_context
 from tts.config.schema import BackendKind, BenchMode, Config, EngineKind, OptimConfig, SearchConfig
 from tts.engine.adaptive import AdaptiveOptions
 from tts.engine.engine import Engine, EngineOptions, ProblemInput
-from tts.gpu_budget import kv_on_this_gpu
+from tts.gpu_budget import kv_budget
 from tts.metrics.collector import KV_BLOCKS, merge_step_logs
 from tts.problems import fit_prompts, load_problems_for
 from tts.replay.trace import TRACE, TraceRecorder
@@ -188,7 +188,7 @@ def run_bench(cfg_node: DictConfig, progress: Callable | None = None,
     if cfg.bench.mode is BenchMode.ceiling:  # times raw vLLM only: no device profile to measure
         from tts.benchmarks.ceiling import run_ceiling
         return run_ceiling(cfg_node, on_folder=on_folder)
-    here = kv_on_this_gpu(on_this_host(cfg_node))
+    here = kv_budget(on_this_host(cfg_node))
     if here is not cfg_node:
         cfg_node, cfg = here, validate(here)
     model_runner(cfg)  # before the first engine: vLLM chooses its runner once per process

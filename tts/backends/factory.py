@@ -107,10 +107,10 @@ class Backends:
         g = self.cfg.generator
         position = resolve_sampler(self.cfg) is Sampler.position
         if g.backend is BackendKind.fake:
-            from tts.backends.fake import FakeGenerator
+            from tts.backends.fake import FakeGenerator, cache_blocks
             # the fake's two modes are the two samplers' semantics
             return FakeGenerator(batch_cap=spec.max_num_seqs, sampling="context" if position else "stream",
-                                 batch_dependent=fake_inexact(g.dtype))
+                                 batch_dependent=fake_inexact(g.dtype), cache_blocks=cache_blocks(spec.kv_bytes))
         from tts.backends.vllm.generator import VllmGenerator, sampler_engine_kwargs
         # no local names the engine: a frame that outlives its call (a library that keeps a
         # traceback of an import done while the engine was built) would keep it alive
@@ -120,8 +120,8 @@ class Backends:
     def _make_verifier(self, spec: EngineSpec) -> Verifier:
         v = self.cfg.verifier
         if v.backend is BackendKind.fake:
-            from tts.backends.fake import FakeVerifier
-            return FakeVerifier()
+            from tts.backends.fake import FakeVerifier, cache_blocks
+            return FakeVerifier(cache_blocks=cache_blocks(spec.kv_bytes))
         from tts.backends.adapters import adapter_class, make_adapter
         from tts.backends.vllm.verifier import VllmVerifier, verifier_engine_kwargs
         name = v.adapter.value

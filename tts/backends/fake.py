@@ -38,6 +38,8 @@ from tts.backends.prefix_cache import PrefixCache
 EOS_CHAR = "\x03"
 EOS_ID = 3
 OFFSET = 16
+KV_BYTES_PER_TOKEN = 1024  # the fake model's KV per token: an engine's KV budget buys its cache blocks
+BLOCK = 4  # the fake engines' block, in tokens (characters)
 StepScript = Callable[[str, tuple[str, ...], int], str]
 Scorer = Callable[[str, tuple[str, ...]], float]
 
@@ -66,6 +68,11 @@ def answering_script(problem: str, steps: tuple[str, ...], seed: int) -> str:
     if len(steps) >= 2 and seed % 2 == 0:
         return f"\\boxed{{{seed % 3}}}{EOS_CHAR}"
     return f"d{len(steps)}s{seed % 1000}" + "y" * (seed % 11) + "\n\n"
+
+
+def cache_blocks(kv_bytes: int) -> int:
+    """The prefix-cache blocks a fake engine's KV budget of `kv_bytes` holds."""
+    return kv_bytes // (BLOCK * KV_BYTES_PER_TOKEN)
 
 
 def default_scorer(problem: str, steps: tuple[str, ...]) -> float:
@@ -112,7 +119,7 @@ class FakeGenerator(Generator):
     """Scripted generator with a batch cap and an LRU prefix cache of `block` tokens."""
 
     def __init__(self, script: StepScript = default_script, batch_cap: int = 64,
-                 cache_blocks: int = 1 << 20, block: int = 4, sampling: str = "context",
+                 cache_blocks: int = 1 << 20, block: int = BLOCK, sampling: str = "context",
                  batch_dependent: bool = False) -> None:
         if sampling not in ("context", "stream"):
             raise ValueError(f"fake generator: sampling {sampling!r}; valid choices: context, stream")
@@ -123,7 +130,7 @@ class FakeGenerator(Generator):
         self._cap = batch_cap
         self._prompts: dict[str, str] = {}  # prompt text -> problem
         self._queue: list[_Running] = []
-        self._cache = PrefixCache(block, cache_blocks)
+        self.prefix_cache = PrefixCache(block, cache_blocks)
         self.calls: list[str] = []  # request ids in the order they were first scheduled
 
     @property
@@ -133,7 +140,7 @@ class FakeGenerator(Generator):
     def reset_prefix_cache(self) -> bool:
         if self._queue:
             return False  # like vLLM: not while requests hold blocks
-        self._cache.clear()
+        self.prefix_cache.clear()
         return True
 
     @property
@@ -189,7 +196,7 @@ class FakeGenerator(Generator):
         for run in running:
             req = run.request
             first = not run.reported_prompt
-            cached = self._cache.admit(run.request.prompt_token_ids) if first else None
+            cached = self.prefix_cache.admit(run.request.prompt_token_ids) if first else None
             if first:
                 self.calls.append(req.request_id)
                 run.reported_prompt = True
@@ -204,18 +211,31 @@ class FakeGenerator(Generator):
         done = {d.request_id for d in deltas if d.finished}
         self._queue = [r for r in self._queue if r.request.request_id not in done]
         stats = StepStats(len(running), len(self._queue) - len(running) + len(done), sum(per_req),
-                          self._cap, 1 << 16, self._cache.usage,
+                          self._cap, 1 << 16, self.prefix_cache.usage,
                           clock.now() - start, tuple(per_req))
         return deltas, stats
 
 
 class FakeVerifier(Verifier):
-    """Scores from `scorer(problem, steps[: i + 1])`; counts every scored index."""
+    """Scores from `scorer(problem, steps[: i + 1])`; counts every scored index. Each backend
+    request's prompt (the problem and the path up to its last scored step) goes through an
+    LRU prefix cache of `cache_blocks` blocks, as a vLLM verifier's does."""
 
-    def __init__(self, scorer: Scorer = default_scorer, request_per_score: bool = False) -> None:
+    def __init__(self, scorer: Scorer = default_scorer, request_per_score: bool = False,
+                 cache_blocks: int = 1 << 20) -> None:
         self.scorer = scorer
         self._per_score = request_per_score  # how a real verifier of this shape would ask
         self.scored: list[tuple[str, tuple[str, ...]]] = []
+        self.prefix_cache = PrefixCache(BLOCK, cache_blocks)
+
+    def reset_prefix_cache(self) -> bool:
+        self.prefix_cache.clear()
+        return True
+
+    def _prompts(self, req: ScoreRequest) -> list[list[int]]:
+        """The token prompts a real verifier of this shape would send for `req`."""
+        ends = req.indices if self._per_score else req.indices[-1:]
+        return [encode(f"<{req.problem}>" + "".join(req.steps[: i + 1])) for i in ends]
 
     def _score(self, requests: Sequence[ScoreRequest]) -> tuple[list[tuple[float, ...]], ScoreBatchStats]:
         start = clock.now()
@@ -227,8 +247,9 @@ class FakeVerifier(Verifier):
                 self.scored.append((req.problem, path))
                 scores.append(self.scorer(req.problem, path))
             out.append(tuple(scores))
-        n = sum(len(r.indices) for r in requests)
-        return out, ScoreBatchStats(n, 0, 0, clock.now() - start)
+        prompts = [p for req in requests for p in self._prompts(req)]
+        cached = sum(self.prefix_cache.admit(p) for p in prompts)
+        return out, ScoreBatchStats(len(prompts), sum(map(len, prompts)), cached, clock.now() - start)
 
     @property
     def request_per_score(self) -> bool:

@@ -1,8 +1,10 @@
 """A prefix cache of full token blocks with LRU eviction, as vLLM's automatic prefix
 caching keeps them: a prompt's leading full blocks that are cached are not computed again.
 
-Used by the fake generator (tests) and by the replay backends (`tts.replay`), which
-charge only the uncached part of a prompt to the simulated clock.
+Used by the fake backends (tests) and by the replay backends (`tts.replay`), which charge
+only the uncached part of a prompt to the simulated clock. It counts what
+`tts.backends.vllm.thrash.ThrashCounter` counts in vLLM's block pool (`counts()`, the same
+keys), so a fake or replayed run's summary carries evictions and thrash as a vLLM run's does.
 """
 
 from __future__ import annotations
@@ -20,24 +22,44 @@ class PrefixCache:
         self.block = block
         self.capacity = capacity
         self._blocks: OrderedDict[int, None] = OrderedDict()
+        self._seen: set[int] = set()  # every block hash ever cached (the thesis's SeenBlocks)
+        # `ThrashCounter`'s keys; preemptions are the engine's to note (`note`)
+        self._counts = dict.fromkeys(("lookups", "hits", "misses", "thrash", "thrash_blocks", "thrash_tokens",
+                                      "evictions", "resets", "preemptions"), 0)
 
     def __len__(self) -> int:
         return len(self._blocks)
 
-    def admit(self, token_ids: Sequence[int], reserve: int = 0) -> int:
+    def admit(self, token_ids: Sequence[int], reserve: int = 0, count: bool = True) -> int:
         """The tokens of `token_ids`' leading cached blocks (touched as most recently used);
         its other full blocks are cached from now on. At most `capacity - reserve` blocks
-        stay cached (`reserve`: blocks running sequences hold outside the cache)."""
-        cached, parent, hit = 0, 0, True
+        stay cached (`reserve`: blocks running sequences hold outside the cache). Counted as
+        vLLM's lookup is: hits, one miss at the first uncached block, and as thrash the
+        uncached blocks this cache held before (computed again after an eviction).
+        `count=False` caches a finished sequence's blocks without counting a lookup."""
+        cached, parent, hit, thrash, keys = 0, 0, True, 0, []
         for end in range(self.block, len(token_ids) + 1, self.block):
             key = hash((parent, tuple(token_ids[end - self.block:end])))
             parent = key
+            keys.append(key)
             if hit and key in self._blocks:
                 cached = end
-                self._blocks.move_to_end(key)
             else:
+                if hit and count:
+                    self._counts["misses"] += 1
                 hit = False
+                thrash += key in self._seen
                 self._blocks[key] = None
+                self._seen.add(key)
+        for key in reversed(keys):  # a sequence's last block is evicted first, its first last (as vLLM frees them)
+            self._blocks.move_to_end(key)
+        if count and len(token_ids) >= self.block:
+            c = self._counts
+            c["lookups"] += 1
+            c["hits"] += cached // self.block
+            c["thrash"] += thrash > 0
+            c["thrash_blocks"] += thrash
+            c["thrash_tokens"] += thrash * self.block
         self.evict(reserve)
         return cached
 
@@ -45,10 +67,52 @@ class PrefixCache:
         """Drop least recently used blocks down to `capacity - reserve`."""
         while self._blocks and len(self._blocks) > max(0, self.capacity - reserve):
             self._blocks.popitem(last=False)
+            self._counts["evictions"] += 1
 
     def clear(self) -> None:
+        """Empty the cache and forget what it held (vLLM's `reset_prefix_cache`)."""
         self._blocks.clear()
+        self._seen.clear()
+        self._counts["resets"] += 1
+
+    def note(self, event: str) -> None:
+        """Count an event of the engine this cache belongs to (`preemptions`)."""
+        self._counts[event] += 1
+
+    def counts(self) -> dict[str, int]:
+        """What `ThrashCounter.counts` gives (its keys), so far."""
+        return dict(self._counts)
 
     @property
     def usage(self) -> float:
         return min(1.0, len(self._blocks) / self.capacity) if self.capacity else 0.0
+
+
+class CacheCounter:
+    """A `PrefixCache`'s counts from the moment it is made, with `ThrashCounter`'s
+    interface (`counts`, `detach`): what a run's variant records for a fake or replayed
+    engine, as `ThrashCounter` gives it for a vLLM engine's block pool."""
+
+    def __init__(self, cache: PrefixCache) -> None:
+        self.cache = cache
+        self._base = cache.counts()
+
+    def note(self, event: str) -> None:
+        """Count an event of the engine this cache belongs to (`preemptions`)."""
+        self._counts[event] += 1
+
+    def counts(self) -> dict[str, int]:
+        now = self.cache.counts()
+        return {key: now[key] - self._base[key] for key in now}
+
+    def snapshot(self) -> dict:
+        """`counts()` with `ThrashCounter.snapshot`'s derived fields."""
+        out: dict = self.counts()
+        queries = out["hits"] + out["misses"]
+        out.update(cached=len(self.cache), num_blocks=self.cache.capacity, enabled=True,
+                   hit_rate=out["hits"] / queries if queries else 0.0,
+                   thrash_rate=out["thrash"] / out["misses"] if out["misses"] else 0.0)
+        return out
+
+    def detach(self) -> None:
+        """Nothing to unhook: the cache counts by itself."""

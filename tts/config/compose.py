@@ -170,6 +170,24 @@ def _unknown_key(dotted: str) -> str:
     return f"unknown config key '{dotted}'" + (f"; valid keys: {valid}" if valid else "")
 
 
+def config_sweep(config_name: str, overrides: list[str]) -> list[str]:
+    """The sweep `conf/<config_name>.yaml` declares under `hydra.sweeper.params` (Hydra's
+    basic sweeper's own key, so Hydra's launchers run it too), as `KEY=VALUES` overrides
+    placed before `overrides`; a key the command line sets is taken from there instead."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            params = hydra_compose(config_name=config_name, return_hydra_config=True).hydra.sweeper.get("params") or {}
+    except Exception as err:
+        raise ConfigError(explain(err)) from err
+    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    return [f"{key}={value}" for key, value in params.items() if key not in given] + list(overrides)
+
+
 def expand_sweep(overrides: list[str]) -> list[list[str]]:
     """All combinations of comma-separated sweep values (Hydra's basic sweeper rule)."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper

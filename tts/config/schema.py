@@ -113,6 +113,9 @@ class MemoryConfig:
     # (`memory_split.gpu_kv_budget`), written over kv_cache_gib in the run's config; null:
     # kv_cache_gib, on a GPU too. CPU runs and replays always use kv_cache_gib.
     gpu_free_fraction: float | None = None
+    # the KV budget as a share of the search's KV working set (`memory_split.working_set_bytes`),
+    # written over kv_cache_gib: one axis of pressure for any models and device; null: kv_cache_gib
+    working_set_fraction: float | None = None
     generator_fraction: float = 0.5  # the generator's share without optim.roofline_memory (static split)
     block_size: int = 32  # vLLM CPU needs a multiple of 32
     generator_max_num_seqs: int = 64
@@ -128,6 +131,8 @@ class MemoryConfig:
         _require(self.kv_cache_gib > 0, "memory.kv_cache_gib", "must be > 0")
         _require(self.gpu_free_fraction is None or 0.0 < self.gpu_free_fraction <= 1.0,
                  "memory.gpu_free_fraction", "must be in (0, 1] or null")
+        _require(self.working_set_fraction is None or self.working_set_fraction > 0,
+                 "memory.working_set_fraction", "must be > 0 or null")
         _require(0.0 < self.generator_fraction < 1.0, "memory.generator_fraction", "must be in (0, 1)")
         _require(self.block_size % 32 == 0, "memory.block_size",
                  f"{self.block_size} is not a multiple of 32 (vLLM on CPU rejects it)")

@@ -48,6 +48,29 @@ def device_profile(cfg: Config) -> DeviceProfile:
     return device_from_dict(asdict(cfg.device))
 
 
+def kv_bytes_per_token(model) -> int:
+    """KV bytes per token of a generator or verifier config, at the dtype its engine runs
+    in (the fake backend's `KV_BYTES_PER_TOKEN`)."""
+    from tts.config.schema import BackendKind
+
+    if model.backend is BackendKind.fake:
+        from tts.backends.fake import KV_BYTES_PER_TOKEN
+        return KV_BYTES_PER_TOKEN
+    from tts.backends.vllm.engine import kv_bytes_per_token as per_token
+
+    return per_token(model_config(model.model), model.dtype, getattr(model, "tensor_parallel_size", 1))
+
+
+def working_set_bytes(cfg: Config) -> int:
+    """The search's KV working set: every live path (`search.n` per problem, `bench.concurrency`
+    problems) at its longest (a typical prompt, `PROMPT_TOKENS`, and `generator.max_total_tokens`),
+    in the generator's KV and the verifier's. Paths that share a prefix share its blocks in a
+    prefix cache, so the distinct working set is smaller: a budget of this size holds the search
+    whatever the order; pressure begins well below it (`memory.working_set_fraction`)."""
+    tokens = cfg.search.n * cfg.bench.concurrency * (PROMPT_TOKENS + cfg.generator.max_total_tokens)
+    return tokens * (kv_bytes_per_token(cfg.generator) + kv_bytes_per_token(cfg.verifier))
+
+
 def workload_for(cfg: Config, beams: int, path_tokens: int) -> Workload:
     step = cfg.generator.step_max_tokens
     return Workload(num_requests=max(1, beams), verifier_seq_len=PROMPT_TOKENS + path_tokens + step,

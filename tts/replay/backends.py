@@ -5,9 +5,15 @@ lookahead, ordering, the memory policy) runs unchanged on a simulated device.
 Each backend keeps a simulated vLLM engine (`SimEngine`): running sequences decode one
 token per step, new ones are admitted while the batch cap, the step's token budget and the
 KV cache allow, their prompts prefilled less what the prefix cache holds (full blocks,
-LRU); a finished or aborted sequence leaves its blocks cached, as vLLM does. Not modelled:
-preemption of running sequences when the KV cache runs out mid-decode (a sequence is only
-admitted when its prompt fits), and anything a step costs that the cost model does not see.
+LRU); a finished or aborted sequence leaves its blocks cached, as vLLM does. When the running
+sequences' next tokens need more blocks than the pool has, the one admitted last is preempted
+(vLLM V1's rule for first-come-first-served scheduling): its blocks go back to the pool, still
+cached until evicted, and it waits at the head of the queue to be prefilled again, its
+prompt and the tokens it had generated, less what the cache still holds of them. Thrash,
+evictions and preemptions are counted in the prefix cache (`PrefixCache.counts`), as a vLLM
+run counts them in its block pool. Not modelled: chunked prefill's interplay with
+preemption beyond the step's token budget, vLLM's null block and the KV a sliding window
+adds, and anything a step costs that the cost model does not see.
 """
 
 from __future__ import annotations
@@ -92,6 +98,7 @@ class SimEngine:
     def step(self) -> tuple[list[Slot], float, tuple[int, ...]]:
         """Schedule and cost one step: the sequences that sample a token in it (decoders,
         and those whose prefill completes), its seconds, its tokens per sequence."""
+        self._preempt()
         budget = self.token_cap
         decode = [s for s in self.running if not s.todo][:budget]
         budget -= len(decode)
@@ -120,11 +127,21 @@ class SimEngine:
         sampled = decode + [s for s, _ in chunks if not s.todo]
         return sampled, seconds, (1,) * len(decode) + tuple(n for _, n in chunks)
 
+    def _preempt(self) -> None:
+        """While the running sequences' next tokens need more blocks than the pool has, the
+        last admitted is preempted (module docstring)."""
+        while len(self.running) > 1 and self.in_use() > self.kv_blocks:
+            victim = self.running.pop()
+            self.cache.admit(victim.ids, reserve=self.in_use(), count=False)  # cached, evictable
+            victim.todo = victim.cached = 0
+            self.waiting.insert(0, victim)
+            self.cache.note("preemptions")
+
     def release(self, slot: Slot) -> None:
         """A sequence leaves (finished or aborted); its full blocks stay cached."""
         if slot in self.running:
             self.running.remove(slot)
-            self.cache.admit(slot.ids, reserve=self.in_use())
+            self.cache.admit(slot.ids, reserve=self.in_use(), count=False)
         elif slot in self.waiting:
             self.waiting.remove(slot)
 
@@ -183,6 +200,11 @@ class ReplayGenerator(Generator):
             return False
         self.engine.cache.clear()
         return True
+
+    @property
+    def prefix_cache(self) -> PrefixCache:
+        """The simulated engine's prefix cache (its evictions and thrash are the run's)."""
+        return self.engine.cache
 
     def encode_prompt(self, problem: str, system_prompt: str) -> list[int]:
         return self.codec.encode_prompt(problem, system_prompt)
@@ -309,6 +331,10 @@ class ReplayVerifier(Verifier):
     def reset_prefix_cache(self) -> bool:
         self.engine.cache.clear()
         return True
+
+    @property
+    def prefix_cache(self) -> PrefixCache:
+        return self.engine.cache
 
     def _lookup(self, req: ScoreRequest, i: int) -> float:
         key = score_key(req.problem, req.steps[: i + 1])

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tts.report.plots import COLUMN_PLOTS, plot_memory_split
+from tts.report.pressure import plot_pressure, pressure_rows, pressure_table
 from tts.report.sources import ReportError, RunData, load_runs
 from tts.report.tables import Column, build_columns, config_table, metric_rows, resolve_baseline
 from tts.results.host import host_differences, host_line
@@ -21,6 +22,7 @@ from tts.results.summary import format_table
 REPORT_MD = "report.md"
 REPORT_JSON = "report.json"
 MEMORY_PLOT = "memory_split.png"
+PRESSURE_PLOT = "pressure.png"
 
 
 def write_report(runs: list[str], baseline: str | None = None, out: Path | None = None) -> Path:
@@ -40,12 +42,17 @@ def write_report(runs: list[str], baseline: str | None = None, out: Path | None 
     base = resolve_baseline(columns, loaded, baseline) if columns or baseline else None
     folder = _out_folder(out)
     plots = _make_plots(folder, columns, profiles)
+    pressure = pressure_rows(loaded)
+    if pressure:
+        plots["Gains under memory pressure"] = plot_pressure(folder / PRESSURE_PLOT, pressure)
     rows = metric_rows(columns, base) if base else []
-    text = render_markdown(loaded, columns, base, rows, plots)
+    sections = ["## Memory pressure", "", "Each variant against its run's first (the baseline), per cell of "
+                "the sweep; thrash is KV recomputed after an eviction.", "", pressure_table(pressure)] if pressure else []
+    text = render_markdown(loaded, columns, base, rows, plots, sections)
     path = folder / REPORT_MD
     path.write_text(text, encoding="utf-8")
-    (folder / REPORT_JSON).write_text(json.dumps(_report_json(loaded, columns, base, rows, plots), indent=2),
-                                      encoding="utf-8")
+    data = _report_json(loaded, columns, base, rows, plots) | ({"pressure": pressure} if pressure else {})
+    (folder / REPORT_JSON).write_text(json.dumps(data, indent=2), encoding="utf-8")
     return path
 
 
@@ -76,8 +83,9 @@ def _make_plots(folder: Path, columns: list[Column], profiles: dict[str, dict]) 
 
 
 def render_markdown(runs: list[RunData], columns: list[Column], baseline: str | None,
-                    rows: list[dict], plots: dict[str, Path | None]) -> str:
-    """The whole report.md: runs, headline metrics with ratios, key config, plots."""
+                    rows: list[dict], plots: dict[str, Path | None], sections: list[str] = ()) -> str:
+    """The whole report.md: runs, headline metrics with ratios, key config, `sections`' lines
+    (the memory-pressure table), plots."""
     parts = ["# tts report", "", f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')}.", "", "## Runs", ""]
     parts += [f"- `{r.name}`: {r.source}" + ("" if r.variants else " (memory profile only)")
               + (f"; {host_line(r.host)}" if r.variants else "") for r in runs]
@@ -90,7 +98,7 @@ def render_markdown(runs: list[RunData], columns: list[Column], baseline: str | 
         parts += ["", "## Headline metrics", "",
                   f"Baseline: `{baseline}`; a column `X ÷ {baseline}` holds X's value divided by the baseline's.", "",
                   _metric_table(rows, names, baseline), "", "## Key config", "", config_table(columns)]
-    parts += ["", "## Plots", ""]
+    parts += ["", *sections, "", "## Plots", ""] if sections else ["", "## Plots", ""]
     for title, path in plots.items():
         parts += [f"### {title}", "", f"![{title}]({path.name})" if path else "_no data in these runs_", ""]
     missing = [r.name for r in runs if r.profile is None]

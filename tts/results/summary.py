@@ -10,6 +10,7 @@ from pathlib import Path
 from tts.metrics.collector import KV_BLOCKS, summarize_problems
 from tts.metrics.cost_model import (COST, CostModel, CostSums, above_bound, fit, tail_forfeit, work_bounds,
                                      work_of)
+from tts.results.pressure import PRESSURE_ROWS, add_pool_counts
 from tts.results.records import accuracy_summary, pair_key, paired_accuracy
 from tts.results.store import RunStore
 from tts.results.tree import describe, diversity
@@ -29,9 +30,7 @@ RATIO_METRICS = [
     ("pass@n", "pass@N", True),
     ("gen_cache_hit_rate", "generator prefix-cache hit rate", True),
     ("ver_cache_hit_rate", "verifier prefix-cache hit rate", True),
-    ("gen_thrash_blocks", "generator KV blocks recomputed after eviction (thrash)", False),
-    ("gen_evictions", "generator KV blocks evicted", False),
-    ("ver_thrash_blocks", "verifier KV blocks recomputed after eviction (thrash)", False),
+    *PRESSURE_ROWS,
     ("gen_bound_s_mean", "generator time lower bound, same work (s)", False),
     ("latency_bound_s_mean", "completion latency lower bound, same work (s)", False),
     ("bound_share", "latency bound / latency (1: nothing left to schedule)", True),
@@ -80,10 +79,8 @@ def variant_summary(records: list[dict], step_log: dict | None, wall_s: float | 
     if step_log:
         for model, log in step_log.items():
             s[model] = log
-            if model == KV_BLOCKS:  # vLLM engines only: per model, its block pool's counts
-                for pool, counts in log.items():
-                    s[f"{pool[:3]}_thrash_blocks"] = counts["thrash_blocks"]
-                    s[f"{pool[:3]}_evictions"] = counts["evictions"]
+            if model == KV_BLOCKS:  # per model, its block pool's counts
+                add_pool_counts(s, log)
                 continue
             s[f"{model[:3]}_batch_util_mean"] = log["batch_util_mean"]
             s[f"{model[:3]}_running_mean"] = log.get("running_mean", 0.0)

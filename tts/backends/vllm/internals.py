@@ -199,6 +199,9 @@ def set_admission_cap(scheduler: Any, cap: int) -> bool:
 BLOCK_POOL_METHODS = ("get_cached_block", "_insert_block_hash", "_maybe_evict_cached_block",
                       "reset_prefix_cache", "cached_block_hash_to_block", "hash_block_size")
 KV_MANAGER_METHODS = ("get_computed_blocks", "record_prefix_cache_stats", "block_pool")
+# the scheduler's one preemption path (KV blocks ran out mid-decode: the request's blocks are
+# freed and it waits to be prefilled again); counted where the scheduler has it
+PREEMPT_METHOD = "_preempt_request"
 
 
 def kv_cache_manager(llm: vllm.LLM) -> Any:

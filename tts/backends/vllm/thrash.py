@@ -21,12 +21,15 @@ How it is counted (vLLM 0.32, v1 engine, in-process; see `ThrashCounter.attach`)
 - ``thrash``: misses on a hash in ``seen`` (Algorithm 1, line 9).
 - ``thrash_blocks``: for each thrashing lookup, the missed block and every later block up
   to the lookup limit whose hash is in ``seen``: blocks the pool held before and must now
-  recompute (single-group models only; 0 otherwise).
+  recompute (single-group models only; 0 otherwise); ``thrash_tokens``: their tokens.
 - ``lookups``: admitted requests with at least one block looked up.
 - ``evictions``: cached blocks whose hashes were dropped because the block was handed out
   again (``BlockPool._maybe_evict_cached_block`` returning True).
 - ``resets``: successful ``reset_prefix_cache`` calls. A reset is not an eviction: it
   clears ``seen``, so blocks dropped by a reset never count as thrash.
+- ``preemptions``: running requests the scheduler preempted because KV blocks ran out
+  (``Scheduler._preempt_request``): their blocks are freed and they are prefilled again,
+  from what the prefix cache still holds of them, when re-admitted.
 
 The hooks are instance attributes on this engine's own ``KVCacheManager`` and ``BlockPool``
 (they shadow the bound methods; no vLLM class or file is patched, other engines are
@@ -43,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 from tts.backends.vllm.internals import (
     BLOCK_POOL_METHODS,
     KV_MANAGER_METHODS,
+    PREEMPT_METHOD,
     UnsupportedVllmError,
     find_scheduler,
     blocks_in_use,
@@ -57,7 +61,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger(__name__)
 
-COUNTERS = ("lookups", "hits", "misses", "thrash", "thrash_blocks", "evictions", "resets")
+COUNTERS = ("lookups", "hits", "misses", "thrash", "thrash_blocks", "thrash_tokens", "evictions", "resets",
+            "preemptions")
 
 
 @dataclass
@@ -77,8 +82,10 @@ class ThrashCounter:
     misses: int = 0
     thrash: int = 0
     thrash_blocks: int = 0
+    thrash_tokens: int = 0
     evictions: int = 0
     resets: int = 0
+    preemptions: int = 0
     enabled: bool = False
     reason: str = ""
     _seen: set[bytes] = field(default_factory=set, repr=False)
@@ -86,6 +93,7 @@ class ThrashCounter:
     _pending: dict[str, _Lookup] = field(default_factory=dict, repr=False)
     _pool: Any = field(default=None, repr=False)
     _manager: Any = field(default=None, repr=False)
+    _scheduler: Any = field(default=None, repr=False)
 
     @classmethod
     def attach(cls, llm: vllm.LLM, strict: bool = True) -> ThrashCounter:
@@ -99,6 +107,7 @@ class ThrashCounter:
         manager, counter.reason = _checked_manager(llm, strict, "thrash counting")
         if manager is not None:
             counter._hook(manager)
+            counter._hook_scheduler(find_scheduler(llm))
         return counter
 
     @property
@@ -133,7 +142,8 @@ class ThrashCounter:
 
     def detach(self) -> None:
         """Remove the hooks (the engine runs on, uncounted); the counts are kept."""
-        for obj, names in ((self._pool, BLOCK_POOL_METHODS), (self._manager, KV_MANAGER_METHODS)):
+        for obj, names in ((self._pool, BLOCK_POOL_METHODS), (self._manager, KV_MANAGER_METHODS),
+                           (self._scheduler, (PREEMPT_METHOD,))):
             for name in names:
                 if obj is not None and name in vars(obj) and callable(vars(obj)[name]) \
                         and getattr(vars(obj)[name], "_tts_thrash_hook", False):
@@ -155,6 +165,16 @@ class ThrashCounter:
         _wrap(manager, "get_computed_blocks", self._on_lookup)
         _wrap(manager, "record_prefix_cache_stats", self._on_admit)
         self.enabled = True
+
+    def _hook_scheduler(self, scheduler: Any) -> None:
+        """Count preemptions where the scheduler has vLLM 0.32's preemption method."""
+        if scheduler is not None and callable(getattr(scheduler, PREEMPT_METHOD, None)):
+            self._scheduler = scheduler
+            _wrap(scheduler, PREEMPT_METHOD, self._on_preempt)
+
+    def _on_preempt(self, original: Any, *args: Any, **kw: Any) -> Any:
+        self.preemptions += 1
+        return original(*args, **kw)
 
     def _on_get_cached_block(self, original: Any, block_hash: bytes, *args: Any, **kw: Any) -> Any:
         blocks = original(block_hash, *args, **kw)
@@ -216,6 +236,7 @@ class ThrashCounter:
             self.misses += found.misses
             self.thrash += found.thrash
             self.thrash_blocks += found.thrash_blocks
+            self.thrash_tokens += found.thrash_blocks * int(self._pool.hash_block_size)
         return original(request, *args, **kw)
 
 
@@ -259,15 +280,21 @@ class BlockUsageTrace:
             self._remove = None
 
 
-def attach_counters(**backends: Any) -> dict[str, ThrashCounter]:
+def attach_counters(**backends: Any) -> dict[str, Any]:
     """A counter on the block pool of each named backend that runs an in-process vLLM 0.32
-    engine (`backend.llm`); none for the fake backend, an absent one (None) or another
-    vLLM (logged). Detach them with `detach_counters`."""
-    out = {}
+    engine (`backend.llm`); for a backend that keeps its own `PrefixCache` (`prefix_cache`:
+    the fake and replay backends) a `CacheCounter` on it; none for an absent one (None) or
+    another vLLM (logged). Each has `counts()`; detach them with `detach_counters`."""
+    from tts.backends.prefix_cache import CacheCounter, PrefixCache
+
+    out: dict[str, Any] = {}
     for role, backend in backends.items():
         llm = None if backend is None else backend.llm
+        cache = getattr(backend, "prefix_cache", None)
         if llm is not None and (counter := ThrashCounter.attach(llm, strict=False)).enabled:
             out[role] = counter
+        elif llm is None and isinstance(cache, PrefixCache):
+            out[role] = CacheCounter(cache)
     return out
 
 
