@@ -54,7 +54,7 @@ def test_fake_engines_get_their_kv_budget_as_cache_blocks():
 def test_working_set_fraction_sets_the_budget_and_is_validated():
     from tts.config.compose import ConfigError, compose, validate
     from tts.engine.memory_split import working_set_bytes
-    from tts.gpu_budget import kv_budget
+    from tts.kv_budget import kv_budget
     from tts.backends.fake import KV_BYTES_PER_TOKEN
 
     node = compose("config", ["generator=fake", "verifier=fake", "search.n=16", "bench.concurrency=2",
@@ -115,3 +115,16 @@ def test_report_draws_the_pressure_sweep(tmp_path):
     gains = [r for r in data["pressure"] if r["variant"] == "P"]
     assert sorted(r["fraction"] for r in gains) == [0.1, 1.0]
     assert all(r["precise_goodput"] > 0 and r["pairs"] == 2 for r in gains)
+
+
+def test_the_cli_runs_the_sweep_a_config_declares():
+    """In a fresh process (the config store registered by the sweep's own compose), `-m` on
+    `pressure_short` prints one config per cell of its declared grid."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "cli.main", "bench", "--config-name=pressure_short", "-m", "--cfg",
+                           "generator=fake", "verifier=fake"], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("working_set_fraction: 0.16") == 1 and done.stdout.count("working_set_fraction: 1.0") == 1

@@ -216,6 +216,24 @@ def test_the_simulated_engine_keeps_to_the_batch_cap_the_token_budget_and_the_kv
     assert len(eng.running) == 1 and len(eng.waiting) == 1
 
 
+def test_the_simulated_engine_preempts_the_last_admitted_when_decoding_runs_out_of_blocks():
+    """vLLM V1's rule: the sequence admitted last gives its blocks back, waits at the head of
+    the queue, and is prefilled again (prompt and generated tokens) less what the cache keeps."""
+    eng = _engine(kv_blocks=6, block=4)
+    first, second = Slot([1] * 10), Slot([2] * 10)  # 3 blocks each (10 tokens and the next): both fit
+    eng.waiting.extend([first, second])
+    eng.step()
+    assert eng.running == [first, second]
+    for slot in (first, second):  # both grow past 11 tokens: 4 blocks each, 8 > 6
+        slot.ids += [0, 0]
+    _, _, tokens = eng.step()
+    assert eng.running == [first] and eng.waiting == [second] and tokens == (1,)
+    assert eng.cache.counts()["preemptions"] == 1
+    eng.release(first)
+    _, _, tokens = eng.step()  # re-admitted: its first two full blocks are still cached
+    assert eng.running == [second] and second.cached == 8 and tokens == (4,)
+
+
 def test_the_roofline_step_is_memory_bound_in_decode_and_compute_bound_in_prefill():
     from tts.engine.memory_split import model_shape
 

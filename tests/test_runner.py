@@ -68,7 +68,7 @@ def test_the_kv_budget_comes_from_the_cards_free_memory(gpu) -> None:
     """memory=gpu: 90% of 40 GiB free, less two SmolLM2-135M engines in bf16, each 269,030,016
     bytes of weights and 1,360,003,072 of activations (8192 tokens x 5184 values x 2 bytes),
     logits (4 x 256 rows x 49152 x 4 bytes) and the 1 GiB reserve."""
-    from tts.gpu_budget import kv_on_this_gpu
+    from tts.kv_budget import kv_on_this_gpu
 
     cfg = kv_on_this_gpu(compose("config", ["memory=gpu"]))
     assert cfg.memory.kv_cache_gib * 2**30 == pytest.approx(int(0.9 * (40 << 30)) - 2 * (269_030_016 + 1_360_003_072))
@@ -82,7 +82,7 @@ def test_the_kv_budget_comes_from_the_cards_free_memory(gpu) -> None:
 
 def test_the_cpu_keeps_its_kv_budget(monkeypatch) -> None:
     from tts.backends.vllm import engine
-    from tts.gpu_budget import kv_on_this_gpu
+    from tts.kv_budget import kv_on_this_gpu
 
     monkeypatch.setattr(engine, "has_cuda", lambda: False)
     cfg = compose("config", ["memory=gpu"])

@@ -24,7 +24,7 @@ from tts.config.limits import check_context
 from tts.config.schema import BackendKind, BenchMode, Config, EngineKind, OptimConfig, SearchConfig
 from tts.engine.adaptive import AdaptiveOptions
 from tts.engine.engine import Engine, EngineOptions, ProblemInput
-from tts.gpu_budget import kv_budget
+from tts.kv_budget import kv_budget
 from tts.metrics.collector import KV_BLOCKS, merge_step_logs
 from tts.problems import fit_prompts, load_problems_for
 from tts.replay.trace import TRACE, TraceRecorder

@@ -178,6 +178,9 @@ def config_sweep(config_name: str, overrides: list[str]) -> list[str]:
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
+    from tts.config.schema import register_configs
+
+    register_configs()
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from tts.clock import VirtualClock, simulated
 from tts.config.compose import ConfigError, compose, validate
 from tts.config.schema import Config
+from tts.kv_budget import kv_of_working_set
 from tts.replay.trace import TRACE, read_trace
 from tts.results.store import RunStore
 
@@ -201,6 +202,7 @@ def run_replay(run_dir: Path, overrides: list[str], results_dir: Path | None = N
     recorded_cfg: Config = validate(OmegaConf.merge(OmegaConf.structured(Config), saved))
     cfg_node, options = replay_config(saved, overrides)
     pin_dtypes(cfg_node, recorded.get("host"))
+    cfg_node = kv_of_working_set(cfg_node)  # the share of the replay's own working set (its models)
     pricing = pricing_run(cfg_node, options.cost_from, overrides) if options.cost_from else None
     if options.speculation == "recorded":
         keep_speculation_width(cfg_node, recorded_cfg)

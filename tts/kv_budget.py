@@ -62,12 +62,21 @@ def _resumed_kv(cfg_node: DictConfig) -> float | None:
 
 def kv_budget(cfg_node: DictConfig) -> DictConfig:
     """`cfg_node` with `memory.kv_cache_gib` the budget the run gets: `memory.working_set_fraction`
-    of the search's working set where it is set, else the GPU's share (`kv_on_this_gpu`), else
-    unchanged. ValueError when the working set's share is more than the GPU has."""
+    of the search's working set where it is set (`kv_of_working_set`, at most what the GPU
+    has), else the GPU's share (`kv_on_this_gpu`), else unchanged."""
     gpu = kv_on_this_gpu(cfg_node)
+    return kv_of_working_set(cfg_node, gpu.memory.kv_cache_gib if gpu is not cfg_node else None) \
+        if cfg_node.memory.get("working_set_fraction") is not None else gpu
+
+
+def kv_of_working_set(cfg_node: DictConfig, most_gib: float | None = None) -> DictConfig:
+    """`cfg_node` with `memory.kv_cache_gib` `memory.working_set_fraction` of the search's KV
+    working set (`tts.engine.memory_split.working_set_bytes`, with the config's models and
+    dtypes: a replay's, for a replay); unchanged with the fraction null. ValueError when it
+    is more than `most_gib` (what a GPU has)."""
     fraction = cfg_node.memory.get("working_set_fraction")
     if fraction is None:
-        return gpu
+        return cfg_node
     import copy
 
     from tts.backends.factory import GIB
@@ -75,9 +84,9 @@ def kv_budget(cfg_node: DictConfig) -> DictConfig:
 
     working_set = working_set_bytes(validate(cfg_node)) / GIB
     gib = fraction * working_set
-    if gpu is not cfg_node and gib > gpu.memory.kv_cache_gib:
+    if most_gib is not None and gib > most_gib:
         raise ValueError(f"memory.working_set_fraction={fraction}: {gib:.2f} GiB of the working set's "
-                         f"{working_set:.2f} GiB is more than the {gpu.memory.kv_cache_gib:.2f} GiB of KV cache "
+                         f"{working_set:.2f} GiB is more than the {most_gib:.2f} GiB of KV cache "
                          "this GPU has (memory.gpu_free_fraction); lower the fraction, search.n or "
                          "generator.max_total_tokens")
     cfg_node = copy.deepcopy(cfg_node)
