@@ -271,6 +271,10 @@ def test_tts_replay_prints_a_simulated_host_line(tmp_path):
     assert bad.exit_code == 2 and "add -m" in bad.output
     summary = json.loads(next((tmp_path / "out").glob("*/summary.json")).read_text())
     assert summary["host"]["simulated"] and summary["simulated"]["cost"] == "fitted"
+    swept = CliRunner().invoke(app, ["replay", str(path), "-m", "memory.working_set_fraction=0.5,1.0",
+                                     "--out", str(tmp_path / "sweep")])
+    assert swept.exit_code == 0, swept.output
+    assert len(list((tmp_path / "sweep").glob("*/*/summary.json"))) == 2
 
 
 def test_tts_report_plots_a_replays_ratios_by_device(tmp_path):

@@ -299,7 +299,7 @@ def run_replays(run: Path, overrides: list[str], multirun: bool, out: Path | Non
     from tts.results.store import RunStore
 
     try:
-        combos = expand_sweep(config_sweep(config_name, overrides)) if multirun else [overrides]
+        combos = expand_sweep(overrides) if multirun else [overrides]
         if not multirun and any(_is_sweep(o) for o in overrides):
             raise ValueError(f"{[o for o in overrides if _is_sweep(o)]}: comma-separated values sweep; add -m")
         base = out or Path(run).parent

@@ -40,6 +40,7 @@ def pressure_rows(runs: list[RunData]) -> list[dict[str, Any]]:
         for name in names:
             s = run.variants[name]
             row = {"run": run.name, "n": (run.config.get("search") or {}).get("n"), "fraction": float(fraction),
+                   "path_tokens": (run.config.get("generator") or {}).get("max_total_tokens"), "where": _where(run),
                    "kv_cache_gib": memory.get("kv_cache_gib"), "variant": name, "baseline": base}
             for key in ("gen_thrash_share", "gen_thrash_blocks", "gen_evictions", "gen_preemptions",
                         "ver_thrash_share", "ver_thrash_blocks", "ver_evictions", "gen_cache_hit_rate",
@@ -58,20 +59,27 @@ def pressure_rows(runs: list[RunData]) -> list[dict[str, Any]]:
     return rows
 
 
+def _where(run: RunData) -> str:
+    """"simulated <device>" for a replay (`tts replay`), else "measured"."""
+    host = run.host or {}
+    return f"simulated {(host.get('device') or {}).get('name', '')}".strip() if host.get("simulated") else "measured"
+
+
 def _ratio(a: Any, b: Any) -> float | None:
     return a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
 
 
 def pressure_table(rows: list[dict[str, Any]]) -> str:
     """The sweep as a Markdown table: one line per cell and variant."""
-    head = ["n", "budget / working set", "KV GiB", "variant", "goodput / baseline [95%]", "problems/min / baseline [95%]",
+    head = ["where", "n", "path tokens", "budget / working set", "KV GiB", "variant", "goodput / baseline [95%]", "problems/min / baseline [95%]",
             "gen thrash / prefill", "gen thrash blocks", "gen evicted", "gen preempted", "ver thrash / prefill",
             "ver thrash blocks", "gen hit rate", "ver hit rate"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in sorted(rows, key=lambda r: (r["n"] or 0, r["fraction"], r["variant"] != r["baseline"])):
+    for r in sorted(rows, key=lambda r: (r["where"], r["n"] or 0, r["path_tokens"] or 0, r["fraction"], r["run"],
+                                         r["variant"] != r["baseline"])):
         gains = [f"{_f(r.get(k), '{:.2f}x')} {r.get(f'{k}_text', '')}".strip() if r["variant"] != r["baseline"]
                  else "(baseline)" for k, _ in GAINS]
-        cells = [r["n"], _f(r["fraction"], "{:.3g}"), _f(r["kv_cache_gib"], "{:.3g}"), r["variant"], *gains,
+        cells = [r["where"], r["n"], r["path_tokens"], _f(r["fraction"], "{:.3g}"), _f(r["kv_cache_gib"], "{:.3g}"), r["variant"], *gains,
                  _f(r["gen_thrash_share"], "{:.1%}"), r["gen_thrash_blocks"], r["gen_evictions"],
                  r["gen_preemptions"], _f(r["ver_thrash_share"], "{:.1%}"), r["ver_thrash_blocks"],
                  _f(r["gen_cache_hit_rate"], "{:.3f}"), _f(r["ver_cache_hit_rate"], "{:.3f}")]
@@ -92,12 +100,12 @@ def plot_pressure(path: Path, rows: list[dict[str, Any]]) -> Path | None:
     series: dict[tuple[str, Any], list[dict]] = {}
     for r in rows:
         if r.get("precise_goodput") is not None:
-            series.setdefault((r["variant"], r["n"]), []).append(r)
+            series.setdefault((r["variant"], r["n"], r["where"]), []).append(r)
     if not series:
         return None
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4))
-    for (variant, n), points in sorted(series.items(), key=lambda kv: (str(kv[0][0]), kv[0][1] or 0)):
+    for (variant, n, where), points in sorted(series.items(), key=lambda kv: (kv[0][2], str(kv[0][0]), kv[0][1] or 0)):
         points.sort(key=lambda r: r["fraction"])
         xs = [r["fraction"] for r in points]
         ys = [100 * (r["precise_goodput"] - 1) for r in points]
@@ -105,7 +113,8 @@ def plot_pressure(path: Path, rows: list[dict[str, Any]]) -> Path | None:
                 for r in points],
                [100 * (r["precise_goodput_ci"][1] - r["precise_goodput"]) if r.get("precise_goodput_ci") else 0
                 for r in points]]
-        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=f"{variant} (n={n})")
+        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=f"{variant} (n={n}, {where})",
+                    linestyle="--" if where != "measured" else "-")
     for label, gain, low, high in PAPER_POINTS:
         ax.errorbar([(low * high) ** 0.5], [100 * gain], xerr=[[(low * high) ** 0.5 - low], [high - (low * high) ** 0.5]],
                     fmt="s", color="grey", alpha=0.6, capsize=3)
