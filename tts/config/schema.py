@@ -113,8 +113,7 @@ class MemoryConfig:
     # (`memory_split.gpu_kv_budget`), written over kv_cache_gib in the run's config; null:
     # kv_cache_gib, on a GPU too. CPU runs and replays always use kv_cache_gib.
     gpu_free_fraction: float | None = None
-    # the KV budget as a share of the search's KV working set (`memory_split.working_set_bytes`),
-    # written over kv_cache_gib: one axis of pressure for any models and device; null: kv_cache_gib
+    # KV budget as a share of the search's KV working set (`memory_split.working_set_bytes`); null: kv_cache_gib
     working_set_fraction: float | None = None
     generator_fraction: float = 0.5  # the generator's share without optim.roofline_memory (static split)
     block_size: int = 32  # vLLM CPU needs a multiple of 32
