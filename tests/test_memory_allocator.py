@@ -208,10 +208,11 @@ def test_runtime_replans_stay_within_the_engines_slots():
         cfg = validate(compose("compare", [f"search.n={n}", "optim=PMS"]))
         gen_spec, ver_spec = plan_memory(cfg, cfg.optim)
         gen, ver = Slots(gen_spec.max_num_seqs), Slots(ver_spec.max_num_seqs)
-        gen.set_limits(initial_caps(cfg)[0])
-        ver.set_limits(initial_caps(cfg)[1])
-        replan = RuntimeAllocator(cfg, gen, ver)
+        first = initial_caps(cfg, gen_spec.kv_bytes, ver_spec.kv_bytes)
+        gen.set_limits(first[0])
+        ver.set_limits(first[1])
+        replan = RuntimeAllocator(cfg, gen, ver, gen_spec.kv_bytes, ver_spec.kv_bytes)
         for beams in (n, n // 2, 4, 1):
             for tokens in (0, 40, 200, 512):
-                replan([SimpleNamespace(num_tokens=tokens)] * beams)
+                replan([SimpleNamespace(token_ids=tuple(range(tokens)))] * beams)
         assert len(gen.caps) > 2 and max(gen.caps) <= gen_spec.max_num_seqs

@@ -123,7 +123,7 @@ def build_engine(cfg: Config, optim: OptimConfig, backends: Backends, search: Se
     if roofline:  # the engines' slots leave room for re-plans; start at the split's caps
         from tts.engine.memory_split import initial_caps
 
-        gen_cap, ver_cap = initial_caps(cfg)
+        gen_cap, ver_cap = initial_caps(cfg, gen_spec.kv_bytes, ver_spec.kv_bytes)
         gen.set_limits(batch_cap=gen_cap)
         if ver is not None:
             ver.set_limits(batch_cap=ver_cap)
@@ -134,7 +134,7 @@ def build_engine(cfg: Config, optim: OptimConfig, backends: Backends, search: Se
         engine = Engine(gen, ver, policy, system, engine_options(cfg, optim))
     if roofline:  # the memory policy (M), whatever the schedule
         from tts.engine.memory_split import RuntimeAllocator
-        engine.on_iteration = RuntimeAllocator(cfg, gen, ver)
+        engine.on_iteration = RuntimeAllocator(cfg, gen, ver, gen_spec.kv_bytes, ver_spec.kv_bytes)
     return engine
 
 

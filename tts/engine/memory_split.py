@@ -1,8 +1,11 @@
 """M: apply the roofline-guided KV split to the engines of a run.
 
 At start the split sizes each engine's KV budget (vLLM fixes it at engine creation).
-While the run goes on, `RuntimeAllocator` re-runs the search whenever the workload
-changes (live beams, path lengths) and applies the result as each engine's batch cap.
+While the run goes on, `RuntimeAllocator` re-plans each engine's batch cap within its own
+KV whenever the workload changes (live beams, path lengths). Both count a prefix that
+paths share once, as vLLM's prefix cache holds it: a tree's siblings share their parent's
+path, and sizing each child for its whole context (the paper's rule) halves the batch
+under memory pressure (docs/results.md, "Memory pressure").
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from pathlib import Path
 
 from tts.backends.factory import GIB, EngineSpec
 from tts.config.schema import Config, OptimConfig
-from tts.memory.allocator import Workload
+from tts.memory.allocator import Workload, search_caps
 from tts.memory.device import DeviceProfile, device_from_dict
 from tts.memory.policy import KVSplit, RooflineSplit
 from tts.memory.roofline import ModelShape
@@ -71,18 +74,67 @@ def working_set_bytes(cfg: Config) -> int:
     return tokens * (kv_bytes_per_token(cfg.generator) + kv_bytes_per_token(cfg.verifier))
 
 
-def workload_for(cfg: Config, beams: int, path_tokens: int) -> Workload:
-    step = cfg.generator.step_max_tokens
-    return Workload(num_requests=max(1, beams), verifier_seq_len=PROMPT_TOKENS + path_tokens + step,
-                    decode_len=step, gen_context_len=PROMPT_TOKENS + path_tokens,
-                    block_size=cfg.memory.block_size)
+TREE_SEARCHES = ("beam", "dvts", "dynamic_branching", "varying_granularity")
 
 
-def _split(cfg: Config, beams: int, path_tokens: int) -> KVSplit | None:
-    policy = RooflineSplit(model_shape(cfg.generator.model, cfg.generator.dtype),
-                           model_shape(cfg.verifier.model, cfg.verifier.dtype),
-                           device=device_profile(cfg))
-    return policy.split(int(cfg.memory.kv_cache_gib * GIB), workload_for(cfg, beams, path_tokens))
+def planned_context_blocks(cfg: Config, path_tokens: int) -> float:
+    """Full KV blocks of context each live path holds on its own account in a prefix cache,
+    planned before the tree exists: a problem's `search.n` paths share its prompt, and a
+    tree search's `search.beam_width` siblings their parent's path (independent samples
+    share only the prompt)."""
+    block, n = cfg.memory.block_size, cfg.search.n
+    siblings = cfg.search.beam_width if cfg.search.algorithm.value in TREE_SEARCHES else 1
+    prompt = PROMPT_TOKENS // block
+    return prompt / n + ((PROMPT_TOKENS + path_tokens) // block - prompt) / siblings
+
+
+def context_blocks(beams, block_size: int) -> float:
+    """Full KV blocks of context each beam holds on its own account: the distinct full
+    blocks of all the beams' token sequences (a prefix cache holds a shared prefix once)
+    over the number of beams. Blocks are keyed by their whole prefix, as vLLM hashes them."""
+    seen: set[int] = set()
+    for beam in beams:
+        ids, key = beam.token_ids, 0
+        for start in range(0, len(ids) - block_size + 1, block_size):
+            key = hash((key, ids[start:start + block_size]))
+            seen.add(key)
+    return len(seen) / max(1, len(beams))
+
+
+def workload_for(cfg: Config, beams: int, path_tokens: int, prompt_tokens: int = PROMPT_TOKENS,
+                 shared_blocks: float | None = None, step: int = 0) -> Workload:
+    """The next step's workload for `beams` paths of `path_tokens` after a prompt, each
+    decoding `step` tokens (0: `generator.step_max_tokens`); with `shared_blocks` (full
+    context blocks each holds on its own account, `context_blocks`), the KV sizing counts a
+    shared prefix once."""
+    step = step or cfg.generator.step_max_tokens
+    context = prompt_tokens + path_tokens
+    return Workload(num_requests=max(1, beams), verifier_seq_len=context + step, decode_len=step,
+                    gen_context_len=context, block_size=cfg.memory.block_size, context_blocks=shared_blocks)
+
+
+def _shapes(cfg: Config) -> tuple[ModelShape, ModelShape]:
+    return model_shape(cfg.generator.model, cfg.generator.dtype), model_shape(cfg.verifier.model, cfg.verifier.dtype)
+
+
+def _peak(cfg: Config) -> Workload:
+    """The run's peak workload: every path of every problem in flight, half way to its
+    longest, sharing prefixes as the search shares them (`planned_context_blocks`)."""
+    path = cfg.generator.max_total_tokens // 2
+    return workload_for(cfg, cfg.search.n * cfg.bench.concurrency, path,
+                        shared_blocks=planned_context_blocks(cfg, path))
+
+
+def _split(cfg: Config, workload: Workload) -> KVSplit | None:
+    policy = RooflineSplit(*_shapes(cfg), device=device_profile(cfg))
+    return policy.split(int(cfg.memory.kv_cache_gib * GIB), workload)
+
+
+def caps_within(cfg: Config, workload: Workload, gen_kv: int, ver_kv: int) -> tuple[int, int]:
+    """The (generator, verifier) batch caps for `workload` within each engine's KV bytes,
+    fixed when the engines start (`search_caps`); (1, 1) when one request does not fit."""
+    alloc = search_caps(*_shapes(cfg), device_profile(cfg), workload, gen_kv, ver_kv)
+    return (1, 1) if alloc is None else (alloc.b_dec, alloc.b_pre)
 
 
 def plan_memory(cfg: Config, optim: OptimConfig) -> tuple[EngineSpec, EngineSpec]:
@@ -94,7 +146,7 @@ def plan_memory(cfg: Config, optim: OptimConfig) -> tuple[EngineSpec, EngineSpec
         raise ValueError("memory.offload_idle_model: offloading the idle model at run time is not "
                          "implemented (vLLM sleep mode is GPU-only); set it to false")
     beams = cfg.search.n * cfg.bench.concurrency
-    split = _split(cfg, beams, cfg.generator.max_total_tokens // 2)
+    split = _split(cfg, _peak(cfg))
     if split is None:
         raise ValueError(f"memory.kv_cache_gib={cfg.memory.kv_cache_gib}: too small to hold one generator "
                          "and one verifier sequence; raise it")
@@ -175,35 +227,50 @@ def gpu_kv_budget(cfg: Config, free_bytes: int) -> int:
     return budget
 
 
-def initial_caps(cfg: Config) -> tuple[int, int]:
-    """The (generator, verifier) batch caps of the roofline split for the run's peak workload."""
-    split = _split(cfg, cfg.search.n * cfg.bench.concurrency, cfg.generator.max_total_tokens // 2)
-    assert split is not None  # plan_memory refused this config already
-    return max(split.generator_max_seqs, 1), max(split.verifier_max_seqs, 1)
+def initial_caps(cfg: Config, gen_kv: int, ver_kv: int) -> tuple[int, int]:
+    """The (generator, verifier) batch caps of the run's peak workload within the engines'
+    KV bytes (`plan_memory`'s)."""
+    return caps_within(cfg, _peak(cfg), gen_kv, ver_kv)
 
 
 class RuntimeAllocator:
-    """Re-runs the split when the workload changes and sets the engines' batch caps."""
+    """Re-plans the batch caps as the workload changes (live beams, their lengths, how much
+    of their context they share), each within its engine's KV bytes: vLLM fixed those when
+    the engines started, so a cap the split of the whole budget would choose (the paper's
+    rule) can ask an engine for KV it does not have, or leave idle KV it does."""
 
-    def __init__(self, cfg: Config, generator, verifier) -> None:
+    def __init__(self, cfg: Config, generator, verifier, gen_kv: int, ver_kv: int) -> None:
         self.cfg = cfg
         self.gen = generator
         self.ver = verifier
+        self.kv = (gen_kv, ver_kv)
         self._last: tuple[int, int] | None = None
         self.history: list[dict] = []
 
     def __call__(self, beams) -> None:
         n = len(beams)
-        mean_len = sum(b.num_tokens for b in beams) // max(1, n)
-        key = (n, mean_len // self.cfg.generator.step_max_tokens)  # re-plan per step-length bucket
-        if n == 0 or key == self._last:
+        if n == 0:
             return
-        self._last = key
-        split = _split(self.cfg, n, mean_len)
-        if split is None:
+        block = self.cfg.memory.block_size
+        context = sum(len(b.token_ids) for b in beams) // n
+        own = context_blocks(beams, block)
+        step = last_step_tokens(beams, self.cfg.generator.step_max_tokens)
+        workload = workload_for(self.cfg, n, context, prompt_tokens=0, shared_blocks=own, step=step)
+        caps = caps_within(self.cfg, workload, *self.kv)
+        if caps == self._last:
             return
-        self.gen.set_limits(batch_cap=split.generator_max_seqs)
+        self._last = caps
+        self.gen.set_limits(batch_cap=caps[0])
         if self.ver is not None:
-            self.ver.set_limits(batch_cap=split.verifier_max_seqs)
-        self.history.append({"beams": n, "path_tokens": mean_len, "b_dec": split.generator_max_seqs,
-                             "b_pre": split.verifier_max_seqs})
+            self.ver.set_limits(batch_cap=caps[1])
+        self.history.append({"beams": n, "context_tokens": context, "own_context_blocks": round(own, 2),
+                             "step_tokens": step, "b_dec": caps[0], "b_pre": caps[1]})
+
+
+def last_step_tokens(beams, step_max: int) -> int:
+    """What a step will decode, by the longest step the beams' last iteration drew (a step
+    stops at its delimiter, far short of `generator.step_max_tokens` as a rule); the limit
+    itself before the first step. A longer step than that finds its KV as vLLM finds it for
+    any request: blocks as it decodes, preemption when none are left."""
+    drawn = [b.steps[-1].num_tokens for b in beams if getattr(b, "steps", ())]
+    return min(step_max, max(drawn)) if drawn and max(drawn) > 0 else step_max

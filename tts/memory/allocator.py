@@ -26,6 +26,7 @@ Run ``python -m tts.benchmarks.allocator_timing`` to time the search.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,6 +52,12 @@ class Workload:
     steps). 0 reproduces the paper, which sizes generator KV by S_dec alone."""
     block_size: int = 1
     """KV is allocated in blocks of this many tokens (vLLM paging); 1 = no rounding."""
+    context_blocks: float | None = None
+    """Full KV blocks of context each request holds on its own account when requests share
+    prefixes in a prefix cache (siblings their parent's path, every path its prompt): the
+    distinct full context blocks of all N requests over N. A child's trailing partial block
+    and what it decodes are its own. None: nothing shared; each request holds its whole
+    context, as the paper sizes it."""
 
     def __post_init__(self) -> None:
         for name in ("num_requests", "verifier_seq_len", "decode_len", "block_size"):
@@ -58,17 +65,34 @@ class Workload:
                 raise ValueError(f"Workload.{name} must be >= 1, got {getattr(self, name)}")
         if self.gen_context_len < 0:
             raise ValueError(f"Workload.gen_context_len must be >= 0, got {self.gen_context_len}")
+        if self.context_blocks is not None:
+            if self.context_blocks < 0:
+                raise ValueError(f"Workload.context_blocks must be >= 0, got {self.context_blocks}")
+            if self.gen_context_len > self.verifier_seq_len:
+                raise ValueError("Workload.gen_context_len must be <= verifier_seq_len when context is shared "
+                                 f"(context_blocks), got {self.gen_context_len} > {self.verifier_seq_len}")
 
     def _blocks(self, tokens: int) -> int:
         return -(-tokens // self.block_size) * self.block_size
 
+    def _held(self, own_tokens: int) -> float:
+        """Tokens of KV one request holds: its context's full blocks (its share of them when
+        shared) and, in blocks, the context's partial tail with its `own_tokens`."""
+        full, tail = divmod(self.gen_context_len, self.block_size)
+        shared = full if self.context_blocks is None else self.context_blocks
+        return shared * self.block_size + self._blocks(tail + own_tokens)
+
     def kv_verifier(self, ver_shape: ModelShape) -> int:
-        """KV bytes one verifier request holds: KVBytes(1, S)."""
-        return ver_shape.kv_bytes_per_token * self._blocks(self.verifier_seq_len)
+        """KV bytes one verifier request holds: KVBytes(1, S); with shared context, its share
+        of the context's blocks and the blocks of what follows the context."""
+        if self.context_blocks is None:
+            return ver_shape.kv_bytes_per_token * self._blocks(self.verifier_seq_len)
+        return math.ceil(ver_shape.kv_bytes_per_token * self._held(self.verifier_seq_len - self.gen_context_len))
 
     def kv_generator(self, gen_shape: ModelShape) -> int:
-        """KV bytes one generator request holds at the end of decoding: KVBytes(1, S_dec)."""
-        return gen_shape.kv_bytes_per_token * self._blocks(self.gen_context_len + self.decode_len)
+        """KV bytes one generator request holds at the end of decoding: KVBytes(1, S_dec)
+        over its context (its share of the context's blocks when shared)."""
+        return math.ceil(gen_shape.kv_bytes_per_token * self._held(self.decode_len))
 
     @property
     def mean_decode_ctx(self) -> float:
@@ -175,14 +199,29 @@ def _search_split(p: _Problem, n: int, budget: int) -> Allocation | None:
     return _allocation(p, int(b_pre[i]), int(b_dec[i]), "split")
 
 
-def _search_offload(p: _Problem, n: int, budget: int, overhead_ns: int) -> Allocation | None:
-    """Relaxed constraints: each model alone may use the whole budget, one at a time."""
-    cap_pre, cap_dec = min(n, budget // p.kv_ver), min(n, budget // p.kv_gen)
+def _search_apart(p: _Problem, n: int, gen_bytes: int, ver_bytes: int, mode: str,
+                  overhead_ns: int = 0) -> Allocation | None:
+    """Each model within its own bytes: the best batch of each, separately."""
+    cap_pre, cap_dec = min(n, ver_bytes // p.kv_ver), min(n, gen_bytes // p.kv_gen)
     if cap_pre < 1 or cap_dec < 1:
         return None
     b_pre = int(_prefix_argmin(p.t_ver[:cap_pre])[-1]) + 1
     b_dec = int(_prefix_argmin(p.t_gen[:cap_dec])[-1]) + 1
-    return _allocation(p, b_pre, b_dec, "offload", overhead_ns)
+    return _allocation(p, b_pre, b_dec, mode, overhead_ns)
+
+
+def _search_offload(p: _Problem, n: int, budget: int, overhead_ns: int) -> Allocation | None:
+    """Relaxed constraints: each model alone may use the whole budget, one at a time."""
+    return _search_apart(p, n, budget, budget, "offload", overhead_ns)
+
+
+def search_caps(gen_shape: ModelShape, ver_shape: ModelShape, device: DeviceProfile, workload: Workload,
+                gen_kv_bytes: int, ver_kv_bytes: int) -> Allocation | None:
+    """The (B_pre, B_dec) minimising modelled T_tot when each engine's KV is already fixed
+    (vLLM sizes it when the engine starts): each batch within its own engine's bytes. What a
+    run re-plans as its workload changes. None when one request does not fit an engine."""
+    p = _problem(gen_shape, ver_shape, device, workload)
+    return _search_apart(p, workload.num_requests, int(gen_kv_bytes), int(ver_kv_bytes), "split")
 
 
 def _cheaper(split: Allocation | None, offload: Allocation | None) -> Allocation | None:
