@@ -126,7 +126,7 @@ def test_runtime_caps_count_siblings_once_and_stay_in_each_engines_kv():
     assert drawn[0] > shared[0] and drawn[1] >= shared[1]
 
 
-def test_a_step_is_sized_by_the_longest_step_the_last_iteration_drew():
+def test_a_step_is_sized_by_the_steps_the_last_iteration_drew():
     from tts.engine.memory_split import last_step_tokens
     from tts.search.tree import Step, StepEnd
 
@@ -135,5 +135,7 @@ def test_a_step_is_sized_by_the_longest_step_the_last_iteration_drew():
 
     assert last_step_tokens([], 96) == 96  # before the first step: the limit
     assert last_step_tokens([beam(), beam()], 96) == 96
-    assert last_step_tokens([beam(50, 20), beam(7, 31)], 96) == 31  # the last steps only
+    assert last_step_tokens([beam(50, 20), beam(7, 31)], 96) == 26  # the last steps' mean, rounded up
+    assert last_step_tokens([beam(50, 20), beam(7, 32)], 96) == 26
+    assert last_step_tokens([beam(0)], 96) == 1
     assert last_step_tokens([beam(120)], 96) == 96  # never above the limit

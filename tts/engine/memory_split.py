@@ -268,9 +268,11 @@ class RuntimeAllocator:
 
 
 def last_step_tokens(beams, step_max: int) -> int:
-    """What a step will decode, by the longest step the beams' last iteration drew (a step
-    stops at its delimiter, far short of `generator.step_max_tokens` as a rule); the limit
-    itself before the first step. A longer step than that finds its KV as vLLM finds it for
-    any request: blocks as it decodes, preemption when none are left."""
+    """What a step will decode (S_dec): the mean length of the steps the beams' last
+    iteration drew, rounded up (a step stops at its delimiter, far short of
+    `generator.step_max_tokens` as a rule); the limit itself before the first step. Sized by
+    the longest step instead, the caps left a third of the generator's KV idle under
+    pressure (docs/results.md); a step longer than the mean finds its KV as vLLM finds it
+    for any request, blocks as it decodes and preemption when none are left."""
     drawn = [b.steps[-1].num_tokens for b in beams if getattr(b, "steps", ())]
-    return min(step_max, max(drawn)) if drawn and max(drawn) > 0 else step_max
+    return min(step_max, max(1, -(-sum(drawn) // len(drawn)))) if drawn else step_max
