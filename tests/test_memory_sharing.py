@@ -139,3 +139,27 @@ def test_a_step_is_sized_by_the_steps_the_last_iteration_drew():
     assert last_step_tokens([beam(50, 20), beam(7, 32)], 96) == 26
     assert last_step_tokens([beam(0)], 96) == 1
     assert last_step_tokens([beam(120)], 96) == 96  # never above the limit
+
+
+def test_the_replans_are_kept_for_the_step_logs():
+    from tts.config.compose import compose, validate
+    from tts.engine.memory_split import RuntimeAllocator
+
+    class Engine:
+        def set_limits(self, batch_cap: int | None = None) -> None:
+            self.cap = batch_cap
+
+    cfg = validate(compose("pressure", ["search.n=32", "optim=PM"]))
+    allocator = RuntimeAllocator(cfg, Engine(), Engine(), 2_000 * 46080, 1_500 * 46080)
+    for beams in (tree(160, 8, 4, 0), tree(160, 8, 4, 0), tree(160, 8, 4, 128, last_step=20)):
+        allocator(beams)
+    summary = allocator.summary()
+    assert summary["replans"] == 2  # the same caps twice are one re-plan
+    first, last = summary["history"]
+    assert first["beams"] == last["beams"] == 32 and last["step_tokens"] == 20
+    assert last["context_tokens"] == 288 and last["own_context_blocks"] == round(context_blocks_of(last), 2)
+    assert (last["b_dec"], last["b_pre"]) != (first["b_dec"], first["b_pre"])
+
+
+def context_blocks_of(row: dict) -> float:
+    return (160 // 32) / 32 + (288 // 32 - 160 // 32) / 4

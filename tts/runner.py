@@ -134,7 +134,8 @@ def build_engine(cfg: Config, optim: OptimConfig, backends: Backends, search: Se
         engine = Engine(gen, ver, policy, system, engine_options(cfg, optim))
     if roofline:  # the memory policy (M), whatever the schedule
         from tts.engine.memory_split import RuntimeAllocator
-        engine.on_iteration = RuntimeAllocator(cfg, gen, ver, gen_spec.kv_bytes, ver_spec.kv_bytes)
+        engine.on_iteration = allocator = RuntimeAllocator(cfg, gen, ver, gen_spec.kv_bytes, ver_spec.kv_bytes)
+        engine.log_sources["memory_split"] = allocator.summary  # M's caps, in step_logs.json
     return engine
 
 

@@ -266,6 +266,15 @@ class RuntimeAllocator:
         self.history.append({"beams": n, "context_tokens": context, "own_context_blocks": round(own, 2),
                              "step_tokens": step, "b_dec": caps[0], "b_pre": caps[1]})
 
+    def summary(self) -> dict:
+        """The re-plans for the run's step logs (`memory_split`): how many, and the last
+        `KEPT_REPLANS` (live beams, their mean context, the full context blocks each holds
+        on its own, the step it was sized for, the caps set)."""
+        return {"replans": len(self.history), "kv_bytes": list(self.kv), "history": self.history[-KEPT_REPLANS:]}
+
+
+KEPT_REPLANS = 200
+
 
 def last_step_tokens(beams, step_max: int) -> int:
     """What a step will decode (S_dec): the mean length of the steps the beams' last

@@ -81,6 +81,7 @@ def variant_summary(records: list[dict], step_log: dict | None, wall_s: float | 
             s[model] = log
             if model == KV_BLOCKS:  # per model, its block pool's counts
                 add_pool_counts(s, log)
+            if "batch_util_mean" not in log:  # not an engine's steps (M's re-plans, a schedule's counters)
                 continue
             s[f"{model[:3]}_batch_util_mean"] = log["batch_util_mean"]
             s[f"{model[:3]}_running_mean"] = log.get("running_mean", 0.0)
