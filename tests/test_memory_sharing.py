@@ -157,9 +157,7 @@ def test_the_replans_are_kept_for_the_step_logs():
     assert summary["replans"] == 2  # the same caps twice are one re-plan
     first, last = summary["history"]
     assert first["beams"] == last["beams"] == 32 and last["step_tokens"] == 20
-    assert last["context_tokens"] == 288 and last["own_context_blocks"] == round(context_blocks_of(last), 2)
+    own = (160 // 32) / 32 + (288 // 32 - 160 // 32) / 4  # the prompt's blocks over 32 paths, the path's over 4
+    assert last["context_tokens"] == 288 and last["own_context_blocks"] == round(own, 2)
     assert (last["b_dec"], last["b_pre"]) != (first["b_dec"], first["b_pre"])
 
-
-def context_blocks_of(row: dict) -> float:
-    return (160 // 32) / 32 + (288 // 32 - 160 // 32) / 4

@@ -13,6 +13,11 @@ class Algorithm(str, enum.Enum):
     dynamic_branching = "dynamic_branching"
     varying_granularity = "varying_granularity"
 
+    @property
+    def is_tree(self) -> bool:
+        """Kept beams expand into `search.beam_width` children (siblings share a parent's path)."""
+        return self in (Algorithm.beam, Algorithm.dvts, Algorithm.dynamic_branching, Algorithm.varying_granularity)
+
 
 class Aggregation(str, enum.Enum):
     last = "last"

@@ -93,8 +93,7 @@ class SearchConfig:
         _require(self.temperature != 0 or self.n == 1, "search.n",
                  f"n={self.n} greedy paths (search.temperature=0) would all be the same path; use n=1")
         _require(self.beam_width >= 1, "search.beam_width", "must be >= 1")
-        if self.algorithm in (Algorithm.beam, Algorithm.dvts, Algorithm.dynamic_branching,
-                              Algorithm.varying_granularity):
+        if self.algorithm.is_tree:
             _require(self.n % self.beam_width == 0, "search.n",
                      f"n={self.n} must be divisible by search.beam_width={self.beam_width}")
         _require(self.max_iterations >= 1, "search.max_iterations", "must be >= 1")

@@ -74,16 +74,13 @@ def working_set_bytes(cfg: Config) -> int:
     return tokens * (kv_bytes_per_token(cfg.generator) + kv_bytes_per_token(cfg.verifier))
 
 
-TREE_SEARCHES = ("beam", "dvts", "dynamic_branching", "varying_granularity")
-
-
 def planned_context_blocks(cfg: Config, path_tokens: int) -> float:
     """Full KV blocks of context each live path holds on its own account in a prefix cache,
     planned before the tree exists: a problem's `search.n` paths share its prompt, and a
     tree search's `search.beam_width` siblings their parent's path (independent samples
     share only the prompt)."""
     block, n = cfg.memory.block_size, cfg.search.n
-    siblings = cfg.search.beam_width if cfg.search.algorithm.value in TREE_SEARCHES else 1
+    siblings = cfg.search.beam_width if cfg.search.algorithm.is_tree else 1
     prompt = PROMPT_TOKENS // block
     return prompt / n + ((PROMPT_TOKENS + path_tokens) // block - prompt) / siblings
 
