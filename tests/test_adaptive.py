@@ -5,7 +5,7 @@ import pytest
 
 from tts.backends.fake import FakeGenerator, FakeVerifier
 from tts.config.schema import Algorithm, OptimConfig, SearchConfig
-from tts.engine.adaptive import AdaptiveOptions
+from tts.engine.options import AdaptiveOptions
 from tts.engine.engine import Engine, EngineOptions, ProblemInput
 from tts.engine.schedule import hash_id
 from tts.search import make_policy
@@ -26,8 +26,7 @@ def run(script, scorer=None, n=4, m=2, iters=3, problems=("p",), schedule="barri
     cls = FakeVerifier if read_partial else _WholeStepsOnly
     ver = cls(scorer) if scorer else cls()
     opts = EngineOptions(adaptive=AdaptiveOptions(**adaptive))
-    extra = {"optim": OptimConfig(engine="decoupled")} if schedule == "decoupled" else {}
-    eng = Engine(gen, ver, lambda: make_policy(cfg, STEP_LIMIT, 300), "sys", opts, schedule=schedule, **extra)
+    eng = Engine(gen, ver, lambda: make_policy(cfg, STEP_LIMIT, 300), "sys", opts, schedule=schedule)
     return list(eng.run([ProblemInput(p, f"problem {p}") for p in problems])), gen
 
 

@@ -148,10 +148,10 @@ def test_no_file_over_400_lines_nor_function_over_60() -> None:
 
 def test_the_engine_writes_metrics_only_through_events() -> None:
     """No engine module writes a field of a problem's metrics: it emits events, and the
-    collector (`tts.metrics.events`) attributes them."""
+    collector (`tts.metrics.collector`) attributes them."""
     from dataclasses import fields
 
-    from tts.metrics.collector import ProblemMetrics
+    from tts.metrics.measures import ProblemMetrics
 
     names = {f.name for f in fields(ProblemMetrics)}
 
@@ -169,3 +169,24 @@ def test_the_engine_writes_metrics_only_through_events() -> None:
                        if isinstance(t, ast.Attribute) and t.attr in names and is_metrics(t.value)]
     assert len(engine) > 10
     assert not writes, writes
+
+
+def test_schedules_get_their_parts_and_never_reach_back_into_the_engine() -> None:
+    """A schedule works with what it is handed (`ScheduleParts`): no engine module but the
+    engine itself imports `tts.engine.engine`, not even for typing, and none reads an
+    `engine` attribute; the disciplines' registry imports the schedules, the engine the
+    registry."""
+    engine_dir = ROOT / "engine"
+    reaching = []
+    for path in sorted(engine_dir.glob("*.py")):
+        if path.name == "engine.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module == "tts.engine.engine":
+                reaching.append(f"{path.name}:{node.lineno}: imports tts.engine.engine")
+            elif isinstance(node, ast.Attribute) and node.attr == "engine":
+                reaching.append(f"{path.name}:{node.lineno}: .engine")
+    assert not reaching, reaching
+    graph = import_graph()
+    assert {"tts.engine.barrier", "tts.engine.decoupled"} <= graph["tts.engine.disciplines"]
+    assert "tts.engine.disciplines" in graph["tts.engine.engine"]

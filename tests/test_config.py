@@ -123,7 +123,7 @@ def test_optim_overrides_apply_to_every_compare_variant():
     """With `bench.compare`, the variants are presets; the command line's `optim.*`
     overrides go on top of each, and one that breaks a variant names it."""
     from tts.config.compose import validate
-    from tts.runner import variant_optims
+    from tts.assembly.variants import variant_optims
 
     cfg = validate(compose("compare", ["optim.spec_truncate_ratio=0", "bench.compare=[baseline,PMS,PMS_branches]"]))
     assert cfg.bench.optim_overrides == ["spec_truncate_ratio=0"]
@@ -155,7 +155,7 @@ def test_optim_overrides_apply_to_every_compare_variant():
 ])
 def test_a_single_variant_is_named_after_its_preset(overrides, name):
     from tts.config.compose import validate
-    from tts.runner import variant_optims
+    from tts.assembly.variants import variant_optims
 
     assert [n for n, _ in variant_optims(validate(compose("config", overrides)))] == [name]
 

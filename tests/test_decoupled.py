@@ -6,6 +6,7 @@ from tts.backends.base import StepStats
 from tts.backends.fake import EOS_CHAR, FakeGenerator, FakeVerifier, answering_script, endless_script
 from tts.config.schema import Algorithm, EngineKind, OptimConfig, SearchConfig
 from tts.engine.engine import Engine, EngineOptions, ProblemInput
+from tts.engine.options import decoupled_options
 from tts.engine.decoupled_policy import (EAGER_FIRST, FILL_POLICIES, SPECULATIVE_FIRST, Adaptive, FillState,
                                          make_fill_policy)
 from tts.results.summary import variant_summary
@@ -64,7 +65,7 @@ def decoupled(script, algo=Algorithm.beam, n=4, m=2, iters=5, problems=("a", "b"
     ver = None if no_verifier else (verifier or Recorder())
     optim = OptimConfig(engine=EngineKind.decoupled, decoupled_policy=policy, verifier_batch_size=prm_cap,
                         decoupled_spec_scope=scope)
-    eng = Engine(gen, ver, lambda: make_policy(cfg, 30, 300), "sys", EngineOptions(**opts), schedule="decoupled", optim=optim)
+    eng = Engine(gen, ver, lambda: make_policy(cfg, 30, 300), "sys", EngineOptions(**opts, decoupled=decoupled_options(optim)), schedule="decoupled")
     if trace:
         eng.schedule.trace = []
     return list(eng.run(inputs(problems))), eng, gen, ver
@@ -145,7 +146,7 @@ def test_prm_never_scores_a_speculative_step():
     cfg = cfg_for(Algorithm.beam, 8, 2, 5)
     gen = FakeGenerator(short, batch_cap=16)
     optim = OptimConfig(engine=EngineKind.decoupled, decoupled_policy="speculative_first", verifier_batch_size=3)
-    eng = Engine(gen, ver, lambda: make_policy(cfg, 30, 300), "sys", EngineOptions(concurrency=2), schedule="decoupled", optim=optim)
+    eng = Engine(gen, ver, lambda: make_policy(cfg, 30, 300), "sys", EngineOptions(concurrency=2, decoupled=decoupled_options(optim)), schedule="decoupled")
     holder["eng"] = eng
     list(eng.run(inputs(("a", "b", "c"))))
     assert seen["items"] > 0 and seen["spec_live"] > 0  # speculation existed while the PRM ran
@@ -298,7 +299,7 @@ def test_requests_queued_in_the_backend_stop_speculation():
         gen.step = step
         optim = OptimConfig(engine=EngineKind.decoupled, decoupled_policy="speculative_first")
         eng = Engine(gen, FakeVerifier(), lambda: make_policy(cfg, 30, 300), "sys",
-                              EngineOptions(concurrency=2), schedule="decoupled", optim=optim)
+                              EngineOptions(concurrency=2, decoupled=decoupled_options(optim)), schedule="decoupled")
         eng.schedule.trace = []
         outs = list(eng.run(inputs(("a", "b", "c"))))
         base, *_ = baseline(endless, iters=4, concurrency=2)
@@ -363,7 +364,7 @@ def test_adaptive_follows_its_rule_in_a_run():
     gen = FakeGenerator(endless, batch_cap=8, cache_blocks=40)
     optim = OptimConfig(engine=EngineKind.decoupled, decoupled_policy="adaptive")
     eng = Engine(gen, FakeVerifier(), lambda: make_policy(cfg, 30, 300), "sys",
-                          EngineOptions(concurrency=4), schedule="decoupled", optim=optim)
+                          EngineOptions(concurrency=4, decoupled=decoupled_options(optim)), schedule="decoupled")
     seen = []
     choose = eng.schedule.fill_policy.choose
 
@@ -391,7 +392,7 @@ def test_continuous_problem_batching_keeps_the_batch_full():
     gen = FakeGenerator(endless, batch_cap=8)
     optim = OptimConfig(engine=EngineKind.decoupled, decoupled_policy="eager_first")
     eng = Engine(gen, FakeVerifier(), lambda: make_policy(cfg, 30, 300), "sys",
-                          EngineOptions(concurrency=4, eos_at_depth_limit=False), schedule="decoupled", optim=optim)
+                          EngineOptions(concurrency=4, eos_at_depth_limit=False, decoupled=decoupled_options(optim)), schedule="decoupled")
     seen = []
     orig = gen.step
 
@@ -418,7 +419,7 @@ def test_outcomes_stream_as_problems_finish():
     cfg = cfg_for(Algorithm.beam, 4, 2, 3)
     gen = FakeGenerator(endless, batch_cap=8)
     eng = Engine(gen, FakeVerifier(), lambda: make_policy(cfg, 30, 300), "sys",
-                          EngineOptions(concurrency=1), schedule="decoupled", optim=OptimConfig(engine=EngineKind.decoupled))
+                          EngineOptions(concurrency=1, decoupled=decoupled_options(OptimConfig(engine=EngineKind.decoupled))), schedule="decoupled")
     it = eng.run(inputs(("a", "b")))
     first = next(it)
     assert first.problem.id == "a" and eng.schedule.queued  # b not started yet with concurrency 1
@@ -431,15 +432,14 @@ def test_the_memory_policy_sees_the_decoupled_schedules_beams():
     the batch cap it sets is the one the schedule fills to."""
     cfg = cfg_for(Algorithm.beam, 4, 2, 3)
     gen = FakeGenerator(endless, batch_cap=8)
-    eng = Engine(gen, FakeVerifier(), lambda: make_policy(cfg, 30, 300), "sys", EngineOptions(concurrency=2),
-                 schedule="decoupled", optim=OptimConfig(engine=EngineKind.decoupled))
     seen, running = [], []
 
     def plan(beams):
         seen.append(len(beams))
         gen.set_limits(batch_cap=4 if len(beams) > 4 else 8)
 
-    eng.on_iteration = plan
+    eng = Engine(gen, FakeVerifier(), lambda: make_policy(cfg, 30, 300), "sys", EngineOptions(concurrency=2),
+                 schedule="decoupled", replan=plan)
     orig = gen.step
 
     def step():
@@ -504,8 +504,8 @@ def test_guarded_speculation_stops_when_it_does_not_pay_and_keeps_the_answers():
     gen = FakeGenerator(endless, batch_cap=16)
     optim = OptimConfig(engine=EngineKind.decoupled, decoupled_policy="speculative_first",
                         decoupled_spec_scope="all")
-    eng = Engine(gen, FakeVerifier(), lambda: make_policy(cfg, 30, 300), "sys", EngineOptions(concurrency=2),
-                 schedule="decoupled", optim=optim)
+    eng = Engine(gen, FakeVerifier(), lambda: make_policy(cfg, 30, 300), "sys", EngineOptions(concurrency=2, decoupled=decoupled_options(optim)),
+                 schedule="decoupled")
     stats = eng.schedule.stats
     evidence = 32
     eng.schedule.speculation.guard = SpeculationGuard(stats, CostModel(0.0, 0.004, 0.0, steps=100, r2=1.0), evidence)

@@ -349,7 +349,7 @@ class Generation:
         from tts.engine.model_runner import ModelRunner
         from tts.engine.scoring import ScoringPhase
         from tts.engine.steps import StepCutter
-        from tts.metrics.events import MetricsCollector
+        from tts.metrics.collector import MetricsCollector
 
         self.collector = MetricsCollector()
         self.metrics = self.collector.start("p")
@@ -580,7 +580,7 @@ def test_counters_of_problems_in_flight_add_up_to_the_backends():
     """With several problems in flight, each problem gets its own requests' counters, so
     they add up to what the backends did (an even split rounded down lost the remainders
     and gave a problem another's speculative tokens)."""
-    from tts.metrics.collector import split_exactly
+    from tts.metrics.measures import split_exactly
 
     gen = FakeGenerator(endless, batch_cap=6)
     produced = []
@@ -655,3 +655,18 @@ def test_backend_observers_see_every_call_until_removed():
     assert len(steps) == 3 and gen.llm is None and ver.llm is None
     ver.score([ScoreRequest("p", ("a\n\n", "b"), (0, 1))])
     assert len(calls) == 1 and calls[0] >= 1
+
+
+def test_engine_options_default_to_the_configs_own_defaults():
+    """One builder from `OptimConfig` to the engine's typed options, and no default written
+    twice: the options of a default `OptimConfig` are the options' own defaults, the
+    adaptive and decoupled ones included; a switch set in the config reaches its option."""
+    from tts.config.schema import OptimConfig
+    from tts.engine.options import AdaptiveOptions, DecoupledOptions, engine_options
+
+    assert engine_options(OptimConfig()) == EngineOptions()
+    assert EngineOptions().adaptive == AdaptiveOptions() and EngineOptions().decoupled == DecoupledOptions()
+    tuned = engine_options(OptimConfig(engine="decoupled", spec_own_min_tokens=0, exit_top=2, verifier_batch_size=3,
+                                       prefix_aware=True), concurrency=4)
+    assert (tuned.spec_own_min_tokens, tuned.adaptive.exit_top, tuned.decoupled.verifier_batch_size,
+            tuned.ordering, tuned.concurrency) == (0, 2, 3, "prefix_aware", 4)

@@ -91,7 +91,7 @@ def test_search_variants_join_the_comparison_on_the_same_problems(tmp_path) -> N
 
 def test_an_unknown_search_variant_names_the_choices() -> None:
     from tts.config.compose import ConfigError, compose, validate
-    from tts.runner import run_variants
+    from tts.assembly.variants import run_variants
 
     cfg = validate(compose("config", ["generator=fake", "verifier=fake", "bench.search_variants=[bon]"]))
     with pytest.raises(ConfigError, match="unknown search preset 'bon'; valid choices: beam, best_of_n"):
@@ -107,7 +107,8 @@ def test_the_greedy_variant_is_one_path_at_temperature_zero() -> None:
     import dataclasses
 
     from tts.config.compose import ConfigError, compose, validate
-    from tts.runner import engine_options, run_variants
+    from tts.assembly.build import engine_options
+    from tts.assembly.variants import run_variants
 
     cfg = validate(compose("config", ["generator=fake", "verifier=fake", "generator.temperature=0.7",
                                       "bench.search_variants=[greedy,self_consistency]"]))

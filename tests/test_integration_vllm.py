@@ -19,7 +19,8 @@ from tts.config.compose import compose, validate
 from tts.engine.engine import ProblemInput
 from tts.models.cache import is_present
 from tts.results.store import RunStore
-from tts.runner import build_engine, run_bench
+from tts.assembly.build import build_engine
+from tts.runner import run_bench
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not is_present("smollm2-135m-instruct"),

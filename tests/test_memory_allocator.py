@@ -194,7 +194,7 @@ def test_runtime_replans_stay_within_the_engines_slots():
     from types import SimpleNamespace
 
     from tts.config.compose import compose, validate
-    from tts.engine.memory_split import RuntimeAllocator, initial_caps, plan_memory
+    from tts.assembly.memory_split import RuntimeAllocator, initial_caps, plan_memory
 
     class Slots:
         def __init__(self, slots: int) -> None:

@@ -127,7 +127,7 @@ def test_host_profile_does_not_keep_a_calibration_from_a_busy_machine(tmp_path, 
 def test_a_vllm_run_on_another_cpu_records_this_cpus_profile(tmp_path, monkeypatch):
     import tts.profiling.calibrate as cal
     from tts.config.compose import compose as compose_config
-    from tts.runner import on_this_host
+    from tts.assembly.host import on_this_host
 
     measured = DeviceProfile("cpu", "cpu", 2.5, 25.0, 24.0, "measured here", calibrated=True, host=cal.this_host())
     monkeypatch.setattr(cal, "_calibrate", lambda *a: (measured, 0.0))
@@ -143,7 +143,7 @@ def test_a_vllm_run_on_another_cpu_records_this_cpus_profile(tmp_path, monkeypat
 def test_a_resumed_run_keeps_the_profile_it_measured_on_this_cpu(tmp_path, monkeypatch):
     import tts.profiling.calibrate as cal
     from tts.config.compose import compose as compose_config
-    from tts.runner import on_this_host
+    from tts.assembly.host import on_this_host
 
     monkeypatch.setattr(cal, "_calibrate", lambda *a: pytest.fail("a resumed run measures nothing"))
     recorded = DeviceProfile("cpu", "cpu", 2.25, 24.0, 24.0, "measured here", calibrated=True, host=cal.this_host())

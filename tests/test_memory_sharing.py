@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tts.memory.allocator import Workload, brute_force_allocation, search_caps
+from tts.memory.allocator import Workload, search_caps
 from tts.memory.device import load_device
 
 from tests.test_memory_allocator import SMOL, random_device, random_shape
@@ -28,7 +28,7 @@ def tree(prompt: int, parents: int, children: int, path: int, last_step: int = 0
 
 
 def test_context_blocks_counts_a_shared_prefix_once():
-    from tts.engine.memory_split import context_blocks
+    from tts.assembly.memory_split import context_blocks
 
     # prompt: 2 full blocks, shared by all 8; each parent's path adds 1 full block and a
     # 16-token tail (not a full block: vLLM caches full blocks only); 4 children per parent
@@ -90,7 +90,7 @@ def test_runtime_caps_count_siblings_once_and_stay_in_each_engines_kv():
     re-plan split the whole budget as if each child held its parent's path alone, and gave
     the generator 6 running requests (the baseline ran 12) and the verifier 1."""
     from tts.config.compose import compose, validate
-    from tts.engine.memory_split import RuntimeAllocator, context_blocks, kv_bytes_per_token, plan_memory
+    from tts.assembly.memory_split import RuntimeAllocator, context_blocks, kv_bytes_per_token, plan_memory
     from tts.kv_budget import kv_budget
 
     class Engine:
@@ -127,7 +127,7 @@ def test_runtime_caps_count_siblings_once_and_stay_in_each_engines_kv():
 
 
 def test_a_step_is_sized_by_the_steps_the_last_iteration_drew():
-    from tts.engine.memory_split import last_step_tokens
+    from tts.assembly.memory_split import last_step_tokens
     from tts.search.tree import Step, StepEnd
 
     def beam(*lengths):
@@ -143,7 +143,7 @@ def test_a_step_is_sized_by_the_steps_the_last_iteration_drew():
 
 def test_the_replans_are_kept_for_the_step_logs():
     from tts.config.compose import compose, validate
-    from tts.engine.memory_split import RuntimeAllocator
+    from tts.assembly.memory_split import RuntimeAllocator
 
     class Engine:
         def set_limits(self, batch_cap: int | None = None) -> None:

@@ -53,7 +53,7 @@ def test_fake_engines_get_their_kv_budget_as_cache_blocks():
 
 def test_working_set_fraction_sets_the_budget_and_is_validated():
     from tts.config.compose import ConfigError, compose, validate
-    from tts.engine.memory_split import working_set_bytes
+    from tts.assembly.memory_split import working_set_bytes
     from tts.kv_budget import kv_budget
     from tts.backends.fake import KV_BYTES_PER_TOKEN
 

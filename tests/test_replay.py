@@ -235,7 +235,7 @@ def test_the_simulated_engine_preempts_the_last_admitted_when_decoding_runs_out_
 
 
 def test_the_roofline_step_is_memory_bound_in_decode_and_compute_bound_in_prefill():
-    from tts.engine.memory_split import model_shape
+    from tts.assembly.memory_split import model_shape
 
     shape = model_shape("qwen2.5-math-1.5b-instruct", "bfloat16")
     h100 = load_device("h100")
@@ -250,7 +250,7 @@ def test_the_roofline_step_is_memory_bound_in_decode_and_compute_bound_in_prefil
 
 
 def test_paper_models_are_priced_from_the_registry_without_their_weights():
-    from tts.engine.memory_split import model_shape
+    from tts.assembly.memory_split import model_shape
 
     small, large = (model_shape(m, "bfloat16") for m in ("Qwen/Qwen2.5-Math-1.5B-Instruct",
                                                           "qwen2.5-math-7b-instruct"))

@@ -318,7 +318,7 @@ def test_throughput_is_over_the_variant_wall_time(tmp_path):
 
 
 def test_hit_rates_are_unknown_without_the_count_or_anything_made_ahead():
-    from tts.metrics.collector import ProblemMetrics, summarize_problems
+    from tts.metrics.measures import ProblemMetrics, summarize_problems
 
     m = ProblemMetrics("p", lookahead_scored=8, lookahead_used=2)
     m.beam_tokens, m.beam_completion_s = [10], [1.0]
@@ -337,7 +337,7 @@ def test_hit_rates_are_unknown_without_the_count_or_anything_made_ahead():
 
 
 def test_kv_block_counts_add_up_across_a_resume_and_reach_the_ratio_table():
-    from tts.metrics.collector import merge_step_logs
+    from tts.metrics.measures import merge_step_logs
     from tts.results.summary import format_table, ratio_table, variant_summary
 
     step = {"batch_util_mean": 0.5, "running_mean": 2.0}
@@ -368,7 +368,7 @@ def test_cost_sums_add_up_across_a_resume_and_bound_each_variant():
     """The step cost model's sums of a killed run and its resume add up; the run's fit
     (every variant's steps) bounds each variant's work, and the table shows the bound."""
     from tts.backends.base import StepStats
-    from tts.metrics.collector import StepLog, merge_step_logs
+    from tts.metrics.measures import StepLog, merge_step_logs
     from tts.results.summary import add_bounds, cost_models, ratio_table, variant_summary
 
     def log(steps):

@@ -33,7 +33,7 @@ def gpu(monkeypatch):
     ("NVIDIA A100-SXM4-80GB", "a100"), ("NVIDIA H200", "h200"),
 ])
 def test_a_gpu_run_without_device_gets_its_cards_profile(gpu, card, profile) -> None:
-    from tts.runner import on_this_host
+    from tts.assembly.host import on_this_host
 
     gpu.name = card
     cfg = on_this_host(compose("config", []))  # device: cpu, the default
@@ -43,7 +43,7 @@ def test_a_gpu_run_without_device_gets_its_cards_profile(gpu, card, profile) -> 
 
 def test_a_device_given_is_kept_and_a_cpu_run_measures_its_cpu(gpu, monkeypatch) -> None:
     from tts.backends.vllm import engine
-    from tts.runner import on_this_host
+    from tts.assembly.host import on_this_host
 
     given = compose("config", ["device=a100"])
     assert on_this_host(given) is given  # a GPU profile named on the command line
@@ -93,12 +93,12 @@ def test_engines_are_released_before_the_next_variants_are_built(tmp_path, monke
     """Variants whose engines differ (here: each variant's batch slots) get new engines,
     built only once the previous variant's are closed and collected: no reference is left
     in the runner, the engine, the collector, the records or a closure."""
-    import tts.runner
+    import tts.assembly.build
     from tts.backends.factory import Backends, EngineSpec
     from tts.runner import run_bench
 
     specs = iter(range(8, 100))
-    monkeypatch.setattr(tts.runner, "static_split", lambda cfg: (EngineSpec(1 << 20, next(specs)),
+    monkeypatch.setattr(tts.assembly.build, "static_split", lambda cfg: (EngineSpec(1 << 20, next(specs)),
                                                                  EngineSpec(1 << 20, next(specs))))
     built: list[weakref.ref] = []
     events: list[str] = []

@@ -172,7 +172,7 @@ def _run_search(fn, cfg: DictConfig, term: Console, on_folder) -> Path:
 
     from tts.config.compose import validate
     from tts.problems import load_problems_for
-    from tts.runner import run_variants
+    from tts.assembly.variants import run_variants
 
     conf = validate(cfg)
     total = len(load_problems_for(conf)) * len(conf.bench.run_seeds)  # each problem once per seed

@@ -2,10 +2,10 @@
 search's working set.
 
 `tts bench` on a CUDA host with `memory.gpu_free_fraction` set sizes the engines' KV cache
-from the card itself (`tts.engine.memory_split.gpu_kv_budget`) instead of a fixed
+from the card itself (`tts.assembly.memory_split.gpu_kv_budget`) instead of a fixed
 `memory.kv_cache_gib`; the run folder's config records the budget used, and `--resume`
 keeps it. With `memory.working_set_fraction` the budget is that share of the search's KV
-working set (`tts.engine.memory_split.working_set_bytes`), on any host.
+working set (`tts.assembly.memory_split.working_set_bytes`), on any host.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 def kv_on_this_gpu(cfg_node: DictConfig) -> DictConfig:
     """`cfg_node` with `memory.kv_cache_gib` the GPU's free memory less the models and their
-    activations (`memory.gpu_free_fraction`, `tts.engine.memory_split.gpu_kv_budget`), for
+    activations (`memory.gpu_free_fraction`, `tts.assembly.memory_split.gpu_kv_budget`), for
     a vLLM run on a CUDA host; a resumed run keeps the budget its first part took. The run
     folder's config records the budget used. Unchanged on CPU or with the share null."""
     backend = cfg_node.generator.backend
@@ -37,7 +37,7 @@ def kv_on_this_gpu(cfg_node: DictConfig) -> DictConfig:
     import copy
 
     from tts.backends.factory import GIB
-    from tts.engine.memory_split import gpu_kv_budget
+    from tts.assembly.memory_split import gpu_kv_budget
 
     gib = _resumed_kv(cfg_node)
     if gib is None:
@@ -71,7 +71,7 @@ def kv_budget(cfg_node: DictConfig) -> DictConfig:
 
 def kv_of_working_set(cfg_node: DictConfig, most_gib: float | None = None) -> DictConfig:
     """`cfg_node` with `memory.kv_cache_gib` `memory.working_set_fraction` of the search's KV
-    working set (`tts.engine.memory_split.working_set_bytes`, with the config's models and
+    working set (`tts.assembly.memory_split.working_set_bytes`, with the config's models and
     dtypes: a replay's, for a replay); unchanged with the fraction null. ValueError when it
     is more than `most_gib` (what a GPU has)."""
     fraction = cfg_node.memory.get("working_set_fraction")
@@ -80,7 +80,7 @@ def kv_of_working_set(cfg_node: DictConfig, most_gib: float | None = None) -> Di
     import copy
 
     from tts.backends.factory import GIB
-    from tts.engine.memory_split import working_set_bytes
+    from tts.assembly.memory_split import working_set_bytes
 
     working_set = working_set_bytes(validate(cfg_node)) / GIB
     gib = fraction * working_set

@@ -17,163 +17,25 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from tts import clock
-from tts.backends.factory import Backends, read_prompt, static_split
+from tts.assembly.build import build_engine
+from tts.assembly.host import model_runner, on_this_host, run_host
+from tts.assembly.variants import run_variants
+from tts.backends.factory import Backends
 from tts.backends.vllm.thrash import attach_counters, detach_counters
-from tts.config.compose import CONF_DIR, ConfigError, preset_optims, to_yaml, validate
+from tts.config.compose import ConfigError, to_yaml, validate
 from tts.config.limits import check_context
-from tts.config.schema import BackendKind, BenchMode, Config, EngineKind, OptimConfig, SearchConfig
-from tts.engine.adaptive import AdaptiveOptions
-from tts.engine.engine import Engine, EngineOptions, ProblemInput
+from tts.config.schema import BackendKind, BenchMode, Config
+from tts.engine.engine import ProblemInput
 from tts.kv_budget import kv_budget
-from tts.metrics.collector import KV_BLOCKS, merge_step_logs
+from tts.metrics.measures import KV_BLOCKS, merge_step_logs
 from tts.problems import fit_prompts, load_problems_for
 from tts.replay.trace import TRACE, TraceRecorder
 from tts.results.records import build_record
 from tts.results.store import RunStore
 from tts.results.summary import variant_wall, write_summary
 from tts.results.wandb_logger import RunLogger
-from tts.search import make_policy
 
 log = logging.getLogger(__name__)
-
-
-def variant_optims(cfg: Config) -> list[tuple[str, OptimConfig]]:
-    """(name, optim config) for each variant: the `bench.compare` presets, each with
-    `bench.optim_overrides` on top, else the one configured."""
-    if not cfg.bench.compare:
-        return [(_preset_name(cfg.optim), cfg.optim)]
-    return preset_optims(list(cfg.bench.compare), list(cfg.bench.optim_overrides))
-
-
-def run_variants(cfg: Config) -> list[tuple[str, OptimConfig, SearchConfig]]:
-    """Every variant the run compares, in order: (name, optim, search). The optim variants
-    (`variant_optims`) search with `cfg.search`; then each `bench.search_variants` preset
-    runs on the baseline engine at `cfg.search.n`."""
-    from tts.config.compose import preset_searches
-
-    out = [(name, optim, cfg.search) for name, optim in variant_optims(cfg)]
-    if cfg.bench.search_variants:
-        baseline = preset_optims(["baseline"], [])[0][1]
-        taken = {name for name, _, _ in out}
-        for name, search in preset_searches(list(cfg.bench.search_variants), cfg.search.n):
-            if name in taken:
-                raise ConfigError(f"bench.search_variants: {name!r} is also an optim variant's name")
-            out.append((name, baseline, search))
-    return out
-
-
-def _preset_name(optim: OptimConfig) -> str:
-    """The `conf/optim` preset `optim` is, else a label of its engine and switches."""
-    for name in sorted(p.stem for p in (CONF_DIR / "optim").glob("*.yaml")):
-        if preset_optims([name], [])[0][1] == optim:
-            return name
-    if optim.engine is EngineKind.baseline:
-        return "baseline"
-    if optim.engine is EngineKind.decoupled:
-        return f"decoupled-{optim.decoupled_policy.value}"
-    flags = "P" * optim.prefix_aware + "M" * optim.roofline_memory + "S" * optim.speculative
-    return (flags or "flash") + "_branches" * optim.spec_branches
-
-
-def engine_options(cfg: Config, optim: OptimConfig) -> EngineOptions:
-    return EngineOptions(
-        concurrency=cfg.bench.concurrency, seed=cfg.bench.seed, score_cache=optim.score_cache,
-        eos_at_depth_limit=optim.eos_at_depth_limit, speculative=optim.speculative,
-        lookahead=optim.lookahead, lookahead_scope=optim.lookahead_scope,
-        ordering="prefix_aware" if optim.prefix_aware else optim.request_order,
-        spec_max_tokens=optim.spec_max_tokens, spec_batch_cap=spec_batch_cap(cfg, optim),
-        spec_truncate_ratio=optim.spec_truncate_ratio,
-        spec_truncate_std=optim.spec_truncate_std, spec_own_min_tokens=optim.spec_own_min_tokens, spec_branches=optim.spec_branches, spec_prune=optim.spec_prune,
-        temperature=cfg.generator.temperature if cfg.search.temperature is None else cfg.search.temperature,
-        top_p=cfg.generator.top_p, fresh_cache_per_problem=cfg.bench.fresh_cache_per_problem,
-        adaptive=AdaptiveOptions(
-            early_exit=optim.early_exit, exit_top=optim.exit_top, exit_agree=optim.exit_agree,
-            exit_patience=optim.exit_patience, exit_plateau=optim.exit_plateau, early_reject=optim.early_reject,
-            reject_interval=optim.reject_interval, reject_margin=optim.reject_margin))
-
-
-def spec_batch_cap(cfg: Config, optim: OptimConfig) -> int:
-    """optim.spec_batch_cap, with -1 resolved to the decode ridge batch: the batch at
-    which a decode step turns from reading the weights (memory-bound) to computing
-    (compute-bound), i.e. the device's ridge point in FLOP/byte x bytes per weight / 2."""
-    if optim.spec_batch_cap >= 0 or not optim.speculative:
-        return max(0, optim.spec_batch_cap)
-    if cfg.generator.backend is not BackendKind.vllm:
-        return 0
-    from tts.engine.memory_split import device_profile, model_shape
-
-    shape = model_shape(cfg.generator.model, cfg.generator.dtype)
-    return max(1, round(device_profile(cfg).ridge_point * shape.dtype_bytes / 2))
-
-
-def build_engine(cfg: Config, optim: OptimConfig, backends: Backends, search: SearchConfig | None = None):
-    """The engine for one variant (searching with `search`, default `cfg.search`), on
-    backends sized for it."""
-    from tts.engine.memory_split import plan_memory
-
-    if search is not None and search != cfg.search:
-        cfg = dataclasses.replace(cfg, search=search)
-
-    # M needs real model shapes; the fake backend has none, so it keeps the static split
-    roofline = optim.roofline_memory and cfg.generator.backend is BackendKind.vllm
-    gen_spec, ver_spec = plan_memory(cfg, optim) if roofline else static_split(cfg)
-    policy = lambda: make_policy(cfg.search, cfg.generator.step_max_tokens, cfg.generator.max_total_tokens)
-    uses_verifier = policy().uses_verifier
-    gen, ver = backends.get(gen_spec, ver_spec if uses_verifier else None)
-    if roofline:  # the engines' slots leave room for re-plans; start at the split's caps
-        from tts.engine.memory_split import initial_caps
-
-        gen_cap, ver_cap = initial_caps(cfg, gen_spec.kv_bytes, ver_spec.kv_bytes)
-        gen.set_limits(batch_cap=gen_cap)
-        if ver is not None:
-            ver.set_limits(batch_cap=ver_cap)
-    system = read_prompt(cfg.generator.system_prompt_file)
-    if optim.engine is EngineKind.decoupled:
-        engine = Engine(gen, ver, policy, system, engine_options(cfg, optim), schedule="decoupled", optim=optim)
-    else:
-        engine = Engine(gen, ver, policy, system, engine_options(cfg, optim))
-    if roofline:  # the memory policy (M), whatever the schedule
-        from tts.engine.memory_split import RuntimeAllocator
-        engine.on_iteration = allocator = RuntimeAllocator(cfg, gen, ver, gen_spec.kv_bytes, ver_spec.kv_bytes)
-        engine.log_sources["memory_split"] = allocator.summary  # M's caps, in step_logs.json
-    return engine
-
-
-def resolved_dtypes(cfg: Config) -> dict[str, str]:
-    """The dtype each model runs in (`dtype: auto` resolved for this host)."""
-    from tts.backends.vllm.engine import read_hf_config, resolve_dtype
-    from tts.models.resolve import resolve_model
-
-    out = {}
-    for role, model in (("generator", cfg.generator), ("verifier", cfg.verifier)):
-        if model.backend is BackendKind.fake:
-            out[role] = "fake"
-        else:
-            out[role] = resolve_dtype(model.dtype, read_hf_config(resolve_model(model.model)))
-    return out
-
-
-def run_host(cfg: Config) -> dict:
-    """This run's host, with its models' dtypes, the generator's sampler and vLLM's model
-    runner."""
-    from tts.backends.factory import resolve_sampler
-    from tts.results.host import host_info
-
-    return host_info(resolved_dtypes(cfg), resolve_sampler(cfg).value, model_runner(cfg))
-
-
-def model_runner(cfg: Config) -> str | None:
-    """The vLLM model runner the run's engines get, pinned to V1 before any engine starts
-    where the generator installs the position sampler (`tts.backends.vllm.model_runner`);
-    None without a vLLM model."""
-    if BackendKind.vllm not in (cfg.generator.backend, cfg.verifier.backend):
-        return None
-    from tts.backends.factory import resolve_sampler
-    from tts.backends.vllm.model_runner import pin_for_sampler
-    from tts.config.schema import Sampler
-
-    position = cfg.generator.backend is BackendKind.vllm and resolve_sampler(cfg) is Sampler.position
-    return pin_for_sampler(position)
 
 
 def run_bench(cfg_node: DictConfig, progress: Callable | None = None,
@@ -204,57 +66,6 @@ def run_bench(cfg_node: DictConfig, progress: Callable | None = None,
         log.warning("skipped %s: %s", s["problem_id"], s["reason"])
     return run_problems(cfg, cfg_node, problems, Backends(cfg), None, progress, on_folder, on_iteration,
                         measure_raw=cfg.bench.raw_generator, skipped=skipped)
-
-
-def on_this_host(cfg_node: DictConfig) -> DictConfig:
-    """`cfg_node` with `device` this machine's own profile where the configured one is a
-    CPU's, for a run whose generator is vLLM here: on a CUDA host its GPU's profile, by
-    name (`tts.profiling.calibrate.gpu_profile`; `device: cpu` is the default, so a GPU run
-    that names no device gets its card's); on a CPU, this CPU's own calibration where the
-    configured one was measured on another CPU (`host_profile`). A GPU profile given
-    (`device=h100`) is kept. The run folder's config records the profile used."""
-    backend = cfg_node.generator.backend
-    if cfg_node.device.kind != "cpu" or getattr(backend, "value", backend) != BackendKind.vllm.value:
-        return cfg_node
-    import copy
-    from dataclasses import asdict
-
-    from tts.backends.vllm.engine import has_cuda
-    from tts.memory.device import device_from_dict
-    from tts.profiling.calibrate import gpu_profile, host_profile
-
-    configured = device_from_dict(OmegaConf.to_container(cfg_node.device, resolve=True))
-    if has_cuda():
-        profile, note = gpu_profile(configured)
-    else:
-        profile, note = _resumed_device(cfg_node, configured) or host_profile(configured)
-    if note is None:
-        return cfg_node
-    log.warning(note)
-    cfg_node = copy.deepcopy(cfg_node)
-    for key, value in asdict(profile).items():
-        cfg_node.device[key] = value
-    return cfg_node
-
-
-def _resumed_device(cfg_node: DictConfig, configured):
-    """A resumed run's own profile, with a note, when its folder recorded one measured on
-    this CPU in place of `configured` (its speculation width and memory split stay those
-    of its first part, and a measurement that differs by a hair does not refuse the resume
-    as "other settings"); None otherwise."""
-    if not (cfg_node.bench.resume and cfg_node.bench.run_name):
-        return None
-    from tts.memory.device import device_from_dict
-    from tts.profiling.calibrate import this_host
-
-    try:  # a corrupt config.yaml is reported when the run folder opens
-        saved = RunStore(Path(cfg_node.bench.results_dir) / cfg_node.bench.run_name).saved_config().get("device")
-        recorded = device_from_dict(saved) if isinstance(saved, dict) else None
-    except (TypeError, ValueError):
-        return None
-    if recorded is None or recorded == configured or recorded.kind != "cpu" or recorded.host != this_host():
-        return None
-    return recorded, f"device=cpu: --resume keeps the profile its run measured on {recorded.host}"
 
 
 def run_problems(cfg: Config, cfg_node: DictConfig, problems: list, backends, host: dict | None,

@@ -8,7 +8,6 @@ ends. The verifier scores chosen steps of reasoning paths in one batched call.
 from __future__ import annotations
 
 import enum
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field

@@ -22,27 +22,15 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from eval.accuracy import group_answers
 from eval.extract import extract_answer
+from tts.engine.options import AdaptiveOptions
 from tts.engine.requests import Request
 from tts.engine.scoring import ScoreItem
 from tts.engine.steps import completes_path
 from tts.search.base import ProblemSearch, SearchPolicy, aggregate
 from tts.search.tree import Beam
-
-
-@dataclass(frozen=True)
-class AdaptiveOptions:
-    early_exit: bool = False
-    exit_top: int = 4
-    exit_agree: float = 0.75
-    exit_patience: int = 2
-    exit_plateau: float = 0.0
-    early_reject: bool = False
-    reject_interval: int = 16
-    reject_margin: float = 0.1
 
 
 class AnswerSettling:

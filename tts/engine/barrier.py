@@ -4,7 +4,7 @@ With every optimisation off this is the baseline loop of search-and-learn (all b
 an iteration run to their step end, the slowest beam sets the pace, then all new steps
 are verified). The FlashTTS switches change how the loop runs, never what the policy
 decides: request order (P), speculative extension (S, `barrier_generation.py`),
-lookahead verification, and the memory split (M, the engine's `on_iteration`).
+lookahead verification, and the memory split (M, `ScheduleParts.replan`).
 
 Lookahead comes in two scopes. `all` is the paper's: every beam whose speculative tokens
 hold a whole next step has it scored in the same verifier call as its current step, which
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import time
 from collections import deque
 from collections.abc import Iterable
 
@@ -34,7 +33,7 @@ from tts.config.schema import LookaheadScope
 from tts.engine.adaptive import EarlyRejection
 from tts.engine.barrier_generation import IterationGeneration
 from tts.engine.requests import Request
-from tts.engine.schedule import Generate, Problem, ProblemInput, Schedule, Score
+from tts.engine.schedule import Generate, Problem, ProblemInput, Purpose, Schedule, ScheduleParts, Score
 from tts.engine.scoring import ScoreItem, ScoringStats
 from tts.engine.speculation import inherit_speculation, spec_priorities
 from tts.engine.steps import completes_path
@@ -63,12 +62,12 @@ class _Stage(enum.Enum):
 class BarrierSchedule(Schedule):
     """Runs `concurrency` problems at a time, an iteration of all of them at a time."""
 
-    def __init__(self, engine) -> None:
-        super().__init__(engine)
+    def __init__(self, parts: ScheduleParts) -> None:
+        super().__init__(parts)
         opts = self.opts
         self.generation = IterationGeneration(
             self.runner, self.cut, opts.speculative, opts.spec_max_tokens or self.policy.step_max_tokens,
-            spec_batch_cap=opts.spec_batch_cap, spec_branches=opts.spec_branches,
+            opts.kv_spec_limit, spec_batch_cap=opts.spec_batch_cap, spec_branches=opts.spec_branches,
             step_max_tokens=self.policy.step_max_tokens)
         scope = _lookahead_scope(opts.lookahead_scope)
         verifier = self.runner.verifier
@@ -94,7 +93,6 @@ class BarrierSchedule(Schedule):
         self.prune = opts.spec_prune and opts.speculative and verifier is not None
         self._prune_at = 0
         self._prune_done = False
-        self._looked_ahead = False  # this iteration's second call is decided
 
     def add(self, problems: Iterable[ProblemInput]) -> None:
         self._queue.extend(problems)
@@ -117,12 +115,12 @@ class BarrierSchedule(Schedule):
                     items = [i for p in self._live
                              for i in self.rejection.items(p.input.problem, p.search, self._requests_of(p))]
                     if items:  # early rejection: score the steps as they stand
-                        return Score(items, self._charge())
+                        return Score(items, self._charge(), Purpose.REJECT)
                 if self._prune_due():
                     self._prune_done = True
                     items = self._finished_step_items()
                     if items:  # speculation pruning: score the finished steps now
-                        return Score(items, self._charge())
+                        return Score(items, self._charge(), Purpose.PRUNE)
                     self._prune_speculation()  # their scores are known already
                 return Generate()
             self._end_generation()
@@ -130,23 +128,24 @@ class BarrierSchedule(Schedule):
             return Score([i for i in items if i.indices or i.lookahead_step], self._charge())
         assert self._lookahead is not None
         items, self._lookahead = self._lookahead, None
-        return Score(items, self._charge())
+        return Score(items, self._charge(), Purpose.LOOKAHEAD)
 
     def generated(self, outputs: list[tuple[Request, GenDelta]], stats: StepStats) -> None:
         self.generation.advance(outputs, stats)
         if self.rejection is not None:
             self.rejection.stepped()
 
-    def scored(self, stats: ScoringStats) -> None:
-        if self._stage is _Stage.GENERATING:  # a call of early rejection or speculation pruning
+    def scored(self, work: Score, stats: ScoringStats) -> None:
+        if work.purpose in (Purpose.REJECT, Purpose.PRUNE):  # a call in the middle of generation
             self._verifier_wall += stats.wall_s  # not the generator's time
+            # the scores either call made serve both: rejection reads the finished steps'
+            # scores, pruning the partial estimates' cut
             if self.rejection is not None:
                 self._reject(stats.partial)
             if self.prune:
                 self._prune_speculation()
             return
-        if self.lookahead_kept and not self._looked_ahead:
-            self._looked_ahead = True
+        if work.purpose is Purpose.SELECT and self.lookahead_kept:
             ahead = [ScoreItem(beam, p.input.problem, (), look) for p in self._live
                      for beam in self._kept_beams(p.search)
                      if (look := self._lookahead_step(beam, p.search)) is not None]
@@ -168,7 +167,7 @@ class BarrierSchedule(Schedule):
 
     def _reject(self, partial: dict[int, float]) -> None:
         """Stop the requests whose beams cannot make the cut on the scores just made."""
-        cache = self.engine.cache
+        cache = self.cache
         for p in self._live:
             mine = self._requests_of(p)
             done = {r.beam.uid: s for r in mine if r.finished and (s := cache.peek(p.id, self._step_path(r))) is not None}
@@ -216,7 +215,7 @@ class BarrierSchedule(Schedule):
         return [ScoreItem(r.beam, p.input.problem, (), lookahead_step=path[-1], early=True)
                 for p in self._live for r in self._requests_of(p)
                 if r.finished and not (r.rejected or r.to_eos or r.cut_into_steps) and r.tokens
-                and not self.engine.cache.has(p.id, path := self._step_path(r))]
+                and not self.cache.has(p.id, path := self._step_path(r))]
 
     def _prune_speculation(self) -> None:
         """Stop the speculation of every beam whose finished step, on the scores known now,
@@ -224,7 +223,7 @@ class BarrierSchedule(Schedule):
         paths where selection filters duplicates) score strictly above it. Steps that end
         their path do not compete, and the steps still decoding can only push a beam
         further down, so no beam selection keeps is ever pruned."""
-        decode, cache = self.runner.gen.decode, self.engine.cache
+        decode, cache = self.runner.gen.decode, self.cache
         agg, dedup = self.policy.cfg.aggregation, self.policy.cfg.filter_duplicates
         for p in self._live:
             keep = self.policy.rejection_cut(p.search)
@@ -264,8 +263,7 @@ class BarrierSchedule(Schedule):
 
     def _begin_iteration(self) -> None:
         requests = [r for p in self._live for r in self.requests_for(p.search, self._spec_priorities(p.search))]
-        if self.engine.on_iteration:
-            self.engine.on_iteration([r.beam for r in requests])
+        self.replan([r.beam for r in requests])
         self._requests = self.order(requests)
         if self.rejection is not None:
             self.rejection.begin()
@@ -281,7 +279,7 @@ class BarrierSchedule(Schedule):
         wall = clock.now() - self._generation_started - self._verifier_wall
         self.emit(ModelTime("generator", self._charge(), wall))
         self._apply_generation()
-        self._stage, self._looked_ahead = _Stage.SCORING, False
+        self._stage = _Stage.SCORING
 
     def _requests_of(self, p: Problem) -> list[Request]:
         """The iteration's requests of one problem, in the iteration's order."""

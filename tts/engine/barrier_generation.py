@@ -33,6 +33,7 @@ from collections.abc import Sequence
 
 from tts.backends.base import GenDelta, StepStats
 from tts.engine.model_runner import ModelRunner
+from tts.engine.options import KV_SPEC_LIMIT
 from tts.engine.requests import Request, RequestState
 from tts.engine.steps import StepCutter, completes_path
 from tts.search.tree import StepEnd, child_seed
@@ -45,7 +46,7 @@ class IterationGeneration:
     `begin`, then `advance` with each generator step's output while `active`, then `end`."""
 
     def __init__(self, runner: ModelRunner, cut: StepCutter, speculative: bool = False,
-                 spec_max_tokens: int = 0, kv_spec_limit: float = 0.95, spec_batch_cap: int = 0,
+                 spec_max_tokens: int = 0, kv_spec_limit: float = KV_SPEC_LIMIT, spec_batch_cap: int = 0,
                  spec_branches: bool = False, step_max_tokens: int = 0) -> None:
         self.runner = runner
         self.gen = runner.gen

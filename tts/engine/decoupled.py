@@ -26,8 +26,8 @@ The LLM fills its batch (the generator's `batch_cap`) in this order:
 
 Speculative steps, their adoption by the children that selection keeps, their dropping
 (counted as wasted) and preemption are in `decoupled_spec.py`; the run's counters and
-the step-log summary in `decoupled_stats.py`. The memory policy (M, the engine's
-`on_iteration`) sees the committed beams of every problem in flight after each
+the step-log summary in `decoupled_stats.py`. The memory policy (M,
+`ScheduleParts.replan`) sees the committed beams of every problem in flight after each
 admission and selection.
 
 Not used here: `options.speculative` and `options.lookahead` (FlashTTS's run-on
@@ -43,13 +43,13 @@ from collections.abc import Iterable
 
 from tts import clock
 from tts.backends.base import FinishReason, GenDelta, StepStats
-from tts.config.schema import DecoupledSpecScope, EngineKind, OptimConfig
+from tts.config.schema import DecoupledSpecScope
 from tts.engine.decoupled_policy import EAGER_FIRST, Filler, FillPolicy, FillState, make_fill_policy
 from tts.engine.decoupled_spec import SpeculativeSteps
 from tts.engine.decoupled_stats import DecoupledStats
 from tts.engine.requests import Request, RequestKind, RequestState
 from tts.engine.decoupled_problem import DecoupledProblem, LLMRound, PRMCall
-from tts.engine.schedule import Generate, ProblemInput, Schedule, Score
+from tts.engine.schedule import Generate, ProblemInput, Schedule, ScheduleParts, Score
 from tts.engine.spec_guard import SpeculationGuard
 from tts.engine.scoring import ScoreItem, ScoringStats
 from tts.metrics.events import IterationDone, ModelTime, SpeculationAdopted
@@ -62,29 +62,28 @@ class _Turn(enum.Enum):
 
 
 class DecoupledSchedule(Schedule):
-    """Runs problems with separate LLM and PRM work queues (see the module docstring).
-
-    `round_steps` bounds an LLM round (default: the policy's step token limit);
-    `kv_spec_limit` is the KV usage at which speculation stops and running speculative
-    requests are preempted. Set `trace` to a list to record the schedule's events.
+    """Runs problems with separate LLM and PRM work queues (see the module docstring), by
+    its options (`EngineOptions.decoupled`): the fill policy, the PRM's batch, the scope
+    and guard of speculation, the LLM round's bound (default: the policy's step token
+    limit); running speculation is preempted at `EngineOptions.kv_spec_limit` KV usage.
+    Set `trace` to a list to record the schedule's events.
     """
 
-    def __init__(self, engine, optim: OptimConfig | None = None, round_steps: int | None = None,
-                 kv_spec_limit: float = 0.95) -> None:
-        super().__init__(engine)
-        self.optim = optim if optim is not None else OptimConfig(engine=EngineKind.decoupled)
-        self.fill_policy: FillPolicy = make_fill_policy(self.optim.decoupled_policy)
-        self.prm_cap = max(0, self.optim.verifier_batch_size)
-        self.round_steps = max(1, round_steps or self.policy.step_max_tokens)
+    def __init__(self, parts: ScheduleParts) -> None:
+        super().__init__(parts)
+        own = self.opts.decoupled
+        self.fill_policy: FillPolicy = make_fill_policy(own.fill_policy)
+        self.prm_cap = max(0, own.verifier_batch_size)
+        self.round_steps = max(1, own.round_steps or self.policy.step_max_tokens)
         self.stats = DecoupledStats()
         self.trace: list[tuple] | None = None
         # speculative tokens per beam: `spec_max_tokens`, 0 meaning one step's limit
         self.spec_cap = max(0, self.opts.spec_max_tokens) or self.policy.step_max_tokens
-        survivors = DecoupledSpecScope(self.optim.decoupled_spec_scope) is DecoupledSpecScope.survivors
+        survivors = DecoupledSpecScope(own.spec_scope) is DecoupledSpecScope.survivors
         self.speculation = SpeculativeSteps(
             self.runner, self.cut, self.policy, self.stats, self._requests_ahead, self._submit, self._event,
-            survivors, kv_spec_limit)
-        if self.optim.decoupled_spec_guard:
+            survivors, self.opts.kv_spec_limit)
+        if own.spec_guard:
             self.speculation.guard = SpeculationGuard(self.stats)
         self._queue: deque[ProblemInput] = deque()
         self._lives: list[DecoupledProblem] = []
@@ -236,8 +235,7 @@ class DecoupledSchedule(Schedule):
 
     def _replan(self) -> None:
         """The memory policy (M) sees the committed beams of every problem in flight."""
-        if self.engine.on_iteration:
-            self.engine.on_iteration(self.committed_beams())
+        self.replan(self.committed_beams())
 
     # ---------------------------------------------------------------- generation
 
@@ -312,7 +310,7 @@ class DecoupledSchedule(Schedule):
         self._call = PRMCall(batch, items, [beam.last_scored for _, beam in batch])
         return items, tuple(dict.fromkeys(p.id for p, _ in batch))
 
-    def scored(self, stats: ScoringStats) -> None:
+    def scored(self, work: Score, stats: ScoringStats) -> None:
         call = self._call
         self.stats.prm_calls += 1
         self.stats.prm_items.append(len(call.batch))

@@ -1,5 +1,5 @@
 """Statistics of the decoupled schedule: run-level counters and their step-log summary
-(per-problem metrics are the collector's, `tts.metrics.events`)."""
+(per-problem metrics are the collector's, `tts.metrics.collector`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from tts.engine.decoupled_policy import FillPolicy
 from tts.engine.requests import RequestKind as Kind
-from tts.metrics.collector import UTIL_BINS, StepLog, hit_rate
+from tts.metrics.measures import UTIL_BINS, StepLog, hit_rate
 
 
 @dataclass

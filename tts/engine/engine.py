@@ -15,7 +15,8 @@ schedule (`make_schedule`):
 
 Both share the pieces below: a problem's start and finish, the requests of a frontier,
 the step rule (`StepCutter`), the score cache, the request order, the memory policy, and
-the metrics, which are events (`tts.metrics.events`) that one collector attributes.
+the metrics, which are events (`tts.metrics.events`) that one collector
+(`tts.metrics.collector`) attributes.
 """
 
 from __future__ import annotations
@@ -24,17 +25,16 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from tts.backends.base import Generator, Verifier
-from tts.config.schema import LookaheadScope
-from tts.engine.adaptive import AdaptiveOptions
-from tts.engine.barrier import BarrierSchedule
-from tts.engine.decoupled import DecoupledSchedule
+from tts.engine.disciplines import make_schedule
 from tts.engine.model_runner import ModelRunner
-from tts.engine.ordering import Ordering, make_ordering
-from tts.engine.schedule import Problem, ProblemInput, Schedule, Score
+from tts.engine.options import EngineOptions
+from tts.engine.ordering import make_ordering
+from tts.engine.schedule import Problem, ProblemInput, Schedule, ScheduleParts, Score
 from tts.engine.scoring import ScoreCache, ScoreItem, ScoringPhase
 from tts.engine.steps import StepCutter
-from tts.metrics.collector import ProblemMetrics, StepLog
-from tts.metrics.events import MetricsCollector, ProblemFinished
+from tts.metrics.collector import MetricsCollector
+from tts.metrics.events import ProblemFinished
+from tts.metrics.measures import ProblemMetrics, StepLog
 from tts.search.base import SearchPolicy
 from tts.search.tree import Beam
 
@@ -50,58 +50,32 @@ class ProblemOutcome:
     selections: list = field(default_factory=list)  # ProblemSearch.selections
 
 
-@dataclass(frozen=True)
-class EngineOptions:
-    concurrency: int = 1
-    seed: int = 0
-    score_cache: bool = True
-    eos_at_depth_limit: bool = True
-    speculative: bool = False
-    lookahead: bool = False
-    lookahead_scope: LookaheadScope | str = LookaheadScope.auto
-    ordering: str = "fifo"
-    spec_max_tokens: int = 0
-    spec_batch_cap: int = 0  # 0 = the generator's batch cap
-    spec_truncate_ratio: float = 0.85
-    spec_truncate_std: float = 0.1
-    spec_own_min_tokens: int = 4  # a duplicate samples at least this many of its own step
-    spec_branches: bool = False  # speculate child k's step with child k's seed (exact)
-    spec_prune: bool = False  # stop the speculation of beams selection cannot keep (barrier.py)
-    temperature: float = 0.8
-    top_p: float = 1.0
-    # a problem that starts with none in flight starts on empty prefix caches: its result
-    # then does not depend on what ran before it (bf16 logits change with what the cache
-    # served), so a resumed run or a problem re-run alone repeats it
-    fresh_cache_per_problem: bool = False
-    adaptive: AdaptiveOptions = AdaptiveOptions()  # early exit and early rejection (all off)
-
-
 class Engine:
     """Runs problems through a search policy under a schedule (the module docstring).
 
-    `schedule` names the discipline (`barrier`, `decoupled`); `schedule_args` go to it.
-    `on_iteration(beams)` is the memory policy (M): it sees the beams about to generate,
-    and may re-plan the models' batch caps.
+    `schedule` names the discipline (`tts.engine.disciplines`); `replan(beams)` is the
+    memory policy (M): it sees the beams about to generate, and may re-plan the models'
+    batch caps.
     """
 
     def __init__(self, generator: Generator, verifier: Verifier | None,
                  make_policy: Callable[[], SearchPolicy], system_prompt: str,
                  options: EngineOptions = EngineOptions(), schedule: str = "barrier",
-                 **schedule_args) -> None:
+                 replan: Callable[[list[Beam]], None] | None = None) -> None:
         self.opts = options
         self.policy = make_policy()
-        self.system_prompt = system_prompt
         self.cut = StepCutter(generator)  # the step rule
         self.cache = ScoreCache() if options.score_cache else None
         self.collector = MetricsCollector()
         self.runner = ModelRunner(generator, ScoringPhase(verifier, self.cache), self.collector,
                                   options.temperature, options.top_p)
-        self.ordering: Ordering = make_ordering(options.ordering, options.seed)
-        self.on_iteration: Callable[[list[Beam]], None] | None = None
+        self.ordering = make_ordering(options.ordering, options.seed)
         # more step-log entries, by name, from instrumentation outside the engine (the
         # runner's block-pool counters): each called when the logs are read
         self.log_sources: dict[str, Callable[[], dict]] = {}
-        self.schedule: Schedule = make_schedule(schedule, self, **schedule_args)
+        self.schedule: Schedule = make_schedule(schedule, ScheduleParts(
+            self.policy, self.runner, self.cut, options, self.collector, self.cache, self.ordering,
+            system_prompt, replan))
 
     @property
     def gen(self) -> Generator:
@@ -147,7 +121,7 @@ class Engine:
         if work is None:
             return False
         if isinstance(work, Score):
-            self.schedule.scored(self.runner.score(work.items, self._order_items, work.charge))
+            self.schedule.scored(work, self.runner.score(work.items, self._order_items, work.charge))
         else:
             self.schedule.generated(*self.runner.step())
         return True
@@ -175,14 +149,4 @@ class Engine:
         return out
 
 
-SCHEDULES: dict[str, type[Schedule]] = {"barrier": BarrierSchedule, "decoupled": DecoupledSchedule}
-
-
-def make_schedule(name: str, engine: Engine, **args) -> Schedule:
-    """The schedule named `name` for `engine`."""
-    if name not in SCHEDULES:
-        raise ValueError(f"engine schedule: unknown {name!r}; valid choices: {', '.join(SCHEDULES)}")
-    return SCHEDULES[name](engine, **args)
-
-
-__all__ = ["Engine", "EngineOptions", "ProblemInput", "ProblemOutcome", "SCHEDULES", "make_schedule"]
+__all__ = ["Engine", "EngineOptions", "ProblemInput", "ProblemOutcome"]

@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterable, Sequence
 from tts.backends.base import GenDelta, Generator, GenRequest, StepStats, Verifier
 from tts.engine.requests import Request, RequestState
 from tts.engine.scoring import ScoreItem, ScoringPhase, ScoringStats
-from tts.metrics.events import MetricsCollector, ModelTime, RequestAdded, ScoresMade, StepDone, TokensGenerated
+from tts.metrics.collector import MetricsCollector
+from tts.metrics.events import ModelTime, RequestAdded, ScoresMade, StepDone, TokensGenerated
 
 _request_ids = itertools.count()
 SPECULATIVE_PREFIX = "s"  # the ids of requests sent as speculation start with it (a run's trace reads it)

@@ -1,30 +1,34 @@
 """A problem in flight, and the scheduling discipline's interface to the engine's step loop.
 
 A `Schedule` decides what the engine's next step runs (`next`: one generator step, one
-verifier call, or nothing left) and takes its results (`generated`, `scored`). The
-per-problem work every discipline shares is here too: a problem's start, the requests of
-a frontier, the request order (P).
+verifier call, or nothing left) and takes its results (`generated`, `scored`). It gets
+what it works with as `ScheduleParts` (the model runner, the step rule, the score cache,
+the request order, the metrics, the memory policy's re-plan hook, its typed options) and
+holds no reference to the engine. The per-problem work every discipline shares is here
+too: a problem's start, the requests of a frontier, the request order (P).
 """
 
 from __future__ import annotations
 
+import enum
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 from tts.backends.base import GenDelta, StepStats
 from tts.engine.adaptive import AnswerSettling
+from tts.engine.model_runner import ModelRunner
+from tts.engine.options import EngineOptions
+from tts.engine.ordering import Ordering
 from tts.engine.requests import Request, RequestKind
-from tts.engine.scoring import ScoreItem, ScoringStats
-from tts.metrics.collector import ProblemMetrics
+from tts.engine.scoring import ScoreCache, ScoreItem, ScoringStats
+from tts.engine.steps import StepCutter
+from tts.metrics.collector import MetricsCollector
 from tts.metrics.events import SearchSettled
-from tts.search.base import ProblemSearch
+from tts.metrics.measures import ProblemMetrics
+from tts.search.base import ProblemSearch, SearchPolicy
 from tts.search.tree import Beam, BeamState
-
-if TYPE_CHECKING:
-    from tts.engine.engine import Engine
 
 
 @dataclass(frozen=True)
@@ -48,32 +52,61 @@ class Problem:
         return self.input.id
 
 
+@dataclass(eq=False)
+class ScheduleParts:
+    """What a schedule works with, passed in by whoever assembles the engine. `replan(beams)`
+    is the memory policy (M): it sees the beams about to generate and may re-plan the
+    models' batch caps (None: no memory policy; settable until the run starts)."""
+
+    policy: SearchPolicy
+    runner: ModelRunner
+    cut: StepCutter
+    opts: EngineOptions
+    collector: MetricsCollector
+    cache: ScoreCache | None
+    ordering: Ordering
+    system_prompt: str
+    replan: Callable[[list[Beam]], None] | None = None
+
+
 @dataclass(frozen=True)
 class Generate:
     """The next engine step is one generator step."""
 
 
+class Purpose(str, enum.Enum):
+    """What a verifier call is for: the schedule that asked dispatches its result on it."""
+
+    SELECT = "select"  # the scores a selection reads
+    LOOKAHEAD = "lookahead"  # the kept beams' next steps, scored ahead (barrier, scope `kept`)
+    REJECT = "reject"  # steps as they stand, mid-generation (early rejection)
+    PRUNE = "prune"  # finished steps, mid-generation (speculation pruning)
+
+
 @dataclass(frozen=True)
 class Score:
-    """The next engine step is one verifier call; its wall time is charged to `charge`."""
+    """The next engine step is one verifier call, for `purpose`; its wall time is charged
+    to `charge`."""
 
     items: Sequence[ScoreItem]
     charge: tuple[str, ...]
+    purpose: Purpose = Purpose.SELECT
 
 
 class Schedule(ABC):
     """A scheduling discipline over the engine's step loop (the module docstring)."""
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self.policy = engine.policy
-        self.runner = engine.runner
-        self.cut = engine.cut
-        self.opts = engine.opts
-        self.collector = engine.collector
-        self.emit = engine.collector.emit
+    def __init__(self, parts: ScheduleParts) -> None:
+        self.parts = parts
+        self.policy = parts.policy
+        self.runner = parts.runner
+        self.cut = parts.cut
+        self.opts = parts.opts
+        self.cache = parts.cache
+        self.collector = parts.collector
+        self.emit = parts.collector.emit
         self._finished: list[Problem] = []
-        adaptive = engine.opts.adaptive
+        adaptive = parts.opts.adaptive
         self.settling = AnswerSettling(adaptive, self.policy) if adaptive.early_exit else None
 
     @abstractmethod
@@ -89,8 +122,8 @@ class Schedule(ABC):
         """Take one generator step's output."""
 
     @abstractmethod
-    def scored(self, stats: ScoringStats) -> None:
-        """Take one verifier call's result (the beams' scores are set)."""
+    def scored(self, work: Score, stats: ScoringStats) -> None:
+        """Take the result of the verifier call `work` asked for (the beams' scores are set)."""
 
     @abstractmethod
     def busy(self) -> bool:
@@ -103,6 +136,11 @@ class Schedule(ABC):
         """The schedule's own statistics, beside the models' step logs."""
         return {}
 
+    def replan(self, beams: list[Beam]) -> None:
+        """The memory policy (M), where there is one, sees the beams about to generate."""
+        if self.parts.replan is not None:
+            self.parts.replan(beams)
+
     def take_finished(self) -> list[Problem]:
         out, self._finished = self._finished, []
         return out
@@ -110,7 +148,7 @@ class Schedule(ABC):
     # ------------------------------------------------------------ shared per-problem work
 
     def start_problem(self, p: ProblemInput) -> Problem:
-        prompt = tuple(self.runner.gen.encode_prompt(p.problem, self.engine.system_prompt))
+        prompt = tuple(self.runner.gen.encode_prompt(p.problem, self.parts.system_prompt))
         seed = (self.opts.seed * 1_000_003 + hash_id(p.id)) % (2**31 - 1)
         search = ProblemSearch(p.id, p.problem, prompt, seed)
         self.policy.start(search)
@@ -159,7 +197,7 @@ class Schedule(ABC):
 
     def order(self, requests: list[Request]) -> list[Request]:
         """Request order (P)."""
-        return self.engine.ordering.order(requests, lambda r: r.beam)
+        return self.parts.ordering.order(requests, lambda r: r.beam)
 
 
 def hash_id(problem_id: str) -> int:

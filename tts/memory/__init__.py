@@ -8,7 +8,7 @@ Layers, bottom up:
 - ``policy``: the KV-split policies the engine calls, chosen by name.
 
 Only the model lives here: nothing imports a backend, torch or vLLM. Applying the split to
-a run's engines is `tts.engine.memory_split`; measuring this CPU into a device profile
+a run's engines is `tts.assembly.memory_split`; measuring this CPU into a device profile
 (`calibrate`) and the `profile-memory` verb are `tts.profiling`; the allocation search's
 timing is `python -m tts.benchmarks.allocator_timing`.
 

@@ -64,7 +64,7 @@ def _shape_row(shape: ModelShape, kv_per_request: int) -> dict[str, int]:
 def model_for_config(cfg: Any, device: DeviceProfile, fractions: tuple[float, ...]) -> dict[str, Any] | None:
     """`modelled_sweep` for a validated run config on `device`; None when a model has no
     readable shape (the fake backend, or a model folder that is not present)."""
-    from tts.engine.memory_split import model_shape, workload_for
+    from tts.assembly.memory_split import model_shape, workload_for
 
     try:
         gen = model_shape(cfg.generator.model, cfg.generator.dtype)

@@ -15,25 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from tts.backends.vllm.memory_breakdown import COMPONENTS
+from tts.results.plots import pyplot, save_figure
 
 MIB = 2**20
 ROLES = (("generator", "gen"), ("verifier", "ver"))
 
 
-def _plt() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig: Any, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    _plt().close(fig)
-    return path
 
 
 def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
@@ -46,7 +33,7 @@ def plot_breakdown(path: Path, breakdown: dict[str, dict[str, Any]]) -> Path | N
     roles = [r for r, _ in ROLES if r in breakdown]
     if not roles:
         return None
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     parts = [(k, label) for k, label in COMPONENTS
              if k not in ("measured_start_bytes", "non_torch_bytes")]
@@ -58,14 +45,14 @@ def plot_breakdown(path: Path, breakdown: dict[str, dict[str, Any]]) -> Path | N
     ax.set_ylabel("MiB")
     ax.set_title("Memory per model")
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_throughput(path: Path, rows: list[dict[str, Any]]) -> Path | None:
     """Fig 5.2: throughputs against the generator's share of the KV budget."""
     if not rows:
         return None
-    plt = _plt()
+    plt = pyplot()
     panels = (("system_tokens_per_s", "system (generated tok/s)"),
               ("generator_tokens_per_s", "generator (tok/s of its time)"),
               ("verifier_tokens_per_s", "verifier (prompt tok/s of its time)"))
@@ -78,14 +65,14 @@ def plot_throughput(path: Path, rows: list[dict[str, Any]]) -> Path | None:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("tokens / s")
     fig.suptitle("Throughput across the generator/verifier KV split")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_hit_rates(path: Path, rows: list[dict[str, Any]]) -> Path | None:
     """Fig 6.1: prefix-cache hit rates of both models across splits."""
     if not rows:
         return None
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.4))
     for role, prefix in ROLES:
         xs, ys = _series(rows, f"{prefix}_hit_rate")
@@ -98,14 +85,14 @@ def plot_hit_rates(path: Path, rows: list[dict[str, Any]]) -> Path | None:
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_thrash(path: Path, rows: list[dict[str, Any]]) -> Path | None:
     """Fig 6.2: thrash events per model across splits, with evictions for scale."""
     if not rows:
         return None
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
     for ax, (key, title) in zip(axes, (("thrash", "thrash events"), ("evictions", "evictions"))):
         for role, prefix in ROLES:
@@ -119,7 +106,7 @@ def plot_thrash(path: Path, rows: list[dict[str, Any]]) -> Path | None:
             ax.legend(fontsize=8)
     axes[0].set_ylabel("count")
     fig.suptitle("KV-cache thrashing (evicted, then needed again)")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_blocks_per_step(path: Path, traces: dict[str, dict[str, Any]]) -> Path | None:
@@ -127,7 +114,7 @@ def plot_blocks_per_step(path: Path, traces: dict[str, dict[str, Any]]) -> Path 
     names = [n for n in ("tight", "loose") if n in traces]
     if not names:
         return None
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(2, len(names), figsize=(5 * len(names), 5.6), squeeze=False)
     for col, name in enumerate(names):
         trace = traces[name]
@@ -144,7 +131,7 @@ def plot_blocks_per_step(path: Path, traces: dict[str, dict[str, Any]]) -> Path 
             ax.set_xlabel("scheduling step")
             ax.set_ylabel("KV blocks in use" if capacity else "KV usage")
             ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def write_plots(folder: Path, profile: dict[str, Any]) -> dict[str, str]:

@@ -210,7 +210,7 @@ def run_split(cfg: Config, backends: Backends, problems: list[Any]) -> SplitRun:
     """Build both engines at `cfg`'s split (reusing them if already built), run the problems."""
     from tts.backends.factory import static_split
     from tts.engine.engine import ProblemInput
-    from tts.runner import build_engine
+    from tts.assembly.build import build_engine
 
     backends.cfg = cfg
     engine = build_engine(cfg, cfg.optim, backends)

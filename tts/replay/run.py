@@ -153,7 +153,7 @@ def check_fits(cfg: Config) -> None:
     replay does not model offloading); ConfigError naming the numbers otherwise."""
     if cfg.device.kind != "gpu":
         return
-    from tts.engine.memory_split import model_shape
+    from tts.assembly.memory_split import model_shape
 
     weights = sum(model_shape(m.model, m.dtype).weight_bytes for m in (cfg.generator, cfg.verifier)) / 1e9
     kv = cfg.memory.kv_cache_gib * (1 << 30) / 1e9
@@ -166,7 +166,8 @@ def check_fits(cfg: Config) -> None:
 def keep_speculation_width(cfg: DictConfig, recorded: Config) -> None:
     """Pin `spec_batch_cap` to what the recorded run resolved `-1` to (its device's ridge
     batch), so the replayed variants speculate as wide as the recorded ones did."""
-    from tts.runner import spec_batch_cap, variant_optims
+    from tts.assembly.build import spec_batch_cap
+    from tts.assembly.variants import variant_optims
 
     caps = {spec_batch_cap(recorded, optim) for _, optim in variant_optims(recorded)
             if optim.speculative and optim.spec_batch_cap < 0}

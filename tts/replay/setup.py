@@ -141,13 +141,13 @@ class ReplayBackends:
         if self.cfg.generator.backend is BackendKind.fake:
             raise ValueError("replay.cost=roofline needs real model shapes; a fake-backend run replays with "
                              "replay.cost=fitted")
-        from tts.engine.memory_split import device_profile
+        from tts.assembly.memory_split import device_profile
 
         device, launch = device_profile(self.cfg), self.options.launch_ms / 1e3
         return {role: RooflineCost(self._shape(role), device, launch) for role in ("generator", "verifier")}
 
     def _shape(self, role: str):
-        from tts.engine.memory_split import model_shape
+        from tts.assembly.memory_split import model_shape
 
         model = getattr(self.cfg, role)
         return model_shape(model.model, model.dtype)

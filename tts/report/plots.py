@@ -13,6 +13,7 @@ from typing import Any
 
 from tts.report.tables import Column, engine_label
 from tts.results.plots import plot_frontier as draw_frontier
+from tts.results.plots import pyplot, save_figure
 
 ACCURACY = [("acc_majority", "majority"), ("acc_weighted", "weighted"), ("acc_prm_max", "PRM-max"),
             ("pass@n", "pass@N")]
@@ -23,20 +24,6 @@ MAX_SWEEP_PANELS = 4
 MAX_BAR_LABELS = 48
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
-def _save(fig, path: Path) -> Path:
-    plt = _plt()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def plot_by_n(path: Path, columns: list[Column]) -> Path | None:
@@ -51,7 +38,7 @@ def plot_by_n(path: Path, columns: list[Column]) -> Path | None:
         lines.setdefault(kind, []).append((c.n, _num(c.metrics, "precise_goodput"), _num(c.metrics, "latency_s_mean")))
     if not lines:
         return None
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
     for kind, points in lines.items():
         xs = sorted({p[0] for p in points})
@@ -67,7 +54,7 @@ def plot_by_n(path: Path, columns: list[Column]) -> Path | None:
         ax.set_title(title)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_grouped(path: Path, columns: list[Column], series: list[tuple[str, str]],
@@ -76,7 +63,7 @@ def plot_grouped(path: Path, columns: list[Column], series: list[tuple[str, str]
     present = [(k, label) for k, label in series if any(c.metrics.get(k) is not None for c in columns)]
     if not present:
         return None
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(4.5, 1.2 + 0.9 * len(columns) * len(present) / 2), 3.4))
     width = 0.8 / len(present)
     for k, (key, label) in enumerate(present):
@@ -92,7 +79,7 @@ def plot_grouped(path: Path, columns: list[Column], series: list[tuple[str, str]
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_accuracy(path: Path, columns: list[Column]) -> Path | None:
@@ -137,7 +124,7 @@ def plot_memory_split(path: Path, profiles: dict[str, dict[str, Any]]) -> Path |
     metrics = sweep_metrics(list(sweeps.values()))
     if not metrics:
         return None
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(metrics), figsize=(3.4 * len(metrics), 3.2), squeeze=False)
     for ax, metric in zip(axes[0], metrics):
         for name, (split, rows) in sweeps.items():
@@ -148,7 +135,7 @@ def plot_memory_split(path: Path, profiles: dict[str, dict[str, Any]]) -> Path |
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     fig.suptitle("Memory split sweep")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 PlotFn = Callable[[Path, list[Column]], Path | None]
@@ -188,7 +175,7 @@ def plot_ratio_by_device(path: Path, columns: list[Column]) -> Path | None:
         return None
     devices = list(dict.fromkeys(p[0] for p in points))
     series = list(dict.fromkeys(p[1] for p in points))
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.4 + 0.25 * len(series)))
     width = 0.8 / len(series)
     for k, label in enumerate(series):
@@ -203,10 +190,7 @@ def plot_ratio_by_device(path: Path, columns: list[Column]) -> Path | None:
         ax.set_title(title)
         ax.grid(alpha=0.3, axis="y")
     fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", fontsize=7, ncol=1)
-    fig.tight_layout(rect=(0, 0.07 * len(series), 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, rect=(0, 0.07 * len(series), 1, 1))
 
 
 COLUMN_PLOTS: list[tuple[str, str, PlotFn]] = [

@@ -95,7 +95,7 @@ def plot_pressure(path: Path, rows: list[dict[str, Any]]) -> Path | None:
     """Goodput gain (%) of each variant over its run's baseline against the budget's share of
     the working set (log axis), with the 95% intervals, one line per variant and n; the
     paper's points as bars across the fractions its 1.5 GB spans. None without a gain."""
-    from tts.report.plots import _plt, _save
+    from tts.results.plots import pyplot, save_figure
 
     series: dict[tuple[str, Any], list[dict]] = {}
     for r in rows:
@@ -103,7 +103,7 @@ def plot_pressure(path: Path, rows: list[dict[str, Any]]) -> Path | None:
             series.setdefault((r["variant"], r["n"], r["where"]), []).append(r)
     if not series:
         return None
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for (variant, n, where), points in sorted(series.items(), key=lambda kv: (kv[0][2], str(kv[0][0]), kv[0][1] or 0)):
         points.sort(key=lambda r: r["fraction"])
@@ -125,4 +125,4 @@ def plot_pressure(path: Path, rows: list[dict[str, Any]]) -> Path | None:
     ax.set_ylabel("goodput gain over the baseline (%)")
     ax.set_title("Goodput gain under memory pressure (95% intervals)", fontsize=10)
     ax.legend(fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)

@@ -7,12 +7,21 @@ from pathlib import Path
 from tts.results.store import RunStore
 
 
-def _plt():
+def pyplot():
+    """matplotlib's pyplot on the Agg backend, imported on first use (every plot of tts)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
+
+
+def save_figure(fig, path: Path, rect: tuple[float, float, float, float] | None = None) -> Path:
+    """Lay the figure out (within `rect`), write it as a PNG and close it."""
+    fig.tight_layout(rect=rect)
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+    return path
 
 
 def make_plots(store: RunStore, summary: dict, step_logs: dict[str, dict]) -> list[Path]:
@@ -55,7 +64,7 @@ def plot_frontier(path: Path, summaries: dict[str, dict]) -> Path | None:
     points = [(name, s) for name, s in summaries.items() if s.get("acc_majority_ci") and s.get("num_problems")]
     if not points:
         return None
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(9.5, 3.6), sharey=True)
     axis = (("generated tokens per problem", lambda s: s["total_gen_tokens"] / s["num_problems"]),
             ("completion latency (s, mean)", lambda s: s["latency_s_mean"]))
@@ -68,14 +77,11 @@ def plot_frontier(path: Path, summaries: dict[str, dict]) -> Path | None:
     axes[0].set_ylabel("accuracy (majority), 95% interval")
     axes[1].legend(fontsize=7, loc="best")
     fig.suptitle("Accuracy against compute")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def _bars(path: Path, variants: dict, baseline: str) -> Path:
-    plt = _plt()
+    plt = pyplot()
     names = list(variants)
     base = variants[baseline].get("precise_goodput") or 1.0
     gains = [variants[n].get("precise_goodput", 0.0) / base for n in names]
@@ -85,14 +91,11 @@ def _bars(path: Path, variants: dict, baseline: str) -> Path:
         ax.text(i, g, f"{g:.2f}x", ha="center", va="bottom", fontsize=8)
     ax.set_ylabel(f"precise goodput / {baseline}")
     ax.set_title("Goodput by variant")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def _hist(path: Path, hists: dict[str, list[int]], model: str) -> Path:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.2))
     bins = len(next(iter(hists.values())))
     width = 0.8 / len(hists)
@@ -104,15 +107,12 @@ def _hist(path: Path, hists: dict[str, list[int]], model: str) -> Path:
     ax.set_ylabel("fraction of engine steps")
     ax.set_title(f"{model} batch utilisation")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def _tpr(path: Path, hists: dict[str, dict[str, int]]) -> Path:
     """Tokens scheduled per request per engine step (decode shows as 1)."""
-    plt = _plt()
+    plt = pyplot()
     buckets = list(dict.fromkeys(b for h in hists.values() for b in h))
     fig, ax = plt.subplots(figsize=(5.5, 3.2))
     width = 0.8 / len(hists)
@@ -125,15 +125,12 @@ def _tpr(path: Path, hists: dict[str, dict[str, int]]) -> Path:
     ax.set_ylabel("fraction of requests")
     ax.set_title("Generator tokens per request")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def _traces(path: Path, traces: dict[str, list], title: str = "Batch utilisation over time",
             xlabel: str = "time (s)") -> Path:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.2))
     for name, trace in traces.items():
         if trace:
@@ -142,7 +139,4 @@ def _traces(path: Path, traces: dict[str, list], title: str = "Batch utilisation
     ax.set_ylabel("generator batch utilisation")
     ax.set_title(title)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -7,7 +7,7 @@ import statistics
 from dataclasses import asdict
 from pathlib import Path
 
-from tts.metrics.collector import KV_BLOCKS, summarize_problems
+from tts.metrics.measures import KV_BLOCKS, summarize_problems
 from tts.metrics.cost_model import (COST, CostModel, CostSums, above_bound, fit, tail_forfeit, work_bounds,
                                      work_of)
 from tts.results.pressure import PRESSURE_ROWS, add_pool_counts

@@ -1,0 +1,68 @@
+"""One variant's engine: its typed options (`tts.engine.options`), backends sized for it,
+and, with M, the memory policy that re-plans the models' batch caps."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tts.backends.factory import Backends, read_prompt, static_split
+from tts.config.schema import BackendKind, Config, EngineKind, OptimConfig, SearchConfig
+from tts.engine.engine import Engine
+from tts.engine.options import EngineOptions
+from tts.engine.options import engine_options as options_for
+from tts.search import make_policy
+
+
+def engine_options(cfg: Config, optim: OptimConfig) -> EngineOptions:
+    """The engine's typed options for `optim` in this run (`tts.engine.options`)."""
+    return options_for(
+        optim, concurrency=cfg.bench.concurrency, seed=cfg.bench.seed, spec_batch_cap=spec_batch_cap(cfg, optim),
+        temperature=cfg.generator.temperature if cfg.search.temperature is None else cfg.search.temperature,
+        top_p=cfg.generator.top_p, fresh_cache_per_problem=cfg.bench.fresh_cache_per_problem)
+
+
+def spec_batch_cap(cfg: Config, optim: OptimConfig) -> int:
+    """optim.spec_batch_cap, with -1 resolved to the decode ridge batch: the batch at
+    which a decode step turns from reading the weights (memory-bound) to computing
+    (compute-bound), i.e. the device's ridge point in FLOP/byte x bytes per weight / 2."""
+    if optim.spec_batch_cap >= 0 or not optim.speculative:
+        return max(0, optim.spec_batch_cap)
+    if cfg.generator.backend is not BackendKind.vllm:
+        return 0
+    from tts.assembly.memory_split import device_profile, model_shape
+
+    shape = model_shape(cfg.generator.model, cfg.generator.dtype)
+    return max(1, round(device_profile(cfg).ridge_point * shape.dtype_bytes / 2))
+
+
+def build_engine(cfg: Config, optim: OptimConfig, backends: Backends, search: SearchConfig | None = None):
+    """The engine for one variant (searching with `search`, default `cfg.search`), on
+    backends sized for it."""
+    from tts.assembly.memory_split import plan_memory
+
+    if search is not None and search != cfg.search:
+        cfg = dataclasses.replace(cfg, search=search)
+
+    # M needs real model shapes; the fake backend has none, so it keeps the static split
+    roofline = optim.roofline_memory and cfg.generator.backend is BackendKind.vllm
+    gen_spec, ver_spec = plan_memory(cfg, optim) if roofline else static_split(cfg)
+    policy = lambda: make_policy(cfg.search, cfg.generator.step_max_tokens, cfg.generator.max_total_tokens)
+    uses_verifier = policy().uses_verifier
+    gen, ver = backends.get(gen_spec, ver_spec if uses_verifier else None)
+    if roofline:  # the engines' slots leave room for re-plans; start at the split's caps
+        from tts.assembly.memory_split import initial_caps
+
+        gen_cap, ver_cap = initial_caps(cfg, gen_spec.kv_bytes, ver_spec.kv_bytes)
+        gen.set_limits(batch_cap=gen_cap)
+        if ver is not None:
+            ver.set_limits(batch_cap=ver_cap)
+    allocator = None
+    if roofline:  # the memory policy (M), whatever the schedule
+        from tts.assembly.memory_split import RuntimeAllocator
+        allocator = RuntimeAllocator(cfg, gen, ver, gen_spec.kv_bytes, ver_spec.kv_bytes)
+    schedule = "decoupled" if optim.engine is EngineKind.decoupled else "barrier"
+    engine = Engine(gen, ver, policy, read_prompt(cfg.generator.system_prompt_file), engine_options(cfg, optim),
+                    schedule, replan=allocator)
+    if allocator is not None:
+        engine.log_sources["memory_split"] = allocator.summary  # M's caps, in step_logs.json
+    return engine

@@ -1,0 +1,102 @@
+"""The host a run runs on: its models' dtypes, vLLM's model runner, and the device profile
+of this machine (a CUDA card's, or this CPU's own calibration)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from tts.config.schema import BackendKind, Config
+from tts.results.store import RunStore
+
+log = logging.getLogger(__name__)
+
+
+def resolved_dtypes(cfg: Config) -> dict[str, str]:
+    """The dtype each model runs in (`dtype: auto` resolved for this host)."""
+    from tts.backends.vllm.engine import read_hf_config, resolve_dtype
+    from tts.models.resolve import resolve_model
+
+    out = {}
+    for role, model in (("generator", cfg.generator), ("verifier", cfg.verifier)):
+        if model.backend is BackendKind.fake:
+            out[role] = "fake"
+        else:
+            out[role] = resolve_dtype(model.dtype, read_hf_config(resolve_model(model.model)))
+    return out
+
+
+def run_host(cfg: Config) -> dict:
+    """This run's host, with its models' dtypes, the generator's sampler and vLLM's model
+    runner."""
+    from tts.backends.factory import resolve_sampler
+    from tts.results.host import host_info
+
+    return host_info(resolved_dtypes(cfg), resolve_sampler(cfg).value, model_runner(cfg))
+
+
+def model_runner(cfg: Config) -> str | None:
+    """The vLLM model runner the run's engines get, pinned to V1 before any engine starts
+    where the generator installs the position sampler (`tts.backends.vllm.model_runner`);
+    None without a vLLM model."""
+    if BackendKind.vllm not in (cfg.generator.backend, cfg.verifier.backend):
+        return None
+    from tts.backends.factory import resolve_sampler
+    from tts.backends.vllm.model_runner import pin_for_sampler
+    from tts.config.schema import Sampler
+
+    position = cfg.generator.backend is BackendKind.vllm and resolve_sampler(cfg) is Sampler.position
+    return pin_for_sampler(position)
+
+
+def on_this_host(cfg_node: DictConfig) -> DictConfig:
+    """`cfg_node` with `device` this machine's own profile where the configured one is a
+    CPU's, for a run whose generator is vLLM here: on a CUDA host its GPU's profile, by
+    name (`tts.profiling.calibrate.gpu_profile`; `device: cpu` is the default, so a GPU run
+    that names no device gets its card's); on a CPU, this CPU's own calibration where the
+    configured one was measured on another CPU (`host_profile`). A GPU profile given
+    (`device=h100`) is kept. The run folder's config records the profile used."""
+    backend = cfg_node.generator.backend
+    if cfg_node.device.kind != "cpu" or getattr(backend, "value", backend) != BackendKind.vllm.value:
+        return cfg_node
+    import copy
+    from dataclasses import asdict
+
+    from tts.backends.vllm.engine import has_cuda
+    from tts.memory.device import device_from_dict
+    from tts.profiling.calibrate import gpu_profile, host_profile
+
+    configured = device_from_dict(OmegaConf.to_container(cfg_node.device, resolve=True))
+    if has_cuda():
+        profile, note = gpu_profile(configured)
+    else:
+        profile, note = _resumed_device(cfg_node, configured) or host_profile(configured)
+    if note is None:
+        return cfg_node
+    log.warning(note)
+    cfg_node = copy.deepcopy(cfg_node)
+    for key, value in asdict(profile).items():
+        cfg_node.device[key] = value
+    return cfg_node
+
+
+def _resumed_device(cfg_node: DictConfig, configured):
+    """A resumed run's own profile, with a note, when its folder recorded one measured on
+    this CPU in place of `configured` (its speculation width and memory split stay those
+    of its first part, and a measurement that differs by a hair does not refuse the resume
+    as "other settings"); None otherwise."""
+    if not (cfg_node.bench.resume and cfg_node.bench.run_name):
+        return None
+    from tts.memory.device import device_from_dict
+    from tts.profiling.calibrate import this_host
+
+    try:  # a corrupt config.yaml is reported when the run folder opens
+        saved = RunStore(Path(cfg_node.bench.results_dir) / cfg_node.bench.run_name).saved_config().get("device")
+        recorded = device_from_dict(saved) if isinstance(saved, dict) else None
+    except (TypeError, ValueError):
+        return None
+    if recorded is None or recorded == configured or recorded.kind != "cpu" or recorded.host != this_host():
+        return None
+    return recorded, f"device=cpu: --resume keeps the profile its run measured on {recorded.host}"

@@ -1,0 +1,103 @@
+"""The engine's typed options, and the one builder from the config's `OptimConfig`.
+
+Every default here is `OptimConfig`'s own (read off its dataclass, never written twice);
+what `OptimConfig` does not hold (the run's concurrency, seed, sampling) is the run's and
+comes from the builder's arguments. A schedule reads only these options: the shared ones
+(`EngineOptions`), early exit and rejection (`AdaptiveOptions`), and the decoupled
+discipline's own (`DecoupledOptions`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tts.config.schema import DecoupledPolicy, DecoupledSpecScope, LookaheadScope, OptimConfig
+
+_OPTIM = OptimConfig()  # the defaults
+
+# KV usage at which speculation stops (both disciplines): real work keeps the rest
+KV_SPEC_LIMIT = 0.95
+
+
+@dataclass(frozen=True)
+class AdaptiveOptions:
+    """Early exit and early rejection (`tts.engine.adaptive`); all off by default."""
+
+    early_exit: bool = _OPTIM.early_exit
+    exit_top: int = _OPTIM.exit_top
+    exit_agree: float = _OPTIM.exit_agree
+    exit_patience: int = _OPTIM.exit_patience
+    exit_plateau: float = _OPTIM.exit_plateau
+    early_reject: bool = _OPTIM.early_reject
+    reject_interval: int = _OPTIM.reject_interval
+    reject_margin: float = _OPTIM.reject_margin
+
+
+@dataclass(frozen=True)
+class DecoupledOptions:
+    """The decoupled discipline's own options (`tts.engine.decoupled`). `round_steps`
+    bounds an LLM round (None: the policy's step token limit)."""
+
+    fill_policy: DecoupledPolicy = _OPTIM.decoupled_policy
+    verifier_batch_size: int = _OPTIM.verifier_batch_size  # PRM items per call; 0 = no cap
+    spec_scope: DecoupledSpecScope = _OPTIM.decoupled_spec_scope
+    spec_guard: bool = _OPTIM.decoupled_spec_guard
+    round_steps: int | None = None
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    concurrency: int = 1
+    seed: int = 0
+    score_cache: bool = _OPTIM.score_cache
+    eos_at_depth_limit: bool = _OPTIM.eos_at_depth_limit
+    speculative: bool = _OPTIM.speculative
+    lookahead: bool = _OPTIM.lookahead
+    lookahead_scope: LookaheadScope | str = _OPTIM.lookahead_scope
+    ordering: str = _OPTIM.request_order
+    spec_max_tokens: int = _OPTIM.spec_max_tokens
+    spec_batch_cap: int = 0  # 0 = the generator's batch cap (the builder resolves optim's -1)
+    spec_truncate_ratio: float = _OPTIM.spec_truncate_ratio
+    spec_truncate_std: float = _OPTIM.spec_truncate_std
+    spec_own_min_tokens: int = _OPTIM.spec_own_min_tokens  # a duplicate samples this many of its own step
+    spec_branches: bool = _OPTIM.spec_branches  # speculate child k's step with child k's seed (exact)
+    spec_prune: bool = _OPTIM.spec_prune  # stop the speculation of beams selection cannot keep (barrier.py)
+    kv_spec_limit: float = KV_SPEC_LIMIT
+    temperature: float = 0.8
+    top_p: float = 1.0
+    # a problem that starts with none in flight starts on empty prefix caches: its result
+    # then does not depend on what ran before it (bf16 logits change with what the cache
+    # served), so a resumed run or a problem re-run alone repeats it
+    fresh_cache_per_problem: bool = False
+    adaptive: AdaptiveOptions = field(default_factory=AdaptiveOptions)
+    decoupled: DecoupledOptions = field(default_factory=DecoupledOptions)
+
+
+def adaptive_options(optim: OptimConfig) -> AdaptiveOptions:
+    return AdaptiveOptions(
+        early_exit=optim.early_exit, exit_top=optim.exit_top, exit_agree=optim.exit_agree,
+        exit_patience=optim.exit_patience, exit_plateau=optim.exit_plateau, early_reject=optim.early_reject,
+        reject_interval=optim.reject_interval, reject_margin=optim.reject_margin)
+
+
+def decoupled_options(optim: OptimConfig) -> DecoupledOptions:
+    return DecoupledOptions(fill_policy=optim.decoupled_policy, verifier_batch_size=optim.verifier_batch_size,
+                            spec_scope=optim.decoupled_spec_scope, spec_guard=optim.decoupled_spec_guard)
+
+
+def engine_options(optim: OptimConfig, *, concurrency: int = 1, seed: int = 0, spec_batch_cap: int = 0,
+                   temperature: float = 0.8, top_p: float = 1.0,
+                   fresh_cache_per_problem: bool = False) -> EngineOptions:
+    """The options of an engine that runs `optim`; the keywords are the run's (the bench's
+    concurrency and seed, sampling, optim's `spec_batch_cap` with -1 resolved)."""
+    return EngineOptions(
+        concurrency=concurrency, seed=seed, score_cache=optim.score_cache,
+        eos_at_depth_limit=optim.eos_at_depth_limit, speculative=optim.speculative,
+        lookahead=optim.lookahead, lookahead_scope=optim.lookahead_scope,
+        ordering="prefix_aware" if optim.prefix_aware else optim.request_order,
+        spec_max_tokens=optim.spec_max_tokens, spec_batch_cap=spec_batch_cap,
+        spec_truncate_ratio=optim.spec_truncate_ratio, spec_truncate_std=optim.spec_truncate_std,
+        spec_own_min_tokens=optim.spec_own_min_tokens, spec_branches=optim.spec_branches,
+        spec_prune=optim.spec_prune, temperature=temperature, top_p=top_p,
+        fresh_cache_per_problem=fresh_cache_per_problem,
+        adaptive=adaptive_options(optim), decoupled=decoupled_options(optim))
