@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections import deque
-from collections.abc import Iterable
 
 from tts import clock
 from tts.backends.base import GenDelta, StepStats
@@ -33,7 +31,7 @@ from tts.config.schema import LookaheadScope
 from tts.engine.adaptive import EarlyRejection
 from tts.engine.barrier_generation import IterationGeneration
 from tts.engine.requests import Request
-from tts.engine.schedule import Generate, Problem, ProblemInput, Purpose, Schedule, ScheduleParts, Score
+from tts.engine.schedule import Generate, Problem, Purpose, Schedule, ScheduleParts, Score
 from tts.engine.scoring import ScoreItem, ScoringStats
 from tts.engine.speculation import inherit_speculation, spec_priorities
 from tts.engine.steps import completes_path
@@ -79,8 +77,6 @@ class BarrierSchedule(Schedule):
                      "score would be the next iteration's own request, one verifier call early)")
         # score ahead only for kept beams, in a second call after the current steps' scores
         self.lookahead_kept = self.lookahead and scope is LookaheadScope.kept
-        self._queue: deque[ProblemInput] = deque()
-        self._live: list[Problem] = []
         self._stage = _Stage.SELECTED
         self._requests: list[Request] = []
         self._generation_started = 0.0
@@ -93,12 +89,6 @@ class BarrierSchedule(Schedule):
         self.prune = opts.spec_prune and opts.speculative and verifier is not None
         self._prune_at = 0
         self._prune_done = False
-
-    def add(self, problems: Iterable[ProblemInput]) -> None:
-        self._queue.extend(problems)
-
-    def busy(self) -> bool:
-        return bool(self._queue or self._live)
 
     def release(self) -> None:
         self.generation.release()
@@ -255,11 +245,11 @@ class BarrierSchedule(Schedule):
     # ------------------------------------------------------------ the iteration
 
     def _admit(self) -> None:
-        while self._queue and len(self._live) < self.opts.concurrency:
-            if not self._live and self.opts.fresh_cache_per_problem:  # nothing in flight: start it cold
+        while self.admissible():
+            cold = not self._live  # nothing in flight: start it cold
+            if cold and self.opts.fresh_cache_per_problem:
                 self.generation.release()
-                self.fresh_caches()
-            self._live.append(self.start_problem(self._queue.popleft()))
+            self.admit(cold)
 
     def _begin_iteration(self) -> None:
         requests = [r for p in self._live for r in self.requests_for(p.search, self._spec_priorities(p.search))]
@@ -313,9 +303,7 @@ class BarrierSchedule(Schedule):
         for request in self._requests:
             if request.rejected:
                 continue  # no step: its beam leaves the frontier
-            total_left = self.policy.max_total_tokens - request.beam.num_tokens
-            for step in self.cut.steps(request, total_left):
-                request.beam.append(step)
+            self.commit(request)
             if self.generation.spec_branches:  # child 0's branch doubles as the lookahead step
                 request.beam.spec_branches = self.generation.branch_steps(request)
                 request.beam.spec_tokens = request.beam.spec_branches.get(request.beam.seed, ())
@@ -376,9 +364,7 @@ class BarrierSchedule(Schedule):
 
     def _select(self, p: Problem) -> None:
         search = p.search
-        parents = {b.uid: b for b in search.frontier}
-        self.policy.select(search, p.metrics.elapsed())
-        search.iteration += 1
+        parents = self.select(p)
         self._count_rejections(p, [parents[uid] for uid in {b.parent for b in search.frontier} if uid in parents])
         self.exit_if_settled(p)
         if self.opts.speculative:

@@ -37,9 +37,7 @@ speculation and lookahead scoring): the PRM never sees a speculative step.
 from __future__ import annotations
 
 import enum
-import itertools
 from collections import deque
-from collections.abc import Iterable
 
 from tts import clock
 from tts.backends.base import FinishReason, GenDelta, StepStats
@@ -48,8 +46,8 @@ from tts.engine.decoupled_policy import EAGER_FIRST, Filler, FillPolicy, FillSta
 from tts.engine.decoupled_spec import SpeculativeSteps
 from tts.engine.decoupled_stats import DecoupledStats
 from tts.engine.requests import Request, RequestKind, RequestState
-from tts.engine.decoupled_problem import DecoupledProblem, LLMRound, PRMCall
-from tts.engine.schedule import Generate, ProblemInput, Schedule, ScheduleParts, Score
+from tts.engine.decoupled_problem import LLMRound, PRMCall
+from tts.engine.schedule import Generate, Problem, Schedule, ScheduleParts, Score
 from tts.engine.spec_guard import SpeculationGuard
 from tts.engine.scoring import ScoreItem, ScoringStats
 from tts.metrics.events import IterationDone, ModelTime, SpeculationAdopted
@@ -85,26 +83,12 @@ class DecoupledSchedule(Schedule):
             survivors, self.opts.kv_spec_limit)
         if own.spec_guard:
             self.speculation.guard = SpeculationGuard(self.stats)
-        self._queue: deque[ProblemInput] = deque()
-        self._lives: list[DecoupledProblem] = []
         self._real: deque[Request] = deque()  # real requests waiting for a batch slot
-        self._prm: deque[tuple[DecoupledProblem, Beam]] = deque()
-        self._order = itertools.count()
+        self._prm: deque[tuple[Problem, Beam]] = deque()
         self._util = 0.0  # moving average of the generator's batch utilisation
         self._turn = _Turn.LLM
         self._round: LLMRound | None = None
         self._progressed = True  # the last round (or PRM call) changed something
-
-    def add(self, problems: Iterable[ProblemInput]) -> None:
-        self._queue.extend(problems)
-
-    def busy(self) -> bool:
-        return bool(self._queue or self._lives)
-
-    @property
-    def queued(self) -> int:
-        """Problems not started yet."""
-        return len(self._queue)
 
     def release(self) -> None:
         self.runner.stop_all()  # nothing should be left; never leave requests behind
@@ -112,8 +96,7 @@ class DecoupledSchedule(Schedule):
     def backlog(self) -> bool:
         """Work that could fill a free batch slot: real requests, a problem to admit, or
         a speculative step to start."""
-        return (bool(self._real) or (bool(self._queue) and len(self._lives) < self.opts.concurrency)
-                or bool(self.speculation.candidates(self._lives)))
+        return bool(self._real) or self.admissible() or bool(self.speculation.candidates(self._live))
 
     # ------------------------------------------------------------------ the turns
 
@@ -134,7 +117,7 @@ class DecoupledSchedule(Schedule):
                 return None
             if not self._progressed:
                 raise RuntimeError("decoupled engine: no progress with problems in flight "
-                                   f"({len(self._lives)} live, {len(self._real)} queued requests)")
+                                   f"({len(self._live)} live, {len(self._real)} queued requests)")
 
     def _close_round(self) -> None:
         """The LLM round ends: its wall time goes to every problem it ran requests of."""
@@ -154,7 +137,7 @@ class DecoupledSchedule(Schedule):
             return False  # nothing to score: keep the LLM busy
         if self.prm_cap and len(self._prm) >= self.prm_cap:
             return True
-        if any(not p.waiting and p.to_score for p in self._lives):
+        if any(not p.waiting and p.to_score for p in self._live):
             return True  # a selection waits only for the PRM
         if all(r.kind is RequestKind.SPEC for r in self.runner.requests.values()):
             return True  # only speculation runs: real work depends on the PRM
@@ -173,15 +156,14 @@ class DecoupledSchedule(Schedule):
         progressed = False
         while True:
             progressed = self._submit_real() or progressed
-            admissible = bool(self._queue) and len(self._lives) < self.opts.concurrency
-            if not admissible:
-                return self.speculation.start(self._lives) or progressed
+            if not self.admissible():
+                return self.speculation.start(self._live) or progressed
             if not (self._free() > 0 or self._speculating()):
                 return progressed
-            has_spec = not self.speculation.exhausted and bool(self.speculation.candidates(self._lives))
+            has_spec = not self.speculation.exhausted and bool(self.speculation.candidates(self._live))
             order = self.fill_policy.order(self._fill_state()) if has_spec else EAGER_FIRST
             if order[0] is Filler.SPECULATIVE:
-                progressed = self.speculation.start(self._lives) or progressed
+                progressed = self.speculation.start(self._live) or progressed
                 if self._free() <= 0:
                     return progressed
             self._admit()  # eager first: its requests preempt running speculation
@@ -189,7 +171,7 @@ class DecoupledSchedule(Schedule):
 
     def _fill_state(self) -> FillState:
         return FillState(self.runner.gen.batch_cap, len(self.runner.requests), self._util,
-                         self.speculation.kv_usage, len(self._lives), self.opts.concurrency)
+                         self.speculation.kv_usage, len(self._live), self.opts.concurrency)
 
     def _submit_real(self) -> bool:
         progressed = False
@@ -201,18 +183,13 @@ class DecoupledSchedule(Schedule):
         return progressed
 
     def _admit(self) -> None:
-        p = self._queue.popleft()
-        if not self._lives and not self.runner.requests:  # nothing in flight: start it cold
-            self.fresh_caches()
-        base = self.start_problem(p)
-        problem = DecoupledProblem(base.input, base.search, base.metrics, base.rng, order=next(self._order))
+        problem = self.admit(cold=not self._live and not self.runner.requests)  # nothing in flight
         requests = self.order(self.requests_for(problem.search, kind=RequestKind.EAGER, problem=problem))
         problem.waiting = {r.beam.uid for r in requests}
         self._real.extend(requests)
-        self._lives.append(problem)
         self.stats.problems_started += 1
-        self.stats.max_live = max(self.stats.max_live, len(self._lives))
-        self._event("admit", p.id)
+        self.stats.max_live = max(self.stats.max_live, len(self._live))
+        self._event("admit", problem.id)
         self._replan()
 
     def _submit(self, request: Request) -> bool:
@@ -279,9 +256,7 @@ class DecoupledSchedule(Schedule):
     def _complete(self, request: Request) -> None:
         """A real request has its step: commit it to the beam and queue its score."""
         problem, beam = request.problem, request.beam
-        total_left = self.policy.max_total_tokens - beam.num_tokens
-        for step in self.cut.steps(request, total_left):
-            beam.append(step)
+        self.commit(request)
         problem.waiting.discard(beam.uid)
         self.speculation.exhausted = False
         problem.lengths.append(len(request.tokens) - request.adopted)
@@ -290,14 +265,14 @@ class DecoupledSchedule(Schedule):
             self._prm.append((problem, beam))
         self._event("commit", request.kind.value, problem.id, beam.uid, beam.step_texts)
 
-    def _next_index(self, problem: DecoupledProblem, beam: Beam) -> int | None:
+    def _next_index(self, problem: Problem, beam: Beam) -> int | None:
         """The shallowest step the policy needs scored that has no score yet."""
         for i in self.policy.indices_to_score(beam, problem.search):
             if beam.scores[i] is None:
                 return i
         return None
 
-    def _requests_ahead(self, problem: DecoupledProblem, beams: list[Beam], iteration: int) -> list[Request]:
+    def _requests_ahead(self, problem: Problem, beams: list[Beam], iteration: int) -> list[Request]:
         return self.requests_for(problem.search, beams=beams, iteration=iteration, problem=problem)
 
     # ------------------------------------------------------------------ scoring
@@ -334,24 +309,23 @@ class DecoupledSchedule(Schedule):
         again = True
         while again:
             again = False
-            for problem in list(self._lives):
+            for problem in list(self._live):
                 if not problem.waiting and not problem.to_score and not problem.search.done:
                     self._select(problem)
                     again = True
 
-    def _select(self, problem: DecoupledProblem) -> None:
+    def _select(self, problem: Problem) -> None:
         search = problem.search
         self.emit(IterationDone(problem.id, tuple(problem.lengths)))
         problem.lengths = []
-        self.policy.select(search, problem.metrics.elapsed())
-        search.iteration += 1
+        self.select(problem)
         self.exit_if_settled(problem)
         nodes, problem.spec = problem.spec, {}
         self.speculation.exhausted = False
         self._event("select", problem.id, search.iteration, [(b.uid, b.parent) for b in search.frontier])
         if not search.frontier:
             search.done = True
-            self._lives.remove(problem)
+            self._live.remove(problem)
             self._finished.append(problem)
             if self._round is not None and problem.id in self._round.touched:  # its share of the round so far
                 del self._round.touched[problem.id]
@@ -380,11 +354,11 @@ class DecoupledSchedule(Schedule):
 
     def committed_beams(self) -> list[Beam]:
         """The frontier beams of every problem in flight."""
-        return [b for p in self._lives for b in p.search.frontier]
+        return [b for p in self._live for b in p.search.frontier]
 
     def speculative_paths(self) -> set[tuple[str, tuple[str, ...]]]:
         """(problem id, path) of every speculative step held now, for checks and tests."""
-        return self.speculation.paths(self._lives)
+        return self.speculation.paths(self._live)
 
     def step_logs(self) -> dict[str, dict]:
         out = self.stats.summary(self.collector.logs["generator"], self.fill_policy, self.prm_cap)

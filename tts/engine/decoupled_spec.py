@@ -39,10 +39,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from tts.backends.base import StepStats
-from tts.engine.decoupled_problem import DecoupledProblem
 from tts.engine.decoupled_stats import DecoupledStats
 from tts.engine.model_runner import ModelRunner
 from tts.engine.requests import Request, RequestKind, RequestState
+from tts.engine.schedule import Problem
 from tts.engine.spec_guard import SpeculationGuard
 from tts.engine.steps import StepCutter
 from tts.search.base import SearchPolicy
@@ -60,7 +60,7 @@ class SpeculativeSteps:
     """
 
     def __init__(self, runner: ModelRunner, cut: StepCutter, policy: SearchPolicy, stats: DecoupledStats,
-                 requests_for: Callable[[DecoupledProblem, list[Beam], int], list[Request]],
+                 requests_for: Callable[[Problem, list[Beam], int], list[Request]],
                  submit: Callable[[Request], bool], event: Callable[..., None],
                  survivors: bool, kv_spec_limit: float) -> None:
         self.runner, self.cut, self.policy, self.stats = runner, cut, policy, stats
@@ -101,7 +101,7 @@ class SpeculativeSteps:
     def free_slots(self) -> int:
         return self.runner.gen.batch_cap - len(self.runner.requests)
 
-    def start(self, problems: Sequence[DecoupledProblem]) -> bool:
+    def start(self, problems: Sequence[Problem]) -> bool:
         """Fill free batch slots with speculative steps; True when one started."""
         if self.free_slots() <= 0 or self.exhausted or not self.allowed():
             return False
@@ -115,7 +115,7 @@ class SpeculativeSteps:
         self.exhausted = True  # until a step commits, scores arrive, a selection runs or a request stops
         return started
 
-    def candidates(self, problems: Sequence[DecoupledProblem]) -> list[tuple[DecoupledProblem, Beam, int]]:
+    def candidates(self, problems: Sequence[Problem]) -> list[tuple[Problem, Beam, int]]:
         """(problem, generated beam, child index) to speculate, oldest problem first; within
         a problem in the scope's order (see the module docstring)."""
         out = []
@@ -131,7 +131,7 @@ class SpeculativeSteps:
                 out += [(problem, beam, k) for beam, c in plan if k < c and self._speculable(problem, beam, k)]
         return out
 
-    def _speculable(self, problem: DecoupledProblem, beam: Beam, k: int) -> bool:
+    def _speculable(self, problem: Problem, beam: Beam, k: int) -> bool:
         """The beam has its step, and its child k's speculative step is not started, or
         was preempted and can resume from its tokens."""
         if beam.uid in problem.waiting:
@@ -141,7 +141,7 @@ class SpeculativeSteps:
             return not beam.is_finished_path
         return not node.state.in_backend and not node.finished and not node.stalled
 
-    def _new(self, problem: DecoupledProblem, beam: Beam, k: int) -> Request:
+    def _new(self, problem: Problem, beam: Beam, k: int) -> Request:
         shadow = beam.fork(child_seed(beam.seed, k))  # child k: same path, its seed
         node = self._requests_for(problem, [shadow], problem.search.iteration + 1)[0]
         node.kind, node.spec_parent, node.stalled = RequestKind.SPEC, beam, node.limit <= 0
@@ -234,7 +234,7 @@ class SpeculativeSteps:
 
     # ------------------------------------------------------------ reports
 
-    def paths(self, problems: Sequence[DecoupledProblem]) -> set[tuple[str, tuple[str, ...]]]:
+    def paths(self, problems: Sequence[Problem]) -> set[tuple[str, tuple[str, ...]]]:
         """(problem id, path) of every speculative step held now, for checks and tests."""
         out = set()
         for problem in problems:

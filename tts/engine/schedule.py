@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import enum
 import random
+from collections import deque
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from tts.backends.base import GenDelta, StepStats
 from tts.engine.adaptive import AnswerSettling
@@ -39,13 +40,20 @@ class ProblemInput:
 
 @dataclass(eq=False)
 class Problem:
-    """A problem in flight: its search, its metrics (written by the collector only), and
-    its own random draws (truncation), the same whatever runs beside it."""
+    """A problem in flight: its search, its metrics (written by the collector only), its
+    own random draws (truncation), the same whatever runs beside it, and its frontier as
+    a schedule tracks it: the beams still without their step, the scores still missing,
+    the speculative steps by (parent uid, child seed), the new tokens of each step this
+    iteration."""
 
     input: ProblemInput
     search: ProblemSearch
     metrics: ProblemMetrics
     rng: random.Random
+    waiting: set[int] = field(default_factory=set)
+    to_score: int = 0
+    spec: dict[tuple[int, int], Request] = field(default_factory=dict)
+    lengths: list[int] = field(default_factory=list)
 
     @property
     def id(self) -> str:
@@ -105,13 +113,11 @@ class Schedule(ABC):
         self.cache = parts.cache
         self.collector = parts.collector
         self.emit = parts.collector.emit
+        self._queue: deque[ProblemInput] = deque()  # problems not started yet
+        self._live: list[Problem] = []  # problems in flight, oldest first
         self._finished: list[Problem] = []
         adaptive = parts.opts.adaptive
         self.settling = AnswerSettling(adaptive, self.policy) if adaptive.early_exit else None
-
-    @abstractmethod
-    def add(self, problems: Iterable[ProblemInput]) -> None:
-        """Queue problems to run."""
 
     @abstractmethod
     def next(self) -> Generate | Score | None:
@@ -125,9 +131,18 @@ class Schedule(ABC):
     def scored(self, work: Score, stats: ScoringStats) -> None:
         """Take the result of the verifier call `work` asked for (the beams' scores are set)."""
 
-    @abstractmethod
+    def add(self, problems: Iterable[ProblemInput]) -> None:
+        """Queue problems to run."""
+        self._queue.extend(problems)
+
     def busy(self) -> bool:
         """Problems wait or run."""
+        return bool(self._queue or self._live)
+
+    @property
+    def queued(self) -> int:
+        """Problems not started yet."""
+        return len(self._queue)
 
     def release(self) -> None:  # noqa: B027 - optional hook
         """Stop whatever still runs in the backend (the search ended, or the caller stopped)."""
@@ -146,6 +161,35 @@ class Schedule(ABC):
         return out
 
     # ------------------------------------------------------------ shared per-problem work
+
+    def admissible(self) -> bool:
+        """A queued problem may start: fewer than `concurrency` are in flight."""
+        return bool(self._queue) and len(self._live) < self.opts.concurrency
+
+    def admit(self, cold: bool) -> Problem:
+        """Start the next queued problem; `cold`: nothing is in flight, so it starts on empty
+        prefix caches where the option asks (`fresh_caches`)."""
+        if cold:
+            self.fresh_caches()
+        problem = self.start_problem(self._queue.popleft())
+        self._live.append(problem)
+        return problem
+
+    def commit(self, request: Request) -> None:
+        """A request has its step: it joins the beam's path (several steps where the request
+        was cut into steps; the path's last step where its token budget is spent)."""
+        beam = request.beam
+        for step in self.cut.steps(request, self.policy.max_total_tokens - beam.num_tokens):
+            beam.append(step)
+
+    def select(self, problem: Problem) -> dict[int, Beam]:
+        """The policy's selection on the problem's frontier, which starts its next iteration;
+        returns the frontier it selected from, by beam uid."""
+        search = problem.search
+        parents = {b.uid: b for b in search.frontier}
+        self.policy.select(search, problem.metrics.elapsed())
+        search.iteration += 1
+        return parents
 
     def start_problem(self, p: ProblemInput) -> Problem:
         prompt = tuple(self.runner.gen.encode_prompt(p.problem, self.parts.system_prompt))
