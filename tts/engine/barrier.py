@@ -305,8 +305,7 @@ class BarrierSchedule(Schedule):
                 continue  # no step: its beam leaves the frontier
             self.commit(request)
             if self.generation.spec_branches:  # child 0's branch doubles as the lookahead step
-                request.beam.spec_branches = self.generation.branch_steps(request)
-                request.beam.spec_tokens = request.beam.spec_branches.get(request.beam.seed, ())
+                request.beam.spec_tokens = self.generation.branch_steps(request).get(request.beam.seed, ())
             else:
                 request.beam.spec_tokens = tuple(request.spec)
         for p in self._live:
@@ -367,14 +366,13 @@ class BarrierSchedule(Schedule):
         parents = self.select(p)
         self._count_rejections(p, [parents[uid] for uid in {b.parent for b in search.frontier} if uid in parents])
         self.exit_if_settled(p)
-        if self.opts.speculative:
-            step_lens = {uid: self._spec_step_len(b, search) for uid, b in parents.items()
-                         if b.spec_tokens and not b.spec_branches}
+        branches = self.generation.spec_branches  # children adopt their branches as they start
+        if self.opts.speculative and not branches:
+            step_lens = {uid: self._spec_step_len(b, search) for uid, b in parents.items() if b.spec_tokens}
             inherit_speculation(search.frontier, parents, self.opts.spec_truncate_ratio,
-                      self.opts.spec_truncate_std, p.rng, step_lens, self.opts.spec_own_min_tokens)
+                                self.opts.spec_truncate_std, p.rng, step_lens, self.opts.spec_own_min_tokens)
         for beam in parents.values():
-            beam.spec_branches = {}  # handed down; the tokens live on in the children
             if beam.state is not BeamState.ACTIVE:
-                beam.spec_tokens = ()
+                beam.spec_tokens = ()  # handed down; the tokens live on in the children
         if not search.frontier:
             search.done = True

@@ -10,11 +10,12 @@ with speculation on, speculates in one of two ways:
   original child in full and to duplicates truncated (`speculation.inherit_speculation`);
 - branches (`spec_branches`): the request stops and up to `spec_priority` new requests
   start from the finished path, branch k with child k's seed (`child_seed`) and the next
-  step's boundary rule. Branch k is the very request child k would send: a finished
-  branch becomes child k's step, and a branch still running when generation ends waits
-  (it holds its KV, no tokens are generated while the verifier runs) and becomes child
-  k's request in the next iteration; branches of beams selection did not keep are
-  aborted. The tree is the one without speculation (on vLLM, up to its batch-dependent
+  step's boundary rule. Branch k is the very request child k would send, a speculative
+  step as the decoupled schedule's are (`spec_steps.py`): when generation ends the
+  branches wait for selection (a running one holds its KV, no tokens are generated while
+  the verifier runs), and in the next iteration child k adopts its own (whole, promoted
+  to its request, or its start); branches of children selection did not choose are
+  dropped. The tree is the one without speculation (on vLLM, up to its batch-dependent
   numerics, which move P's trees too), whatever the sampler. Run-on gives that too for
   child 0 (with R = 0, preset `PMS_exact`) only where sampling is resumable: with the
   position-keyed sampler on vLLM (`generator.sampler=position`, the default), not with
@@ -35,6 +36,7 @@ from tts.backends.base import GenDelta, StepStats
 from tts.engine.model_runner import ModelRunner
 from tts.engine.options import KV_SPEC_LIMIT
 from tts.engine.requests import Request, RequestState
+from tts.engine.spec_steps import Adoption, adopt, drop
 from tts.engine.steps import StepCutter, completes_path
 from tts.search.tree import StepEnd, child_seed
 
@@ -61,9 +63,10 @@ class IterationGeneration:
         # 0 = the generator's batch cap. Beyond the decode roofline's ridge batch every
         # extra sequence slows the stragglers, so the engine passes that batch here.
         self.spec_batch_cap = spec_batch_cap
-        # branches mode: branch requests still running when generation ended, by (parent
-        # uid, child seed); the next iteration hands each to its child, and stops the others
-        self.waiting_branches: dict[tuple[int, int], Request] = {}
+        # branches mode: the iteration's branches when generation ended, by (parent uid,
+        # child seed); the next iteration's kept children adopt theirs (`spec_steps.adopt`),
+        # the others are dropped
+        self.branches: dict[tuple[int, int], Request] = {}
         self._requests: list[Request] = []
         self._pending: set[Request] = set()  # real requests without their step
         self._speculating: dict[Request, int] = {}  # running speculative request -> priority
@@ -149,20 +152,18 @@ class IterationGeneration:
         self.runner.stop(requests)
 
     def end(self) -> None:
-        """Every request has its step: running branches wait for selection (a kept child
-        takes one over), running run-ons stop."""
+        """Every request has its step: the branches wait for selection (a kept child adopts
+        its own, a running one goes on running), running run-ons stop."""
         if self.spec_branches:
-            self.waiting_branches = {(b.branch_of.beam.uid, b.beam.seed): b
-                                     for b in self._speculating if b.branch_of is not None}
+            self.branches = {(r.beam.uid, b.beam.seed): b for r in self._requests for b in r.branches}
         elif self._speculating:
             self.runner.stop(list(self._speculating), _FINISHED)
         self._speculating = {}
 
     def release(self) -> None:
-        """Stop the branch requests no child took over (the search ended)."""
-        if self.waiting_branches:
-            self.runner.stop(list(self.waiting_branches.values()))
-            self.waiting_branches = {}
+        """Stop the branch requests no child adopted (the search ended)."""
+        drop(self.runner, list(self.branches.values()))
+        self.branches = {}
 
     def _stop(self, stops: list[tuple[Request, RequestState]]) -> None:
         """Stop backend requests in one call, each left in its state."""
@@ -174,12 +175,14 @@ class IterationGeneration:
     # ------------------------------------------------------------ real requests
 
     def _start(self, requests: Sequence[Request]) -> None:
-        """Send each request: a child takes over its waiting branch, a request starts from
-        its beam's speculative tokens, and one that may speculate by running on asks for
-        `spec_max_tokens` more than its step."""
-        waiting, self.waiting_branches = self.waiting_branches, {}
+        """Send each request: a child adopts its branch (`spec_steps.adopt`), a request
+        starts from its beam's speculative tokens, and one that may speculate by running on
+        asks for `spec_max_tokens` more than its step."""
+        waiting, self.branches = self.branches, {}
         for request in requests:
-            if self._take_over(request, waiting.pop((request.beam.parent, request.beam.seed), None)):
+            branch = waiting.pop((request.beam.parent, request.beam.seed), None)
+            if branch is not None and adopt(self.runner, self.cut, branch, request)[0] is Adoption.PROMOTED:
+                self._pending.add(request)
                 continue
             self._adopt_spec(request)
             if not request.finished:
@@ -187,8 +190,7 @@ class IterationGeneration:
                 run_on = self.speculative and not self.spec_branches and request.spec_priority > 0 and not request.to_eos
                 self.runner.submit(request, budget + (self.spec_max_tokens if run_on else 0), request.tokens)
                 self._pending.add(request)
-        if waiting:  # branches of beams that selection did not keep
-            self.runner.stop(list(waiting.values()))
+        drop(self.runner, list(waiting.values()))  # branches of children selection did not choose
 
     def _take_delta(self, request: Request, d: GenDelta) -> bool:
         """Apply one delta of a real request; True when it finished the request's step."""
@@ -206,30 +208,8 @@ class IterationGeneration:
             request.spec.extend(overflow)
         return True
 
-    def _take_over(self, request: Request, branch: Request | None) -> bool:
-        """The child takes over its branch's running request: the same request the child
-        would send (path, seed), already some tokens in. True when the request is settled
-        (its step ended within the branch's tokens, or it runs on the branch's request)."""
-        if branch is None:
-            return False
-        if request.to_eos or request.cut_into_steps or branch.limit < request.limit or request.beam.spec_tokens:
-            self.runner.stop([branch])  # the request would stop short of the child's end
-            return False
-        self.cut.consume(request, branch.tokens, None)
-        request.adopted = len(request.tokens)
-        if request.finished:
-            self.runner.stop([branch], _FINISHED)
-        else:
-            self.runner.requests[branch.request_id] = request
-            request.request_id, request.state = branch.request_id, RequestState.RUNNING
-            self._pending.add(request)
-        return True
-
     def _adopt_spec(self, request: Request) -> None:
         """Start from the beam's speculative tokens; they may already hold the whole step."""
-        if self.spec_branches and request.to_eos and not self.gen.resumable_sampling:
-            request.beam.spec_tokens = ()  # a request to EOS past a branch's step end would sample on differently
-            return
         self.cut.adopt(request)
 
     def _may_speculate(self, request: Request) -> bool:
@@ -274,18 +254,16 @@ class IterationGeneration:
             free -= 1
 
     def branch_steps(self, request: Request) -> dict[int, tuple[int, ...]]:
-        """The finished branches' steps by child seed, as children adopt them (a final EOS
-        kept). Running ones are taken over by their child (`waiting_branches`). A branch
-        cut short (preempted, waiting for a slot) is handed down as the start of its
-        child's step where sampling is resumable: the child's request samples the rest
-        exactly; not otherwise, where that request would sample other tokens after it."""
+        """The branches' steps by child seed, as a child would start from them (a final EOS
+        kept): the finished ones; where sampling is resumable, also those cut short and
+        stopped (preempted, waiting for a slot). Not the running ones, which a kept child
+        takes over. What the barrier's lookahead reads of child 0's step."""
         eos = (self.gen.eos_token_id,)
         steps = {b.beam.seed: tuple(b.tokens) + (eos if b.end is StepEnd.EOS else ())
                  for b in request.branches if self._whole_step(b)}
         if self.gen.resumable_sampling:
             steps.update((b.beam.seed, tuple(b.tokens)) for b in request.branches
-                         if not self._whole_step(b) and b.tokens
-                         and (request.beam.uid, b.beam.seed) not in self.waiting_branches)
+                         if not self._whole_step(b) and b.tokens and not b.state.in_backend)
         return steps
 
     def _whole_step(self, branch: Request) -> bool:

@@ -44,9 +44,10 @@ from tts.engine.model_runner import ModelRunner
 from tts.engine.requests import Request, RequestKind, RequestState
 from tts.engine.schedule import Problem
 from tts.engine.spec_guard import SpeculationGuard
+from tts.engine.spec_steps import Adoption, adopt
 from tts.engine.steps import StepCutter
 from tts.search.base import SearchPolicy
-from tts.search.tree import Beam, StepEnd, child_seed
+from tts.search.tree import Beam, child_seed
 
 SPEC_PAUSE_STEPS = 16  # after a memory preemption, no new speculation for this many steps
 
@@ -193,37 +194,15 @@ class SpeculativeSteps:
         return request, 0
 
     def _adopt(self, node: Request, request: Request) -> tuple[Request | None, int]:
-        """A kept beam's child takes over its speculative step."""
-        same = (node.limit, node.to_eos, node.cut_into_steps) == (request.limit, request.to_eos, request.cut_into_steps)
-        running = node.state.in_backend
-        if same and node.finished:
-            request.tokens, request.end, request.last_char = list(node.tokens), node.end, node.last_char
-            request.adopted = len(request.tokens)
-            used, how, out = node.generated, "whole", request
-            self.stats.spec_whole += 1
-        elif same and running and not node.capped:
-            node.beam, node.adopted = request.beam, len(node.tokens)  # it generates exactly this step
-            node.kind, node.state = RequestKind.FRESH, RequestState.RUNNING
-            used, how, out = node.generated, "promoted", None
-            self.stats.spec_promoted += 1
-        else:
-            if running:
-                self.runner.stop([node])
-            if not self.runner.gen.resumable_sampling:  # the child's own request would sample otherwise
-                self.stats.spec_discarded += 1
-                self.stats.spec_wasted += node.generated
-                self._event("adopt", node.spec_parent.uid, request.beam.uid, "discarded", 0)
-                return request, 0
-            eos = (self.runner.gen.eos_token_id,) if node.end is StepEnd.EOS else ()
-            request.beam.spec_tokens = tuple(node.tokens) + eos
-            self.cut.adopt(request)
-            used = min(node.generated, request.adopted + (1 if eos and request.end is StepEnd.EOS else 0))
-            how, out = "partial", request
-            self.stats.spec_partial += 1
+        """A kept beam's child takes over its speculative step (`spec_steps.adopt`)."""
+        how, used = adopt(self.runner, self.cut, node, request)
+        counter = {Adoption.WHOLE: "spec_whole", Adoption.PROMOTED: "spec_promoted",
+                   Adoption.PARTIAL: "spec_partial", Adoption.DISCARDED: "spec_discarded"}[how]
+        setattr(self.stats, counter, getattr(self.stats, counter) + 1)
         self.stats.spec_used += used
         self.stats.spec_wasted += node.generated - used
-        self._event("adopt", node.spec_parent.uid, request.beam.uid, how, used)
-        return out, used
+        self._event("adopt", node.spec_parent.uid, request.beam.uid, how.value, used)
+        return (None if how is Adoption.PROMOTED else request), used
 
     def drop(self, node: Request) -> None:
         """A speculative step whose beam selection did not keep: all its tokens are wasted."""

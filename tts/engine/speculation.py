@@ -9,8 +9,8 @@ duplicates start ahead yet diverge within it; a duplicate always samples at leas
 `spec_own_min_tokens` of its own step, or a draw near 1 would make it child 0's clone. (Run-on speculation may run past the next
 step while stragglers finish; a fraction of all those tokens would often hold child 0's
 whole next step, and the duplicates would start as copies of child 0.) With
-speculative branches (`IterationGeneration(spec_branches=True)`) each child inherits its own
-branch instead: exactly the step it would have generated.
+speculative branches (`IterationGeneration(spec_branches=True)`) each child adopts its own
+branch instead (`spec_steps.py`): exactly the step it would have generated.
 """
 
 from __future__ import annotations
@@ -51,16 +51,12 @@ def inherit_speculation(children: Sequence[Beam], parents: dict[int, Beam], rati
     """Give each child its parent's speculative tokens (all for child 0, a prefix for
     duplicates). `step_lens[parent uid]` is how many of the parent's speculative tokens
     make its next step (its end token included; absent: all of them); a duplicate keeps
-    `truncate_len` of that many, sampling at least `own_min` of its own. A parent with speculative branches gives each child its
-    own branch whole, and nothing to a child without one. Returns (tokens handed down in
-    full, tokens handed down truncated)."""
+    `truncate_len` of that many, sampling at least `own_min` of its own. Returns (tokens
+    handed down in full, tokens handed down truncated). (Speculative branches are not
+    handed down: each kept child adopts its own, `spec_steps.adopt`.)"""
     full = trunc = 0
     for child in children:
         parent = parents.get(child.parent) if child.parent is not None else None
-        if parent is not None and parent.spec_branches:
-            child.spec_tokens = parent.spec_branches.get(child.seed, ())
-            full += len(child.spec_tokens)
-            continue
         if parent is None or not parent.spec_tokens:
             continue
         spec = parent.spec_tokens

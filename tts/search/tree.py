@@ -61,9 +61,8 @@ class Beam:
     """A path in the search tree.
 
     `scores[i]` is the verifier's score of step i (None until scored). `spec_tokens`
-    holds speculative tokens generated past the last step, `spec_branches` the
-    speculative next steps of its children by seed; they are never scored and never
-    part of `steps` until a later step adopts them.
+    holds speculative tokens generated past the last step; they are never scored and
+    never part of `steps` until a later step adopts them.
     """
 
     problem_id: str
@@ -76,8 +75,6 @@ class Beam:
     group: int = 0  # subtree id (DVTS) or sample index
     uid: int = field(default_factory=lambda: next(_beam_ids))
     spec_tokens: tuple[int, ...] = ()
-    # speculative branches (next steps) by child seed; see tts.engine.barrier_generation
-    spec_branches: dict[int, tuple[int, ...]] = field(default_factory=dict)
     completed_at: float | None = None  # seconds since the problem started
 
     @property
@@ -128,7 +125,7 @@ class Beam:
     def fork(self, seed: int, spec_tokens: tuple[int, ...] = ()) -> Beam:
         """A child sharing this beam's path, with its own sampling seed."""
         return replace(self, seed=seed, state=BeamState.ACTIVE, parent=self.uid,
-                       uid=next(_beam_ids), spec_tokens=spec_tokens, spec_branches={}, completed_at=None)
+                       uid=next(_beam_ids), spec_tokens=spec_tokens, completed_at=None)
 
 
 def child_seed(parent_seed: int, child_index: int) -> int:

@@ -1,0 +1,86 @@
+"""Speculative steps, one mechanism for both disciplines: child k's step generated before
+selection has chosen child k, and how the kept child adopts it.
+
+A speculative step is a request on its parent's path with child k's seed (`child_seed`),
+kept by (parent uid, child seed) until selection runs: the barrier's branches
+(`barrier_generation.py`) and the decoupled schedule's speculative steps
+(`decoupled_spec.py`) are such steps, each discipline deciding only when one starts.
+When selection keeps the parent and gives it child k, child k's request adopts the step
+(`adopt`):
+
+- whole: the step ended within its tokens: it becomes the child's step, with no
+  generation request;
+- promoted: it still runs and can produce the child's whole step (the same kind of step,
+  within the same token limit, no speculative cap below it): the child's request takes
+  over its backend request, some tokens in;
+- partial: it stopped short (preempted, or cut at a speculative cap): where the
+  generator's sampling is resumable (vLLM with the position-keyed sampler, the fake
+  backend's `context` mode) its tokens start the child's request (`Beam.spec_tokens`);
+- discarded: otherwise, since a request resumed from part of a step samples another step
+  than the child's own request would, which would change the search.
+
+A step no kept child adopts is dropped: its backend request, if it still runs, stops.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from tts.engine.model_runner import ModelRunner
+from tts.engine.requests import Request, RequestState
+from tts.engine.steps import StepCutter
+from tts.search.tree import StepEnd
+
+
+class Adoption(str, enum.Enum):
+    WHOLE = "whole"
+    PROMOTED = "promoted"
+    PARTIAL = "partial"
+    DISCARDED = "discarded"
+
+
+def same_step(node: Request, request: Request) -> bool:
+    """The speculative step `node` is `request`'s step: the same kind of step (to EOS or
+    not, cut into steps or not), a token limit at least the request's, and no speculative
+    tokens of the request's own before it."""
+    return ((node.to_eos, node.cut_into_steps) == (request.to_eos, request.cut_into_steps)
+            and node.limit >= request.limit and not request.beam.spec_tokens)
+
+
+def _tokens(runner: ModelRunner, node: Request) -> tuple[int, ...]:
+    """The step's tokens as the child adopts them: a final EOS kept, so its step ends there."""
+    return tuple(node.tokens) + ((runner.gen.eos_token_id,) if node.end is StepEnd.EOS else ())
+
+
+def adopt(runner: ModelRunner, cut: StepCutter, node: Request, request: Request) -> tuple[Adoption, int]:
+    """`request`, a kept child's, adopts its speculative step `node` (module docstring).
+    Returns how, and how many of the tokens generated for `node` it used. A promoted
+    request runs in the backend on `node`'s request; a whole or partial one holds the
+    adopted tokens (`adopted`), and is finished when they hold its step."""
+    running = node.state.in_backend
+    if same_step(node, request) and (node.finished or (running and not node.capped)):
+        cut.consume(request, _tokens(runner, node) if node.finished else node.tokens)
+        request.adopted = len(request.tokens)
+        used = node.generated
+        if request.finished or not running:
+            if running:
+                runner.stop([node], RequestState.FINISHED)
+            return Adoption.WHOLE, used
+        runner.requests[node.request_id] = request  # the child runs on the step's request
+        request.request_id, request.state = node.request_id, RequestState.RUNNING
+        return Adoption.PROMOTED, used
+    if running:
+        runner.stop([node])
+    if not runner.gen.resumable_sampling:
+        return Adoption.DISCARDED, 0
+    eos = node.end is StepEnd.EOS
+    request.beam.spec_tokens = _tokens(runner, node)
+    cut.adopt(request)
+    return Adoption.PARTIAL, min(node.generated, request.adopted + (1 if eos and request.end is StepEnd.EOS else 0))
+
+
+def drop(runner: ModelRunner, nodes: list[Request]) -> None:
+    """Steps no kept child adopted: those still running stop."""
+    running = [n for n in nodes if n.state.in_backend]
+    if running:
+        runner.stop(running)
