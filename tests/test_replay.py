@@ -234,6 +234,29 @@ def test_the_simulated_engine_preempts_the_last_admitted_when_decoding_runs_out_
     assert eng.running == [second] and second.cached == 8 and tokens == (4,)
 
 
+def test_the_simulated_engine_holds_a_shared_prefix_once_as_vllms_block_pool_does():
+    """Sequences that share a prompt's full blocks hold them once (vLLM's running requests
+    share a cached block by reference): two siblings of 10 tokens over an 8-token prefix hold
+    2 shared blocks and a block each for their own tokens, 4 of a 5-block pool, where alone
+    each would take 3. A held block is never evicted; only the cached blocks nobody holds
+    give way to what the running sequences hold."""
+    eng = _engine(kv_blocks=5, block=4)
+    prefix = list(range(8))
+    a, b = Slot(prefix + [100, 101]), Slot(prefix + [200, 201])
+    eng.waiting.extend([a, b])
+    _, _, tokens = eng.step()
+    assert eng.running == [a, b] and eng.in_use() == 4
+    assert tokens == (10, 2) and b.cached == 8  # b reads the blocks a's prefill computes
+    eng.waiting.append(Slot([7] * 6))  # 1 full block and 1 for its next token: 4 + 2 > 5
+    eng.step()
+    assert len(eng.running) == 2 and len(eng.waiting) == 1
+    eng.release(a)  # its own block is cached; the prefix stays held by b
+    assert eng.in_use() == 3 and set(eng.cache.held) == set(b.keys)
+    eng.cache.evict(reserve=eng.in_use())  # 5 - 3 = 2 cached blocks may stay, held ones aside
+    assert all(k in eng.cache._blocks for k in b.keys)
+    assert len([k for k in eng.cache._blocks if k not in eng.cache.held]) <= 2
+
+
 def test_the_roofline_step_is_memory_bound_in_decode_and_compute_bound_in_prefill():
     from tts.assembly.memory_split import model_shape
 

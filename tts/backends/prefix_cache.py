@@ -9,12 +9,24 @@ keys), so a fake or replayed run's summary carries evictions and thrash as a vLL
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Sequence
+from collections import Counter, OrderedDict
+from collections.abc import Iterator, Sequence
+
+
+def block_keys(token_ids: Sequence[int], block: int, start: int = 0, parent: int = 0) -> Iterator[int]:
+    """The hashes of `token_ids`' full blocks from block `start` on (`parent`: the hash of
+    the block before it), each chained to the blocks before it, as vLLM hashes them."""
+    for end in range(block * (start + 1), len(token_ids) + 1, block):
+        parent = hash((parent, tuple(token_ids[end - block:end])))
+        yield parent
 
 
 class PrefixCache:
-    """Block hashes chained from the start of a sequence, at most `capacity` blocks."""
+    """Block hashes chained from the start of a sequence, at most `capacity` blocks.
+
+    `held` counts the blocks running sequences hold (set by a simulated engine that keeps
+    it): as in vLLM's block pool, a held block is never evicted, and only the cached
+    blocks nobody holds count against what `reserve` leaves (`evict`)."""
 
     def __init__(self, block: int, capacity: int) -> None:
         if block < 1 or capacity < 0:
@@ -22,6 +34,7 @@ class PrefixCache:
         self.block = block
         self.capacity = capacity
         self._blocks: OrderedDict[int, None] = OrderedDict()
+        self.held: Counter[int] = Counter()
         self._seen: set[int] = set()  # every block hash ever cached (the thesis's SeenBlocks)
         # `ThrashCounter`'s keys; preemptions are the engine's to note (`note`)
         self._counts = dict.fromkeys(("lookups", "hits", "misses", "thrash", "thrash_blocks", "thrash_tokens",
@@ -37,10 +50,8 @@ class PrefixCache:
         vLLM's lookup is: hits, one miss at the first uncached block, and as thrash the
         uncached blocks this cache held before (computed again after an eviction).
         `count=False` caches a finished sequence's blocks without counting a lookup."""
-        cached, parent, hit, thrash, keys = 0, 0, True, 0, []
-        for end in range(self.block, len(token_ids) + 1, self.block):
-            key = hash((parent, tuple(token_ids[end - self.block:end])))
-            parent = key
+        cached, hit, thrash, keys = 0, True, 0, []
+        for end, key in zip(range(self.block, len(token_ids) + 1, self.block), block_keys(token_ids, self.block)):
             keys.append(key)
             if hit and key in self._blocks:
                 cached = end
@@ -64,9 +75,14 @@ class PrefixCache:
         return cached
 
     def evict(self, reserve: int = 0) -> None:
-        """Drop least recently used blocks down to `capacity - reserve`."""
-        while self._blocks and len(self._blocks) > max(0, self.capacity - reserve):
-            self._blocks.popitem(last=False)
+        """Drop least recently used blocks nobody holds down to `capacity - reserve` of them
+        (`reserve`: the blocks running sequences hold, held cached ones among them)."""
+        limit = max(0, self.capacity - reserve)
+        if len(self._blocks) <= limit:
+            return
+        free = [key for key in self._blocks if key not in self.held]
+        for key in free[:max(0, len(free) - limit)]:
+            del self._blocks[key]
             self._counts["evictions"] += 1
 
     def clear(self) -> None:

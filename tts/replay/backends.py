@@ -19,11 +19,11 @@ adds, and anything a step costs that the cost model does not see.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from tts.backends.base import (FinishReason, GenDelta, Generator, GenRequest, ScoreBatchStats, ScoreRequest,
                                StepStats, Verifier)
-from tts.backends.prefix_cache import PrefixCache
+from tts.backends.prefix_cache import PrefixCache, block_keys
 from tts.clock import VirtualClock
 from tts.engine.model_runner import SPECULATIVE_PREFIX
 from tts.replay.cost import StepCost
@@ -75,6 +75,7 @@ class Slot:
     ids: list[int]
     todo: int = 0  # prompt tokens still to compute
     cached: int = 0  # prompt tokens the prefix cache served
+    keys: list[int] = field(default_factory=list)  # its full blocks' hashes while it runs
 
 
 class SimEngine:
@@ -89,11 +90,31 @@ class SimEngine:
         self.waiting: list[Slot] = []
         self.running: list[Slot] = []
 
-    def _blocks(self, tokens: int) -> int:
-        return -(-tokens // self.cache.block)
+    def _hold(self, slot: Slot) -> None:
+        """The slot's full blocks (as far as its tokens go) are held while it runs."""
+        new = list(block_keys(slot.ids, self.cache.block, len(slot.keys), slot.keys[-1] if slot.keys else 0))
+        slot.keys += new
+        self.cache.held.update(new)
+
+    def _unhold(self, slot: Slot) -> None:
+        self.cache.held.subtract(slot.keys)
+        for key in slot.keys:
+            if self.cache.held[key] <= 0:
+                del self.cache.held[key]
+        slot.keys = []
 
     def in_use(self) -> int:
-        return sum(self._blocks(len(s.ids) + 1) for s in self.running)
+        """Blocks the running sequences hold: a full block once however many share it (a
+        common prefix), and each sequence's block for its next token."""
+        for s in self.running:
+            self._hold(s)
+        return len(self.cache.held) + len(self.running)
+
+    def _need(self, slot: Slot) -> int:
+        """The blocks a waiting sequence would add: its full blocks nobody holds, and one
+        for its next token."""
+        held = self.cache.held
+        return sum(1 for key in block_keys(slot.ids, self.cache.block) if key not in held) + 1
 
     def step(self) -> tuple[list[Slot], float, tuple[int, ...]]:
         """Schedule and cost one step: the sequences that sample a token in it (decoders,
@@ -110,15 +131,16 @@ class SimEngine:
         in_use = self.in_use()
         while self.waiting and len(self.running) < self.batch_cap and budget > 0:
             s = self.waiting[0]
-            need = self._blocks(len(s.ids) + 1)
+            need = self._need(s)
             if self.running and in_use + need > self.kv_blocks:
                 break  # waits for KV blocks, as vLLM's scheduler makes it
             self.waiting.pop(0)
+            self.running.append(s)
+            self._hold(s)
+            in_use += need
             # vLLM computes at least a prompt's last token: a hit stops at the last full block before it
             s.cached = min(self.cache.admit(s.ids, reserve=in_use), (len(s.ids) - 1) // self.cache.block * self.cache.block)
             s.todo = len(s.ids) - s.cached
-            self.running.append(s)
-            in_use += need
             chunks.append((s, min(s.todo, budget)))
             budget -= chunks[-1][1]
         seconds = self.cost.step_s([len(s.ids) for s in decode], [(n, len(s.ids) - s.todo) for s, n in chunks])
@@ -132,6 +154,7 @@ class SimEngine:
         last admitted is preempted (module docstring)."""
         while len(self.running) > 1 and self.in_use() > self.kv_blocks:
             victim = self.running.pop()
+            self._unhold(victim)
             self.cache.admit(victim.ids, reserve=self.in_use(), count=False)  # cached, evictable
             victim.todo = victim.cached = 0
             self.waiting.insert(0, victim)
@@ -141,6 +164,7 @@ class SimEngine:
         """A sequence leaves (finished or aborted); its full blocks stay cached."""
         if slot in self.running:
             self.running.remove(slot)
+            self._unhold(slot)
             self.cache.admit(slot.ids, reserve=self.in_use(), count=False)
         elif slot in self.waiting:
             self.waiting.remove(slot)
