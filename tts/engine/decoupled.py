@@ -282,7 +282,7 @@ class DecoupledSchedule(Schedule):
         n = min(len(self._prm), self.prm_cap or len(self._prm))
         batch = [self._prm.popleft() for _ in range(n)]
         items = [ScoreItem(beam, p.input.problem, (self._next_index(p, beam),)) for p, beam in batch]
-        self._call = PRMCall(batch, items, [beam.last_scored for _, beam in batch])
+        self._call = PRMCall(batch, [beam.last_scored for _, beam in batch])
         return items, tuple(dict.fromkeys(p.id for p, _ in batch))
 
     def scored(self, work: Score, stats: ScoringStats) -> None:
@@ -291,7 +291,7 @@ class DecoupledSchedule(Schedule):
         self.stats.prm_items.append(len(call.batch))
         self.stats.prm_computed += stats.computed
         requeue = []
-        for (problem, beam), item, b0 in zip(call.batch, call.items, call.before):
+        for (problem, beam), item, b0 in zip(call.batch, work.items, call.before):
             self._event("prm", problem.id, beam.uid, item.indices[0], b0, beam.last_scored, beam.step_texts)
             if self._next_index(problem, beam) is not None:
                 requeue.append((problem, beam))

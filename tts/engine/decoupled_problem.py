@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tts.engine.schedule import Problem
-from tts.engine.scoring import ScoreItem
 from tts.search.tree import Beam
 
 
@@ -21,9 +20,8 @@ class LLMRound:
 
 @dataclass
 class PRMCall:
-    """A PRM call in progress: its (problem, beam) pairs, their items, and each beam's
-    last scored step before it."""
+    """A PRM call in progress: its (problem, beam) pairs, and each beam's last scored step
+    before it (its items are the `Score` message's)."""
 
     batch: list[tuple[Problem, Beam]]
-    items: list[ScoreItem]
     before: list[int]

@@ -196,8 +196,7 @@ class SpeculativeSteps:
     def _adopt(self, node: Request, request: Request) -> tuple[Request | None, int]:
         """A kept beam's child takes over its speculative step (`spec_steps.adopt`)."""
         how, used = adopt(self.runner, self.cut, node, request)
-        counter = {Adoption.WHOLE: "spec_whole", Adoption.PROMOTED: "spec_promoted",
-                   Adoption.PARTIAL: "spec_partial", Adoption.DISCARDED: "spec_discarded"}[how]
+        counter = f"spec_{how.value}"  # spec_whole, spec_promoted, spec_partial, spec_discarded
         setattr(self.stats, counter, getattr(self.stats, counter) + 1)
         self.stats.spec_used += used
         self.stats.spec_wasted += node.generated - used

@@ -9,7 +9,7 @@ discipline's own (`DecoupledOptions`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from tts.config.schema import DecoupledPolicy, DecoupledSpecScope, LookaheadScope, OptimConfig
 
@@ -74,10 +74,8 @@ class EngineOptions:
 
 
 def adaptive_options(optim: OptimConfig) -> AdaptiveOptions:
-    return AdaptiveOptions(
-        early_exit=optim.early_exit, exit_top=optim.exit_top, exit_agree=optim.exit_agree,
-        exit_patience=optim.exit_patience, exit_plateau=optim.exit_plateau, early_reject=optim.early_reject,
-        reject_interval=optim.reject_interval, reject_margin=optim.reject_margin)
+    """Its fields are `OptimConfig`'s own, by name."""
+    return AdaptiveOptions(**{f.name: getattr(optim, f.name) for f in fields(AdaptiveOptions)})
 
 
 def decoupled_options(optim: OptimConfig) -> DecoupledOptions:

@@ -64,7 +64,7 @@ class Problem:
 class ScheduleParts:
     """What a schedule works with, passed in by whoever assembles the engine. `replan(beams)`
     is the memory policy (M): it sees the beams about to generate and may re-plan the
-    models' batch caps (None: no memory policy; settable until the run starts)."""
+    models' batch caps (None: no memory policy)."""
 
     policy: SearchPolicy
     runner: ModelRunner
