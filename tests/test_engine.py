@@ -534,47 +534,89 @@ def test_fake_stream_sampling_draws_like_vllm():
 
 
 def test_preempted_branch_resumes_where_sampling_is_resumable():
-    """A branch preempted part-way (real work waits in the backend) resumes from its
-    tokens under `context` sampling (vLLM with the position-keyed sampler) and restarts
-    from its path under `stream` (vLLM's own sampler); either way it ends as child k's
-    own step, and resuming generates no token twice."""
+    """A branch preempted part-way (memory short: requests wait in the backend two steps
+    running) resumes from its tokens under `context` sampling (vLLM with the position-keyed
+    sampler) and restarts from its path under `stream` (vLLM's own sampler); either way it
+    ends as child k's own step, and resuming generates no token twice."""
     from tts.backends.base import StepStats
+    from tts.engine.memory_guard import WAIT_STEPS
     from tts.engine.requests import Request
     from tts.search.tree import child_seed
 
     def script(problem, steps, seed):
-        if seed == 3:  # the straggler that keeps generation open
-            return "s" * 40 + "\n\n"
+        if seed == 3:  # the straggler that keeps generation open past the pause
+            return "s" * 60 + "\n\n"
         return ("a" if not steps else "b") * (6 + seed % 5) + "\n\n"
 
     for mode in ("context", "stream"):
         gen = FakeGenerator(script, batch_cap=8, sampling=mode)
         prompt = tuple(gen.encode_prompt("q", "s"))
         parent = Request(Beam("p", prompt, 10), limit=30, spec_priority=1)
-        straggler = Request(Beam("p", prompt, 3), limit=60)
+        straggler = Request(Beam("p", prompt, 3), limit=80)
         generation = Generation(gen, spec_branches=True)
         orig, seen = gen.step, {}
 
         def step():
             deltas, st = orig()
             branch = parent.branches[0] if parent.branches else None
-            if branch is not None and branch.request_id in {d.request_id for d in deltas} and "before" not in seen:
-                if len(branch.tokens) == 2:  # three tokens in with this step: real work waits, once
-                    seen["before"] = 3
-                    st = StepStats(st.num_running, 1, st.num_scheduled_tokens, st.batch_cap, st.token_cap,
-                                   st.kv_usage, st.wall_s, st.tokens_per_request)
+            running = branch is not None and branch.request_id in {d.request_id for d in deltas}
+            if running and "waits" not in seen and len(branch.tokens) == 2:
+                seen["waits"] = 0  # three tokens in with this step, real work starts waiting
+            if running and seen.get("waits", WAIT_STEPS) < WAIT_STEPS:
+                seen["waits"] += 1
+                seen["before"] = len(branch.tokens) + 1  # the branch's tokens with this step's
+                st = StepStats(st.num_running, 1, st.num_scheduled_tokens, st.batch_cap, st.token_cap,
+                               st.kv_usage, st.wall_s, st.tokens_per_request)
             return deltas, st
 
         gen.step = step
         generation.run([parent, straggler])
         (branch,) = parent.branches  # priority 1: child 0's branch
-        assert seen["before"] == 3 and straggler.finished
+        assert seen["before"] == 2 + WAIT_STEPS and straggler.finished
         assert branch.finished and branch.beam.seed == child_seed(10, 0)
         assert gen.decode(branch.tokens) == "b" * (6 + branch.beam.seed % 5) + "\n\n"  # child 0's own step
         redone = seen["before"] if mode == "stream" else 0
         assert branch.generated == len(branch.tokens) + redone
         assert generation.phase.branch_steps(parent) == {branch.beam.seed: tuple(branch.tokens)}
         assert gen.num_unfinished() == 0
+
+
+def test_one_memory_rule_stops_speculation_in_both_disciplines():
+    """Memory is short at `kv_spec_limit` KV usage or after `WAIT_STEPS` steps with requests
+    queued in the backend (one such step may be a prefill waiting for the token budget);
+    after a preemption no speculation starts for `PAUSE_STEPS` steps. Both disciplines
+    hold this guard, with the one default limit."""
+    from tts.backends.base import StepStats
+    from tts.config.schema import EngineKind, OptimConfig
+    from tts.engine.memory_guard import PAUSE_STEPS, WAIT_STEPS, MemoryGuard
+    from tts.engine.options import KV_SPEC_LIMIT, decoupled_options
+
+    def stats(waiting=0, kv=0.1):
+        return StepStats(4, waiting, 4, 8, 64, kv, 0.01, 1.0)
+
+    guard = MemoryGuard(0.9)
+    for _ in range(WAIT_STEPS - 1):
+        guard.observe(stats(waiting=1))
+        assert not guard.short() and guard.allows()
+    guard.observe(stats(waiting=1))
+    assert guard.short() and not guard.allows()
+    guard.observe(stats())
+    assert not guard.short()
+    guard.observe(stats(kv=0.9))
+    assert guard.short()
+    guard.preempted()
+    for _ in range(PAUSE_STEPS - 1):
+        guard.observe(stats())
+        assert not guard.short() and not guard.allows()  # the pause
+    guard.observe(stats())
+    assert guard.allows()
+
+    cfg = SearchConfig(n=4, beam_width=2, max_iterations=3)
+    engines = [Engine(FakeGenerator(endless), FakeVerifier(), lambda: make_policy(cfg, 30, 300), "sys",
+                      EngineOptions(speculative=True, decoupled=decoupled_options(OptimConfig(engine=EngineKind.decoupled))),
+                      schedule=name) for name in ("barrier", "decoupled")]
+    guards = [engines[0].schedule.generation.memory, engines[1].schedule.speculation.memory]
+    assert all(type(g) is MemoryGuard and g.kv_spec_limit == KV_SPEC_LIMIT for g in guards)
 
 
 def test_counters_of_problems_in_flight_add_up_to_the_backends():

@@ -209,8 +209,6 @@ class OptimConfig:
         _require(self.exit_plateau >= 0.0, "optim.exit_plateau", "must be >= 0 (0 = off)")
         _require(self.reject_interval >= 1, "optim.reject_interval", "must be >= 1")
         _require(self.reject_margin >= 0.0, "optim.reject_margin", "must be >= 0")
-        _require(not (self.early_reject and self.engine == EngineKind.decoupled), "optim.early_reject",
-                 "not available with engine=decoupled yet (its steps are scored as they finish)")
         _require(not (self.early_reject and not self.score_cache), "optim.early_reject",
                  "needs optim.score_cache=true (steps finished early are scored into the cache)")
         _require(not (self.spec_prune and not (self.speculative and self.engine == EngineKind.flash)),

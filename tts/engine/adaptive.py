@@ -20,8 +20,10 @@ Two policies, each with its own switch, off in every FlashTTS preset:
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from eval.accuracy import group_answers
 from eval.extract import extract_answer
@@ -29,8 +31,14 @@ from tts.engine.options import AdaptiveOptions
 from tts.engine.requests import Request
 from tts.engine.scoring import ScoreItem
 from tts.engine.steps import completes_path
+from tts.metrics.events import BeamsRejected
 from tts.search.base import ProblemSearch, SearchPolicy, aggregate
 from tts.search.tree import Beam
+
+if TYPE_CHECKING:
+    from tts.engine.model_runner import ModelRunner
+
+log = logging.getLogger(__name__)
 
 
 class AnswerSettling:
@@ -84,6 +92,7 @@ class EarlyRejection:
         self.decode = decode
         self.steps_since = 0  # generator steps since the last partial scoring
         self.estimates: dict[int, float] = {}  # beam uid -> estimated path score, this iteration
+        self._gone: dict[str, list[tuple[Request, float]]] = {}  # rejected this iteration, by problem
 
     def begin(self) -> None:
         self.steps_since = 0
@@ -114,16 +123,17 @@ class EarlyRejection:
         return out
 
     def rejected(self, search: ProblemSearch, requests: Sequence[Request], partial: dict[int, float],
-                 cached: dict[int, float]) -> list[Request]:
+                 cached: dict[int, float], settled: dict[int, float] | None = None) -> list[Request]:
         """The running requests whose beams cannot make the cut: at least `keep` others
         that selection could keep estimate above theirs by more than the margin.
         `partial` and `cached` hold the new step's score by beam uid (partial steps,
-        finished steps)."""
+        finished steps not yet committed); `settled` the path scores of beams whose new
+        step is committed and scored already (the decoupled schedule's)."""
         keep = self.policy.rejection_cut(search)
         if keep is None:
             return []
         agg = self.policy.cfg.aggregation
-        est: dict[int, float] = {}
+        est: dict[int, float] = dict(settled or {})
         for r in requests:
             score = partial.get(r.beam.uid, cached.get(r.beam.uid))
             if r.rejected or score is None or (r.finished and completes_path(r, self.decode)):
@@ -139,3 +149,36 @@ class EarlyRejection:
             if above >= keep:
                 out.append(r)
         return out
+
+    def note(self, problem_id: str, gone: Sequence[Request]) -> None:
+        """Requests just rejected, with their estimates, counted at the selection (`settle`)."""
+        self._gone.setdefault(problem_id, []).extend((r, self.estimates.get(r.beam.uid, -1.0)) for r in gone)
+
+    def settle(self, problem_id: str, lengths: Sequence[int], kept: Sequence[Beam]) -> BeamsRejected | None:
+        """The iteration's rejections, at its selection: how many; the tokens their steps
+        would still have taken, estimated from `lengths` (the iteration's steps: the mean of
+        those longer than a rejected step had, else its step's token limit); and how many
+        ended above selection's cut (the lowest path score of the `kept` parents)."""
+        gone = self._gone.pop(problem_id, [])
+        if not gone:
+            return None
+        saved = 0
+        for request, _ in gone:
+            longer = [n for n in lengths if n > len(request.tokens)]
+            total = sum(longer) / len(longer) if longer else request.limit
+            saved += max(0, round(total) - len(request.tokens))
+        cut = min((self.policy.path_score(b) for b in kept), default=None)
+        above = sum(1 for _, estimate in gone if cut is not None and estimate >= cut)
+        return BeamsRejected(problem_id, len(gone), saved, above)
+
+
+def early_rejection(opts: AdaptiveOptions, policy: SearchPolicy, runner: ModelRunner) -> EarlyRejection | None:
+    """The run's early rejection: None when `optim.early_reject` is off, or (with a
+    warning) when the verifier cannot read a partial step."""
+    verifier = runner.verifier
+    if not opts.early_reject:
+        return None
+    if verifier is None or not verifier.reads_partial_steps:
+        log.warning("optim.early_reject: off, the verifier does not read partial steps")
+        return None
+    return EarlyRejection(opts, policy, runner.gen.decode)

@@ -28,14 +28,14 @@ import logging
 from tts import clock
 from tts.backends.base import GenDelta, StepStats
 from tts.config.schema import LookaheadScope
-from tts.engine.adaptive import EarlyRejection
+from tts.engine.adaptive import early_rejection
 from tts.engine.barrier_generation import IterationGeneration
 from tts.engine.requests import Request
 from tts.engine.schedule import Generate, Problem, Purpose, Schedule, ScheduleParts, Score
 from tts.engine.scoring import ScoreItem, ScoringStats
 from tts.engine.speculation import inherit_speculation, spec_priorities
 from tts.engine.steps import completes_path
-from tts.metrics.events import BeamsRejected, IterationDone, ModelTime, SpeculationAdopted, SpeculationPruned
+from tts.metrics.events import IterationDone, ModelTime, SpeculationAdopted, SpeculationPruned
 from tts.search.base import ProblemSearch, aggregate
 from tts.search.tree import Beam, BeamState, StepEnd
 
@@ -82,8 +82,7 @@ class BarrierSchedule(Schedule):
         self._generation_started = 0.0
         self._verifier_wall = 0.0  # early rejection's calls within the generation phase
         self._lookahead: list[ScoreItem] | None = None  # the second call's items, when due
-        self.rejection = self._early_rejection()
-        self._rejections: dict[str, tuple[list[Request], int]] = {}  # this iteration's, by problem
+        self.rejection = early_rejection(opts.adaptive, self.policy, self.runner)
         # speculation pruning: its call is due once per iteration, when the real requests
         # still running are down to the beams selection keeps (`_prune_at`)
         self.prune = opts.spec_prune and opts.speculative and verifier is not None
@@ -146,15 +145,6 @@ class BarrierSchedule(Schedule):
 
     # ------------------------------------------------------------ early rejection
 
-    def _early_rejection(self) -> EarlyRejection | None:
-        adaptive, verifier = self.opts.adaptive, self.runner.verifier
-        if not adaptive.early_reject:
-            return None
-        if verifier is None or not verifier.reads_partial_steps:
-            log.warning("optim.early_reject: off, the verifier does not read partial steps")
-            return None
-        return EarlyRejection(adaptive, self.policy, self.runner.gen.decode)
-
     def _reject(self, partial: dict[int, float]) -> None:
         """Stop the requests whose beams cannot make the cut on the scores just made."""
         cache = self.cache
@@ -164,34 +154,17 @@ class BarrierSchedule(Schedule):
             out = self.rejection.rejected(p.search, mine, partial, done)
             if out:
                 self.generation.reject(out)
-
-    def _drop_rejected(self, p: Problem, mine: list[Request]) -> None:
-        """Rejected beams leave the frontier before scoring; what they saved is noted for
-        the selection, which tells how many would have made the cut."""
-        gone = [r for r in mine if r.rejected]
-        if not gone:
-            return
-        uids = {r.beam.uid for r in gone}
-        p.search.frontier = [b for b in p.search.frontier if b.uid not in uids]
-        for r in gone:
-            r.beam.state = BeamState.PRUNED
-        self._rejections[p.id] = (gone, sum(self._tokens_left(r, mine) for r in gone))
+                self.rejection.note(p.id, out)
 
     @staticmethod
-    def _tokens_left(rejected: Request, mine: list[Request]) -> int:
-        """A rejected step's tokens still to come, estimated: the mean length of this
-        iteration's steps that ran longer than it had, else its step's token limit."""
-        longer = [len(r.tokens) for r in mine if not r.rejected and len(r.tokens) > len(rejected.tokens)]
-        total = sum(longer) / len(longer) if longer else rejected.limit
-        return max(0, round(total) - len(rejected.tokens))
-
-    def _count_rejections(self, p: Problem, kept_parents: list[Beam]) -> None:
-        gone, saved = self._rejections.pop(p.id, ([], 0))
-        if not gone:
-            return
-        cut = min((self.policy.path_score(b) for b in kept_parents), default=None)
-        above = sum(1 for r in gone if cut is not None and self.rejection.estimates.get(r.beam.uid, -1.0) >= cut)
-        self.emit(BeamsRejected(p.id, len(gone), saved, above))
+    def _drop_rejected(p: Problem, mine: list[Request]) -> None:
+        """Rejected beams leave the frontier before scoring (the selection counts them)."""
+        uids = {r.beam.uid for r in mine if r.rejected}
+        if uids:
+            p.search.frontier = [b for b in p.search.frontier if b.uid not in uids]
+            for r in mine:
+                if r.rejected:
+                    r.beam.state = BeamState.PRUNED
 
     # ------------------------------------------------------------ speculation pruning
 
@@ -364,7 +337,11 @@ class BarrierSchedule(Schedule):
     def _select(self, p: Problem) -> None:
         search = p.search
         parents = self.select(p)
-        self._count_rejections(p, [parents[uid] for uid in {b.parent for b in search.frontier} if uid in parents])
+        if self.rejection is not None:
+            lengths = [len(r.tokens) for r in self._requests_of(p) if not r.rejected]
+            kept = [parents[uid] for uid in {b.parent for b in search.frontier} if uid in parents]
+            if (rejected := self.rejection.settle(p.id, lengths, kept)) is not None:
+                self.emit(rejected)
         self.exit_if_settled(p)
         branches = self.generation.spec_branches  # children adopt their branches as they start
         if self.opts.speculative and not branches:

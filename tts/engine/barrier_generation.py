@@ -22,10 +22,13 @@ with speculation on, speculates in one of two ways:
   vLLM's own, where a request that runs past a boundary, or one resumed from some of its
   tokens, samples differently from a fresh request with the same seed.
 
-Real work always has priority (two-phase scheduling): a request may only speculate while
-no real request waits, and speculation is dropped at once when the KV cache runs short
-(a dropped run-on request resumes from its tokens when slots free again; a dropped branch
-restarts from its path). Generation ends when every real request has its step.
+Real work always has priority (two-phase scheduling): speculation takes only the slots
+real requests leave free. Memory pressure stops it by the rule the decoupled schedule
+follows too (`memory_guard.py`: KV usage at `kv_spec_limit`, or requests queued in the
+backend two steps running, then a pause): every speculative request is dropped (a run-on
+request resumes from its tokens when slots free again; a branch resumes from its tokens
+where sampling is resumable, else restarts from its path). Generation ends when every real
+request has its step.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from collections.abc import Sequence
 
 from tts.backends.base import GenDelta, StepStats
 from tts.engine.model_runner import ModelRunner
+from tts.engine.memory_guard import MemoryGuard
 from tts.engine.options import KV_SPEC_LIMIT
 from tts.engine.requests import Request, RequestState
 from tts.engine.spec_steps import Adoption, adopt, drop
@@ -58,7 +62,7 @@ class IterationGeneration:
         self.spec_branches = speculative and spec_branches
         self.speculative = speculative
         self.spec_max_tokens = spec_max_tokens
-        self.kv_spec_limit = kv_spec_limit
+        self.memory = MemoryGuard(kv_spec_limit)
         # Speculation may keep at most this many requests running (real + speculative);
         # 0 = the generator's batch cap. Beyond the decode roofline's ridge batch every
         # extra sequence slows the stragglers, so the engine passes that batch here.
@@ -107,13 +111,14 @@ class IterationGeneration:
                     finished_now.append(request)
                 else:
                     stops.append((request, _FINISHED))
-        stops += self._preempt_speculation(step)
-        if self._pending and not self._preempted(step):
+        self.memory.observe(step)
+        stops += self._preempt_speculation()
+        if self._pending and self.memory.allows():
             if self.spec_branches:
                 self._start_branches()
             else:
                 stops += self._assign_slots(finished_now)
-        else:  # real work only: real work waits, or the KV cache is short
+        else:  # real work only: memory is short, or speculation pauses after it was
             self._awaiting_slot.update((r.beam.uid, r) for r in finished_now)
             stops += [(r, _WAITING) for r in finished_now]
         self._stop(stops)
@@ -303,18 +308,15 @@ class IterationGeneration:
     def _spec_cap(self) -> int:
         """Requests kept running while speculating: `spec_batch_cap` (0 = the batch cap),
         never above the generator's batch cap (M may lower it below the ridge batch): a
-        request beyond it would wait in the backend, which preempts all speculation."""
+        request beyond it would wait in the backend, which preempts speculation (`memory`)."""
         return min(self.spec_batch_cap or self.gen.batch_cap, self.gen.batch_cap)
 
-    def _preempted(self, step: StepStats) -> bool:
-        """Speculation stops at once when real requests wait or the KV cache runs short."""
-        return step.kv_usage >= self.kv_spec_limit or step.num_waiting > 0
-
-    def _preempt_speculation(self, step: StepStats) -> list[tuple[Request, RequestState]]:
-        """Drop every speculative request when real work waits or KV runs short; each goes
-        back to wait for a slot (a run-on request resumes from its speculative tokens)."""
-        if not (self._speculating and self._preempted(step)):
+    def _preempt_speculation(self) -> list[tuple[Request, RequestState]]:
+        """Drop every speculative request when memory is short (`memory`); each goes back
+        to wait for a slot (a run-on request resumes from its speculative tokens)."""
+        if not (self._speculating and self.memory.short()):
             return []
+        self.memory.preempted()
         dropped = list(self._speculating)
         self._speculating.clear()
         for r in dropped:

@@ -25,8 +25,9 @@ The LLM fills its batch (the generator's `batch_cap`) in this order:
    far, `optim.decoupled_spec_scope`).
 
 Speculative steps, their adoption by the children that selection keeps, their dropping
-(counted as wasted) and preemption are in `decoupled_spec.py`; the run's counters and
-the step-log summary in `decoupled_stats.py`. The memory policy (M,
+(counted as wasted) and preemption are in `decoupled_spec.py`; early rejection
+(`optim.early_reject`) in `decoupled_reject.py`; the run's counters and the step-log
+summary in `decoupled_stats.py`. The memory policy (M,
 `ScheduleParts.replan`) sees the committed beams of every problem in flight after each
 admission and selection.
 
@@ -42,12 +43,14 @@ from collections import deque
 from tts import clock
 from tts.backends.base import FinishReason, GenDelta, StepStats
 from tts.config.schema import DecoupledSpecScope
+from tts.engine.adaptive import early_rejection
 from tts.engine.decoupled_policy import EAGER_FIRST, Filler, FillPolicy, FillState, make_fill_policy
+from tts.engine.decoupled_reject import DecoupledRejection
 from tts.engine.decoupled_spec import SpeculativeSteps
 from tts.engine.decoupled_stats import DecoupledStats
 from tts.engine.requests import Request, RequestKind, RequestState
 from tts.engine.decoupled_problem import LLMRound, PRMCall
-from tts.engine.schedule import Generate, Problem, Schedule, ScheduleParts, Score
+from tts.engine.schedule import Generate, Problem, Purpose, Schedule, ScheduleParts, Score
 from tts.engine.spec_guard import SpeculationGuard
 from tts.engine.scoring import ScoreItem, ScoringStats
 from tts.metrics.events import IterationDone, ModelTime, SpeculationAdopted
@@ -83,6 +86,8 @@ class DecoupledSchedule(Schedule):
             survivors, self.opts.kv_spec_limit)
         if own.spec_guard:
             self.speculation.guard = SpeculationGuard(self.stats)
+        rule = early_rejection(self.opts.adaptive, self.policy, self.runner)
+        self.rejection = DecoupledRejection(rule, self.runner, self.policy) if rule is not None else None
         self._real: deque[Request] = deque()  # real requests waiting for a batch slot
         self._prm: deque[tuple[Problem, Beam]] = deque()
         self._util = 0.0  # moving average of the generator's batch utilisation
@@ -111,8 +116,13 @@ class DecoupledSchedule(Schedule):
                     return Generate()
                 self._close_round()
             self._turn = _Turn.LLM
+            rejecting = self.rejection is not None and self.rejection.due()
             if self._prm:
+                if rejecting:
+                    self._turn = _Turn.PRM  # the partial call follows the queue's
                 return Score(*self._prm_batch())
+            if rejecting and (call := self.rejection.call(self._live)) is not None:
+                return call
             if not self.busy():
                 return None
             if not self._progressed:
@@ -133,6 +143,8 @@ class DecoupledSchedule(Schedule):
 
     def _round_over(self, steps: int) -> bool:
         """Whether the PRM should run now."""
+        if self.rejection is not None and self.rejection.due():
+            return True  # early rejection's partial call, after the queue's
         if not self._prm:
             return False  # nothing to score: keep the LLM busy
         if self.prm_cap and len(self._prm) >= self.prm_cap:
@@ -171,7 +183,7 @@ class DecoupledSchedule(Schedule):
 
     def _fill_state(self) -> FillState:
         return FillState(self.runner.gen.batch_cap, len(self.runner.requests), self._util,
-                         self.speculation.kv_usage, len(self._live), self.opts.concurrency)
+                         self.speculation.memory.kv_usage, len(self._live), self.opts.concurrency)
 
     def _submit_real(self) -> bool:
         progressed = False
@@ -220,7 +232,9 @@ class DecoupledSchedule(Schedule):
         self.fill_policy.observe(st)
         self.stats.llm_steps += 1
         self._util = 0.8 * self._util + 0.2 * min(1.0, st.num_running / max(1, st.batch_cap))
-        self.speculation.observe(st)
+        self.speculation.memory.observe(st)
+        if self.rejection is not None:
+            self.rejection.rule.stepped()
         if self.speculation.guard is not None:
             spec = sum(1 for r in self.runner.requests.values() if r.kind is RequestKind.SPEC)
             self.speculation.guard.observe(st, max(0, st.num_running - spec))
@@ -286,6 +300,12 @@ class DecoupledSchedule(Schedule):
         return items, tuple(dict.fromkeys(p.id for p, _ in batch))
 
     def scored(self, work: Score, stats: ScoringStats) -> None:
+        if work.purpose is Purpose.REJECT:
+            if self.rejection.reject(self._live, stats.partial):
+                self.speculation.exhausted = False
+                self._select_ready()
+            self._progressed = True
+            return
         call = self._call
         self.stats.prm_calls += 1
         self.stats.prm_items.append(len(call.batch))
@@ -317,8 +337,12 @@ class DecoupledSchedule(Schedule):
     def _select(self, problem: Problem) -> None:
         search = problem.search
         self.emit(IterationDone(problem.id, tuple(problem.lengths)))
+        parents = self.select(problem)
+        if self.rejection is not None:
+            kept = [parents[uid] for uid in {b.parent for b in search.frontier} if uid in parents]
+            if (rejected := self.rejection.rule.settle(problem.id, problem.lengths, kept)) is not None:
+                self.emit(rejected)
         problem.lengths = []
-        self.select(problem)
         self.exit_if_settled(problem)
         nodes, problem.spec = problem.spec, {}
         self.speculation.exhausted = False

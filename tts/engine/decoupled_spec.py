@@ -28,9 +28,9 @@ speculative request restarts from its path. When no kept child matches
 and counted as wasted.
 
 Real work (and eager work, when the fill policy ranks it first) preempts running
-speculation; so does memory pressure (KV usage at `kv_spec_limit`, or requests queued
-inside the backend two steps running), after which speculation pauses for
-`SPEC_PAUSE_STEPS` generator steps. With `optim.decoupled_spec_guard` (the default) no new
+speculation; so does memory pressure, by the rule the barrier's speculation follows too
+(`memory_guard.py`: KV usage at `kv_spec_limit`, or requests queued inside the backend two
+steps running; then a pause of `PAUSE_STEPS` generator steps). With `optim.decoupled_spec_guard` (the default) no new
 speculation starts while the run's own cost model says it does not pay (`spec_guard.py`).
 """
 
@@ -38,8 +38,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from tts.backends.base import StepStats
 from tts.engine.decoupled_stats import DecoupledStats
+from tts.engine.memory_guard import MemoryGuard
 from tts.engine.model_runner import ModelRunner
 from tts.engine.requests import Request, RequestKind, RequestState
 from tts.engine.schedule import Problem
@@ -48,9 +48,6 @@ from tts.engine.spec_steps import Adoption, adopt
 from tts.engine.steps import StepCutter
 from tts.search.base import SearchPolicy
 from tts.search.tree import Beam, child_seed
-
-SPEC_PAUSE_STEPS = 16  # after a memory preemption, no new speculation for this many steps
-
 
 class SpeculativeSteps:
     """The decoupled schedule's speculative steps (module docstring).
@@ -67,35 +64,20 @@ class SpeculativeSteps:
         self.runner, self.cut, self.policy, self.stats = runner, cut, policy, stats
         self._requests_for, self._submit, self._event = requests_for, submit, event
         self.survivors = survivors
-        self.kv_spec_limit = kv_spec_limit
+        self.memory = MemoryGuard(kv_spec_limit)
         self.exhausted = False  # the last scan found no speculation left to start
-        self._pause = 0  # generator steps left without speculation after a preemption
-        self.kv_usage = 0.0
-        self._backend_waiting = 0  # consecutive steps with requests queued in the backend
         self.guard: SpeculationGuard | None = None  # whether speculation pays (`spec_guard.py`)
 
     # ------------------------------------------------------------ memory
 
-    def observe(self, st: StepStats) -> None:
-        """After a generator step: its KV usage, and whether the backend queued requests (two
-        steps running means memory is short; a single step may only be a prefill waiting
-        for the token budget)."""
-        self.kv_usage = st.kv_usage
-        self._backend_waiting = self._backend_waiting + 1 if st.num_waiting > 0 else 0
-
-    def memory_short(self) -> bool:
-        return self.kv_usage >= self.kv_spec_limit or self._backend_waiting >= 2
-
     def allowed(self) -> bool:
-        """Speculation may start: memory allows, and it pays (`guard`, when set)."""
-        return not self.memory_short() and self._pause == 0 and (self.guard is None or self.guard.allows())
+        """Speculation may start: memory allows (`memory`), and it pays (`guard`, when set)."""
+        return self.memory.allows() and (self.guard is None or self.guard.allows())
 
     def relieve_memory(self) -> None:
         """After a generator step: when memory is short, stop speculation for a while."""
-        self._pause = max(0, self._pause - 1)
-        if self.memory_short():
-            if self.preempt():  # KV short, or the backend queues requests
-                self._pause = SPEC_PAUSE_STEPS  # do not restart it at once
+        if self.memory.short() and self.preempt():
+            self.memory.preempted()
 
     # ------------------------------------------------------------ starting it
 
