@@ -150,7 +150,7 @@ def test_prm_never_scores_a_speculative_step():
     holder["eng"] = eng
     list(eng.run(inputs(("a", "b", "c"))))
     assert seen["items"] > 0 and seen["spec_live"] > 0  # speculation existed while the PRM ran
-    assert eng.schedule.stats.spec_generated > 0
+    assert eng.collector.speculation.generated > 0
 
 
 def test_last_scored_advances_one_step_per_score():
@@ -185,14 +185,14 @@ def test_pruned_beams_speculation_is_dropped_and_counted():
     for _, parent, shadow, _ in drops:
         assert shadow not in frontier_uids  # a speculative beam never enters a frontier
         assert parent not in frontier_parents  # the pruned beam has no descendants
-    d = eng.schedule.stats
-    assert d.spec_dropped == len(drops)
-    assert d.spec_generated == d.spec_used + d.spec_wasted
-    assert d.spec_wasted >= sum(t for *_, t in drops)  # partial adoptions may waste a few more
+    d = eng.collector.speculation
+    assert d.steps["dropped"] == len(drops)
+    assert d.generated == d.used + d.wasted
+    assert d.wasted >= sum(t for *_, t in drops)  # partial adoptions may waste a few more
     per_problem = sum(o.metrics.spec_generated - o.metrics.spec_used for o in outs)
-    assert per_problem == d.spec_wasted
+    assert per_problem == d.wasted
     logs = eng.step_logs()["decoupled"]
-    assert logs["spec_wasted"] == d.spec_wasted and 0 < logs["spec_hit_rate"] < 1
+    assert logs["spec_wasted"] == d.wasted and 0 < logs["spec_hit_rate"] < 1
 
 
 def test_kept_beams_speculative_step_is_reused_without_a_request():
@@ -201,15 +201,16 @@ def test_kept_beams_speculative_step_is_reused_without_a_request():
                                   policy="speculative_first", concurrency=2)
     assert candidates(fast) == candidates(base)
     whole = [e for e in events(eng, "adopt") if e[3] == "whole"]
-    assert whole and eng.schedule.stats.spec_whole == len(whole)
+    assert whole and eng.collector.speculation.steps["whole"] == len(whole)
     submitted = {e[2] for e in events(eng, "submit")}
     for _, _, child, _, used in whole:
         assert child not in submitted and used > 0
     d = eng.schedule.stats
     assert len(gen.calls) == sum(d.requests.values())  # every request the engine counted
     real = d.requests["fresh"] + d.requests["eager"]
-    assert real == len(bgen.calls) - d.spec_whole - d.spec_promoted
-    assert sum(o.metrics.spec_used for o in fast) == d.spec_used > 0
+    spec = eng.collector.speculation
+    assert real == len(bgen.calls) - spec.steps["whole"] - spec.steps["promoted"]
+    assert sum(o.metrics.spec_used for o in fast) == spec.used > 0
 
 
 def test_survivor_scope_speculates_the_kept_beams_children():
@@ -224,9 +225,9 @@ def test_survivor_scope_speculates_the_kept_beams_children():
         adopted[scope] = per_parent
     assert max(adopted["all"].values()) == 1  # child 0 only
     assert max(adopted["survivors"].values()) > 1  # several children of one kept beam
-    surv, every = runs["survivors"].schedule.stats, runs["all"].schedule.stats
-    assert surv.spec_used > every.spec_used
-    assert surv.spec_used / surv.spec_generated > every.spec_used / every.spec_generated
+    surv, every = runs["survivors"].collector.speculation, runs["all"].collector.speculation
+    assert surv.used > every.used
+    assert surv.used / surv.generated > every.used / every.generated
 
 
 def test_partial_speculation_under_a_token_cap_keeps_the_result():
@@ -234,7 +235,7 @@ def test_partial_speculation_under_a_token_cap_keeps_the_result():
     fast, eng, *_ = decoupled(answering, iters=5, concurrency=2, prm_cap=1, policy="speculative_first",
                               spec_max_tokens=3)
     assert candidates(fast) == candidates(base)
-    assert eng.schedule.stats.spec_partial > 0 and eng.schedule.stats.spec_whole == 0
+    assert eng.collector.speculation.steps["partial"] > 0 and eng.collector.speculation.steps["whole"] == 0
 
 
 def test_real_work_preempts_speculation_and_resumes_it():
@@ -242,9 +243,9 @@ def test_real_work_preempts_speculation_and_resumes_it():
     base, *_ = baseline(endless, **kw)
     fast, eng, *_ = decoupled(endless, trace=True, policy="speculative_first", **kw)
     assert candidates(fast) == candidates(base)
-    assert eng.schedule.stats.spec_preempted > 0 and events(eng, "preempt")
+    assert eng.collector.speculation.steps["preempted"] > 0 and events(eng, "preempt")
     # a preempted speculative step keeps its tokens: a kept beam's child resumes from them
-    assert eng.schedule.stats.spec_partial > 0
+    assert eng.collector.speculation.steps["partial"] > 0
 
 
 @pytest.mark.parametrize("scope", ["survivors", "all"])
@@ -256,19 +257,19 @@ def test_under_vllm_sampling_nothing_is_resumed_and_the_tree_holds(scope):
     base, *_ = baseline(endless, **kw)
     fast, eng, *_ = decoupled(endless, trace=True, policy="speculative_first", scope=scope, **kw)
     assert candidates(fast) == candidates(base)
-    d = eng.schedule.stats
-    assert d.spec_preempted > 0 and d.spec_reset == d.spec_preempted and d.spec_partial == 0
-    assert d.spec_generated == d.spec_used + d.spec_wasted
+    d = eng.collector.speculation
+    assert d.steps["preempted"] > 0 and d.steps["reset"] == d.steps["preempted"] and d.steps["partial"] == 0
+    assert d.generated == d.used + d.wasted
     # whole steps and running requests are still adopted, and the tree holds
     kw = dict(n=8, m=4, iters=6, cap=16, concurrency=2, sampling="stream")
     short_base, *_ = baseline(short, **kw)
     short_fast, seng, *_ = decoupled(short, prm_cap=1, policy="speculative_first", scope=scope, **kw)
     assert candidates(short_fast) == candidates(short_base)
-    assert seng.schedule.stats.spec_whole > 0 and seng.schedule.stats.spec_used > 0
+    assert seng.collector.speculation.steps["whole"] > 0 and seng.collector.speculation.used > 0
     capped, ceng, *_ = decoupled(answering, iters=5, concurrency=2, prm_cap=1, policy="speculative_first",
                                  spec_max_tokens=3, scope=scope, sampling="stream")
     assert candidates(capped) == candidates(baseline(answering, iters=5, concurrency=2, sampling="stream")[0])
-    assert ceng.schedule.stats.spec_discarded > 0 and ceng.schedule.stats.spec_partial == 0
+    assert ceng.collector.speculation.steps["discarded"] > 0 and ceng.collector.speculation.steps["partial"] == 0
 
 
 def test_kv_pressure_stops_speculation():
@@ -278,7 +279,7 @@ def test_kv_pressure_stops_speculation():
     assert candidates(fast) == candidates(base)
     first_full = next(i for i, e in enumerate(eng.schedule.trace) if e[0] == "step" and e[2] >= 0.95)
     assert not [e for e in eng.schedule.trace[first_full:] if e[0] == "submit" and e[1] == "spec"]
-    assert eng.schedule.stats.spec_generated <= 2  # at most what started before the first measurement
+    assert eng.collector.speculation.generated <= 2  # at most what started before the first measurement
 
 
 def test_requests_queued_in_the_backend_stop_speculation():
@@ -459,12 +460,12 @@ def test_speculation_guard_follows_the_cost_model_break_even():
     """Speculation pays while hit rate x (b + a / B) > b: on a GPU-like model (b = 0) any
     hit rate pays; on a CPU-like one (b = 7% of a, 16 real requests a step) it takes more
     than half; before enough tokens settled, or before a fit, it is not judged."""
-    from tts.engine.decoupled_stats import DecoupledStats
     from tts.engine.spec_guard import MIN_EVIDENCE, PROBE_EVERY, PROBE_FOR, SpeculationGuard
     from tts.metrics.cost_model import CostModel
+    from tts.metrics.measures import SpeculationLog
 
     def guard(a, b, used, wasted):
-        stats = DecoupledStats(spec_used=used, spec_wasted=wasted)
+        stats = SpeculationLog(used=used, wasted=wasted)
         g = SpeculationGuard(stats, CostModel(a, b, 0.0, steps=100, r2=1.0))
         return g, stats
 
@@ -482,7 +483,7 @@ def test_speculation_guard_follows_the_cost_model_break_even():
     for _ in range(PROBE_FOR):
         g.observe(step, 16)
     assert not g.allows()
-    stats.spec_used = 700  # it pays now
+    stats.used = 700  # it pays now
     g.observe(step, 16)
     assert g.paying() and g.allows()
     g, _ = guard(0.05, 0.0034, 10, MIN_EVIDENCE - 11)
@@ -506,13 +507,13 @@ def test_guarded_speculation_stops_when_it_does_not_pay_and_keeps_the_answers():
                         decoupled_spec_scope="all")
     eng = Engine(gen, FakeVerifier(), lambda: make_policy(cfg, 30, 300), "sys", EngineOptions(concurrency=2, decoupled=decoupled_options(optim)),
                  schedule="decoupled")
-    stats = eng.schedule.stats
+    stats = eng.collector.speculation
     evidence = 32
     eng.schedule.speculation.guard = SpeculationGuard(stats, CostModel(0.0, 0.004, 0.0, steps=100, r2=1.0), evidence)
     outs = list(eng.run(inputs(("a", "b", "c", "d"))))
     assert candidates(outs) == candidates(free)
-    unguarded = feng.schedule.stats.spec_generated
+    unguarded = feng.collector.speculation.generated
     assert unguarded > 4 * evidence  # plenty to judge on
-    assert evidence <= stats.spec_used + stats.spec_wasted and stats.spec_generated < unguarded
+    assert evidence <= stats.used + stats.wasted and stats.generated < unguarded
     logs = eng.step_logs()["decoupled"]
     assert logs["spec_guard_off_steps"] > 0 and logs["spec_breakeven"] == 1.0

@@ -427,6 +427,11 @@ def test_speculative_branches_keep_the_tree_and_serve_duplicates():
         assert 0 < used <= sum(o.metrics.spec_generated for o in br)
         assert eng.gen_log.steps < beng.gen_log.steps, algo
         assert eng.cache.lookahead_hits > 0
+        # every branch ends once, counted as the decoupled schedule counts its speculative steps
+        spec = eng.step_logs()["speculation"]
+        assert spec["spec_steps_whole"] > 0 and spec["spec_used"] == used
+        assert spec["spec_generated"] == spec["spec_used"] + spec["spec_wasted"], algo
+        assert "speculation" not in reng.step_logs()  # run-on has no speculative steps to count
 
 
 def test_under_vllm_sampling_branches_keep_the_tree_and_run_on_does_not():
@@ -576,7 +581,9 @@ def test_preempted_branch_resumes_where_sampling_is_resumable():
         assert branch.finished and branch.beam.seed == child_seed(10, 0)
         assert gen.decode(branch.tokens) == "b" * (6 + branch.beam.seed % 5) + "\n\n"  # child 0's own step
         redone = seen["before"] if mode == "stream" else 0
-        assert branch.generated == len(branch.tokens) + redone
+        assert branch.generated == len(branch.tokens)  # since its restart, under `stream`
+        assert generation.collector.speculation.wasted == redone
+        assert generation.collector.speculation.steps["reset"] == (mode == "stream")
         assert generation.phase.branch_steps(parent) == {branch.beam.seed: tuple(branch.tokens)}
         assert gen.num_unfinished() == 0
 

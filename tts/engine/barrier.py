@@ -92,6 +92,10 @@ class BarrierSchedule(Schedule):
     def release(self) -> None:
         self.generation.release()
 
+    def step_logs(self) -> dict[str, dict]:
+        """With branches, the run's speculative steps, counted as the decoupled schedule's are."""
+        return {"speculation": self.collector.speculation.summary()} if self.generation.spec_branches else {}
+
     def next(self) -> Generate | Score | None:
         if self._stage is _Stage.SELECTED:
             if not self.busy():
@@ -285,11 +289,11 @@ class BarrierSchedule(Schedule):
             mine = self._requests_of(p)
             self._drop_rejected(p, mine)
             self.emit(IterationDone(p.id, tuple(len(r.tokens) - r.adopted for r in mine if not r.rejected)))
-            used: dict[tuple[int | None, int], int] = {}
-            for r in mine:  # run-on: siblings share one parent's speculative tokens: count them once
-                key = (r.beam.parent, r.beam.seed if self.generation.spec_branches else 0)
-                used[key] = max(used.get(key, 0), r.adopted)
-            self.emit(SpeculationAdopted(p.id, sum(used.values())))
+            if not self.generation.spec_branches:  # (a branch is counted as its child adopts it)
+                used: dict[int | None, int] = {}
+                for r in mine:  # run-on: siblings share one parent's speculative tokens: count them once
+                    used[r.beam.parent] = max(used.get(r.beam.parent, 0), r.adopted)
+                self.emit(SpeculationAdopted(p.id, sum(used.values())))
 
     # ------------------------------------------------------------ lookahead
 

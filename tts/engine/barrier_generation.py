@@ -42,6 +42,7 @@ from tts.engine.options import KV_SPEC_LIMIT
 from tts.engine.requests import Request, RequestState
 from tts.engine.spec_steps import Adoption, adopt, drop
 from tts.engine.steps import StepCutter, completes_path
+from tts.metrics.events import SpeculationAdopted, SpeculativeStep
 from tts.search.tree import StepEnd, child_seed
 
 _WAITING, _FINISHED = RequestState.WAITING, RequestState.FINISHED
@@ -186,9 +187,12 @@ class IterationGeneration:
         waiting, self.branches = self.branches, {}
         for request in requests:
             branch = waiting.pop((request.beam.parent, request.beam.seed), None)
-            if branch is not None and adopt(self.runner, self.cut, branch, request)[0] is Adoption.PROMOTED:
-                self._pending.add(request)
-                continue
+            if branch is not None:
+                how, used = adopt(self.runner, self.cut, branch, request)
+                self.runner.collector.emit(SpeculationAdopted(request.problem_id, used))
+                if how is Adoption.PROMOTED:
+                    self._pending.add(request)
+                    continue
             self._adopt_spec(request)
             if not request.finished:
                 budget = request.limit - len(request.tokens)
@@ -325,6 +329,7 @@ class IterationGeneration:
             elif not r.finished:
                 if not self.gen.resumable_sampling:
                     # from scratch: a request resumed from its tokens would sample differently
-                    r.tokens, r.last_char = [], ""
+                    self.runner.collector.emit(SpeculativeStep(r.problem_id, "reset", r.generated))
+                    r.tokens, r.last_char, r.generated = [], "", 0
                 self._branches.append(r)
         return [(r, _WAITING) for r in dropped]

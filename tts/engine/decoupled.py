@@ -82,10 +82,10 @@ class DecoupledSchedule(Schedule):
         self.spec_cap = max(0, self.opts.spec_max_tokens) or self.policy.step_max_tokens
         survivors = DecoupledSpecScope(own.spec_scope) is DecoupledSpecScope.survivors
         self.speculation = SpeculativeSteps(
-            self.runner, self.cut, self.policy, self.stats, self._requests_ahead, self._submit, self._event,
+            self.runner, self.cut, self.policy, self._requests_ahead, self._submit, self._event,
             survivors, self.opts.kv_spec_limit)
         if own.spec_guard:
-            self.speculation.guard = SpeculationGuard(self.stats)
+            self.speculation.guard = SpeculationGuard(self.collector.speculation)
         rule = early_rejection(self.opts.adaptive, self.policy, self.runner)
         self.rejection = DecoupledRejection(rule, self.runner, self.policy) if rule is not None else None
         self._real: deque[Request] = deque()  # real requests waiting for a batch slot
@@ -243,8 +243,6 @@ class DecoupledSchedule(Schedule):
         for request, d in outputs:
             n = len(d.new_token_ids)
             self.stats.tokens[request.kind.value] += n
-            if request.kind is RequestKind.SPEC:
-                self.speculation.generated(n)
             finish = d.finish_reason
             if finish is FinishReason.LENGTH and request.capped:
                 finish = None  # the speculative cap, not the step's limit
@@ -386,6 +384,7 @@ class DecoupledSchedule(Schedule):
 
     def step_logs(self) -> dict[str, dict]:
         out = self.stats.summary(self.collector.logs["generator"], self.fill_policy, self.prm_cap)
+        out.update(self.collector.speculation.summary())
         if self.speculation.guard is not None:
             out.update(self.speculation.guard.summary())
         return {"decoupled": out}

@@ -38,13 +38,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from tts.engine.decoupled_stats import DecoupledStats
 from tts.engine.memory_guard import MemoryGuard
 from tts.engine.model_runner import ModelRunner
 from tts.engine.requests import Request, RequestKind, RequestState
 from tts.engine.schedule import Problem
 from tts.engine.spec_guard import SpeculationGuard
-from tts.engine.spec_steps import Adoption, adopt
+from tts.engine.spec_steps import Adoption, adopt, drop
+from tts.metrics.events import SpeculativeStep
 from tts.engine.steps import StepCutter
 from tts.search.base import SearchPolicy
 from tts.search.tree import Beam, child_seed
@@ -57,11 +57,11 @@ class SpeculativeSteps:
     trace event.
     """
 
-    def __init__(self, runner: ModelRunner, cut: StepCutter, policy: SearchPolicy, stats: DecoupledStats,
+    def __init__(self, runner: ModelRunner, cut: StepCutter, policy: SearchPolicy,
                  requests_for: Callable[[Problem, list[Beam], int], list[Request]],
                  submit: Callable[[Request], bool], event: Callable[..., None],
                  survivors: bool, kv_spec_limit: float) -> None:
-        self.runner, self.cut, self.policy, self.stats = runner, cut, policy, stats
+        self.runner, self.cut, self.policy = runner, cut, policy
         self._requests_for, self._submit, self._event = requests_for, submit, event
         self.survivors = survivors
         self.memory = MemoryGuard(kv_spec_limit)
@@ -134,10 +134,6 @@ class SpeculativeSteps:
 
     # ------------------------------------------------------------ while it runs
 
-    def generated(self, n: int) -> None:
-        """A speculative request produced `n` more tokens."""
-        self.stats.spec_generated += n
-
     def stopped(self, node: Request) -> None:
         """A speculative request ended: its step is done, or it reached its cap."""
         node.stalled = not node.finished
@@ -150,14 +146,14 @@ class SpeculativeSteps:
         another step than the child's own request."""
         spec = [r for r in self.runner.requests.values() if r.kind is RequestKind.SPEC]
         stop = spec[::-1][:k] if k is not None else spec
+        emit = self.runner.collector.emit
         for node in stop:
             self.exhausted = False
-            self.stats.spec_preempted += 1
+            emit(SpeculativeStep(node.problem_id, "preempted"))
             self._event("preempt", node.spec_parent.uid, len(node.tokens))
             if not self.runner.gen.resumable_sampling:
                 del node.problem.spec[(node.spec_parent.uid, node.beam.seed)]
-                self.stats.spec_wasted += node.generated
-                self.stats.spec_reset += 1
+                emit(SpeculativeStep(node.problem_id, "reset", node.generated))
         self.runner.stop(stop, RequestState.WAITING)
         return len(stop)
 
@@ -178,18 +174,12 @@ class SpeculativeSteps:
     def _adopt(self, node: Request, request: Request) -> tuple[Request | None, int]:
         """A kept beam's child takes over its speculative step (`spec_steps.adopt`)."""
         how, used = adopt(self.runner, self.cut, node, request)
-        counter = f"spec_{how.value}"  # spec_whole, spec_promoted, spec_partial, spec_discarded
-        setattr(self.stats, counter, getattr(self.stats, counter) + 1)
-        self.stats.spec_used += used
-        self.stats.spec_wasted += node.generated - used
         self._event("adopt", node.spec_parent.uid, request.beam.uid, how.value, used)
         return (None if how is Adoption.PROMOTED else request), used
 
     def drop(self, node: Request) -> None:
         """A speculative step whose beam selection did not keep: all its tokens are wasted."""
-        self.runner.stop([node])
-        self.stats.spec_wasted += node.generated
-        self.stats.spec_dropped += 1
+        drop(self.runner, [node])
         self._event("drop", node.spec_parent.uid, node.beam.uid, node.generated)
 
     # ------------------------------------------------------------ reports

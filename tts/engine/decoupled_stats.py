@@ -1,5 +1,5 @@
 """Statistics of the decoupled schedule: run-level counters and their step-log summary
-(per-problem metrics are the collector's, `tts.metrics.collector`)."""
+(per-problem metrics and the run's speculation are the collector's, `tts.metrics.collector`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from tts.engine.decoupled_policy import FillPolicy
 from tts.engine.requests import RequestKind as Kind
-from tts.metrics.measures import UTIL_BINS, StepLog, hit_rate
+from tts.metrics.measures import UTIL_BINS, StepLog
 
 
 @dataclass
@@ -22,16 +22,6 @@ class DecoupledStats:
     prm_computed: int = 0  # step scores the verifier computed (cache hits excluded)
     tokens: dict[str, int] = field(default_factory=lambda: {k.value: 0 for k in Kind})
     requests: dict[str, int] = field(default_factory=lambda: {k.value: 0 for k in Kind})
-    spec_generated: int = 0
-    spec_used: int = 0
-    spec_wasted: int = 0
-    spec_whole: int = 0  # adopted finished: a step with no generation request
-    spec_promoted: int = 0  # adopted while running: the request became the real one
-    spec_partial: int = 0  # adopted as a prefix of the real step
-    spec_dropped: int = 0  # speculative steps of beams that selection did not keep
-    spec_preempted: int = 0  # speculative requests stopped to make room
-    spec_reset: int = 0  # preempted ones whose tokens were dropped (sampling not resumable)
-    spec_discarded: int = 0  # partial ones a kept child could not adopt (sampling not resumable)
     problems_started: int = 0
     max_live: int = 0
 
@@ -67,18 +57,6 @@ class DecoupledStats:
             "spec_tokens": self.tokens[Kind.SPEC.value],
             "eager_share": self.tokens[Kind.EAGER.value] / filler if filler else 0.0,
             "spec_share": self.tokens[Kind.SPEC.value] / filler if filler else 0.0,
-            "spec_generated": self.spec_generated,
-            "spec_used": self.spec_used,
-            "spec_wasted": self.spec_wasted,
-            "spec_hit_rate": hit_rate(self.spec_used, self.spec_generated),
-            "spec_steps_whole": self.spec_whole,
-            "spec_steps_promoted": self.spec_promoted,
-            "spec_steps_partial": self.spec_partial,
-            "spec_steps_dropped": self.spec_dropped,
-            "spec_preempted": self.spec_preempted,
-            "spec_reset": self.spec_reset,
-            "spec_steps_discarded": self.spec_discarded,
-            "requests_saved": self.spec_whole,
             "kv_usage_mean": g["kv_usage_mean"],
             "kv_usage_max": g["kv_usage_max"],
             "problems_started": self.problems_started,

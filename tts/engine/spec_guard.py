@@ -19,8 +19,8 @@ to measure again.
 from __future__ import annotations
 
 from tts.backends.base import StepStats
-from tts.engine.decoupled_stats import DecoupledStats
 from tts.metrics.cost_model import CostModel, CostSums, fit
+from tts.metrics.measures import SpeculationLog
 
 MIN_EVIDENCE = 256  # speculative tokens settled before the guard judges
 MIN_R2 = 0.5  # a fit that explains less of the steps' time is not trusted
@@ -35,8 +35,8 @@ class SpeculationGuard:
     """Judges speculation by hit rate against the cost model's break-even (module docstring).
     `cost` fixes the cost model instead of fitting it (tests)."""
 
-    def __init__(self, stats: DecoupledStats, cost: CostModel | None = None, min_evidence: int = MIN_EVIDENCE) -> None:
-        self.stats = stats
+    def __init__(self, log: SpeculationLog, cost: CostModel | None = None, min_evidence: int = MIN_EVIDENCE) -> None:
+        self.log = log
         self.min_evidence = min_evidence
         self._fixed = cost is not None
         self._model = cost
@@ -69,8 +69,8 @@ class SpeculationGuard:
 
     def hit_rate(self) -> float | None:
         """Adopted over settled speculative tokens; None before `min_evidence` settled."""
-        settled = self.stats.spec_used + self.stats.spec_wasted
-        return self.stats.spec_used / settled if settled >= self.min_evidence else None
+        settled = self.log.used + self.log.wasted
+        return self.log.used / settled if settled >= self.min_evidence else None
 
     def paying(self) -> bool:
         hit, even = self.hit_rate(), self.breakeven()

@@ -20,6 +20,8 @@ When selection keeps the parent and gives it child k, child k's request adopts t
   than the child's own request would, which would change the search.
 
 A step no kept child adopts is dropped: its backend request, if it still runs, stops.
+Each of these ends is counted here, once for both disciplines (a `SpeculativeStep` event
+for the run's `SpeculationLog`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import enum
 from tts.engine.model_runner import ModelRunner
 from tts.engine.requests import Request, RequestState
 from tts.engine.steps import StepCutter
+from tts.metrics.events import SpeculativeStep
 from tts.search.tree import StepEnd
 
 
@@ -57,6 +60,12 @@ def adopt(runner: ModelRunner, cut: StepCutter, node: Request, request: Request)
     Returns how, and how many of the tokens generated for `node` it used. A promoted
     request runs in the backend on `node`'s request; a whole or partial one holds the
     adopted tokens (`adopted`), and is finished when they hold its step."""
+    how, used = _adopt(runner, cut, node, request)
+    runner.collector.emit(SpeculativeStep(request.problem_id, how.value, node.generated - used))
+    return how, used
+
+
+def _adopt(runner: ModelRunner, cut: StepCutter, node: Request, request: Request) -> tuple[Adoption, int]:
     running = node.state.in_backend
     if same_step(node, request) and (node.finished or (running and not node.capped)):
         cut.consume(request, _tokens(runner, node) if node.finished else node.tokens)
@@ -80,7 +89,9 @@ def adopt(runner: ModelRunner, cut: StepCutter, node: Request, request: Request)
 
 
 def drop(runner: ModelRunner, nodes: list[Request]) -> None:
-    """Steps no kept child adopted: those still running stop."""
+    """Steps no kept child adopted: those still running stop; all their tokens are wasted."""
     running = [n for n in nodes if n.state.in_backend]
     if running:
         runner.stop(running)
+    for node in nodes:
+        runner.collector.emit(SpeculativeStep(node.problem_id, "dropped", node.generated))

@@ -11,15 +11,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tts.metrics.events import (BeamsRejected, Event, IterationDone, ModelTime, ProblemFinished, RequestAdded,
-                                ScoresMade, SearchSettled, SpeculationAdopted, SpeculationPruned, StepDone,
-                                TokensGenerated)
-from tts.metrics.measures import ProblemMetrics, StepLog, split_exactly
+                                ScoresMade, SearchSettled, SpeculationAdopted, SpeculationPruned, SpeculativeStep,
+                                StepDone, TokensGenerated)
+from tts.metrics.measures import ProblemMetrics, SpeculationLog, StepLog, split_exactly
 class MetricsCollector:
     """Per-problem metrics and per-model step logs, from the engine's events."""
 
     def __init__(self) -> None:
         self.problems: dict[str, ProblemMetrics] = {}
         self.logs = {"generator": StepLog(), "verifier": StepLog()}
+        self.speculation = SpeculationLog()  # the run's, both disciplines
         # progress display: (problem id, iterations done) after each of a problem's iterations
         self.on_iteration: Callable[[str, int], None] | None = None
 
@@ -39,6 +40,7 @@ class MetricsCollector:
         m.gen_tokens += e.tokens
         if e.speculative:
             m.spec_generated += e.tokens
+            self.speculation.generated += e.tokens
         if e.prompt_tokens is not None:
             m.gen_prompt_tokens += e.prompt_tokens
             m.gen_cached_tokens += e.cached_tokens
@@ -79,6 +81,11 @@ class MetricsCollector:
 
     def _adopted(self, e: SpeculationAdopted) -> None:
         self.problems[e.problem_id].spec_used += e.tokens
+        self.speculation.used += e.tokens
+
+    def _spec_step(self, e: SpeculativeStep) -> None:
+        self.speculation.steps[e.outcome] += 1
+        self.speculation.wasted += e.wasted
 
     def _spec_pruned(self, e: SpeculationPruned) -> None:
         m = self.problems[e.problem_id]
@@ -114,6 +121,6 @@ _HANDLERS: dict[type, Callable[[MetricsCollector, object], None]] = {
     StepDone: MetricsCollector._step, ModelTime: MetricsCollector._time,
     ScoresMade: MetricsCollector._scores, IterationDone: MetricsCollector._iteration,
     SpeculationAdopted: MetricsCollector._adopted, BeamsRejected: MetricsCollector._rejected,
-    SpeculationPruned: MetricsCollector._spec_pruned,
+    SpeculationPruned: MetricsCollector._spec_pruned, SpeculativeStep: MetricsCollector._spec_step,
     SearchSettled: MetricsCollector._settled, ProblemFinished: MetricsCollector._finished,
 }

@@ -76,6 +76,18 @@ class SpeculationAdopted:
 
 
 @dataclass(frozen=True)
+class SpeculativeStep:
+    """What became of a speculative step (`tts.engine.spec_steps`): adopted by its kept
+    child (`whole`, `promoted`, `partial`, `discarded`), `dropped` (no kept child took it),
+    `preempted` (stopped to make room; it may resume), or `reset` (preempted where sampling
+    is not resumable: its tokens are thrown away); `wasted` of its tokens go unused."""
+
+    problem_id: str
+    outcome: str
+    wasted: int = 0
+
+
+@dataclass(frozen=True)
 class BeamsRejected:
     """Early rejection in one iteration: beams stopped, the tokens their steps would
     still have taken (estimated), and how many of them ended above selection's cut."""
@@ -118,5 +130,5 @@ class ProblemFinished:
 
 
 Event = (RequestAdded | TokensGenerated | StepDone | ModelTime | ScoresMade | IterationDone
-         | SpeculationAdopted | BeamsRejected | SpeculationPruned | SearchSettled
+         | SpeculationAdopted | SpeculativeStep | BeamsRejected | SpeculationPruned | SearchSettled
          | ProblemFinished)

@@ -102,6 +102,28 @@ class ProblemMetrics:
 
 
 @dataclass
+class SpeculationLog:
+    """A run's speculative work, for either discipline: tokens generated speculatively,
+    adopted into real steps (`used`), and thrown away once settled (`wasted`: dropped,
+    reset, or the part of an adopted step its child did not take); speculative steps by
+    what became of them (`tts.metrics.events.SpeculativeStep`)."""
+
+    generated: int = 0
+    used: int = 0
+    wasted: int = 0
+    steps: Counter = field(default_factory=Counter)
+
+    def summary(self) -> dict:
+        s = self.steps
+        return {"spec_generated": self.generated, "spec_used": self.used, "spec_wasted": self.wasted,
+                "spec_hit_rate": hit_rate(self.used, self.generated),
+                "spec_steps_whole": s["whole"], "spec_steps_promoted": s["promoted"],
+                "spec_steps_partial": s["partial"], "spec_steps_discarded": s["discarded"],
+                "spec_steps_dropped": s["dropped"], "spec_preempted": s["preempted"], "spec_reset": s["reset"],
+                "requests_saved": s["whole"]}
+
+
+@dataclass
 class StepLog:
     """Per-model engine-step statistics over a run."""
 
