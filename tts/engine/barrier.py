@@ -28,14 +28,13 @@ import logging
 from tts import clock
 from tts.backends.base import GenDelta, StepStats
 from tts.config.schema import LookaheadScope
-from tts.engine.adaptive import early_rejection
 from tts.engine.barrier_generation import IterationGeneration
 from tts.engine.requests import Request
 from tts.engine.schedule import Generate, Problem, Purpose, Schedule, ScheduleParts, Score
 from tts.engine.scoring import ScoreItem, ScoringStats
 from tts.engine.speculation import inherit_speculation, spec_priorities
 from tts.engine.steps import completes_path
-from tts.metrics.events import IterationDone, ModelTime, SpeculationAdopted, SpeculationPruned
+from tts.metrics.events import ModelTime, SpeculationAdopted, SpeculationPruned
 from tts.search.base import ProblemSearch, aggregate
 from tts.search.tree import Beam, BeamState, StepEnd
 
@@ -82,7 +81,6 @@ class BarrierSchedule(Schedule):
         self._generation_started = 0.0
         self._verifier_wall = 0.0  # early rejection's calls within the generation phase
         self._lookahead: list[ScoreItem] | None = None  # the second call's items, when due
-        self.rejection = early_rejection(opts.adaptive, self.policy, self.runner)
         # speculation pruning: its call is due once per iteration, when the real requests
         # still running are down to the beams selection keeps (`_prune_at`)
         self.prune = opts.spec_prune and opts.speculative and verifier is not None
@@ -104,9 +102,9 @@ class BarrierSchedule(Schedule):
             self._begin_iteration()
         if self._stage is _Stage.GENERATING:
             if self.generation.active:
-                if self.rejection is not None and self.rejection.due(self.generation.running()):
+                if self.rejection_rule is not None and self.rejection_rule.due(self.generation.running()):
                     items = [i for p in self._live
-                             for i in self.rejection.items(p.input.problem, p.search, self._requests_of(p))]
+                             for i in self.rejection_rule.items(p.input.problem, p.search, self._requests_of(p))]
                     if items:  # early rejection: score the steps as they stand
                         return Score(items, self._charge(), Purpose.REJECT)
                 if self._prune_due():
@@ -125,15 +123,15 @@ class BarrierSchedule(Schedule):
 
     def generated(self, outputs: list[tuple[Request, GenDelta]], stats: StepStats) -> None:
         self.generation.advance(outputs, stats)
-        if self.rejection is not None:
-            self.rejection.stepped()
+        if self.rejection_rule is not None:
+            self.rejection_rule.stepped()
 
     def scored(self, work: Score, stats: ScoringStats) -> None:
         if work.purpose in (Purpose.REJECT, Purpose.PRUNE):  # a call in the middle of generation
             self._verifier_wall += stats.wall_s  # not the generator's time
             # the scores either call made serve both: rejection reads the finished steps'
             # scores, pruning the partial estimates' cut
-            if self.rejection is not None:
+            if self.rejection_rule is not None:
                 self._reject(stats.partial)
             if self.prune:
                 self._prune_speculation()
@@ -155,10 +153,10 @@ class BarrierSchedule(Schedule):
         for p in self._live:
             mine = self._requests_of(p)
             done = {r.beam.uid: s for r in mine if r.finished and (s := cache.peek(p.id, self._step_path(r))) is not None}
-            out = self.rejection.rejected(p.search, mine, partial, done)
+            out = self.rejection_rule.rejected(p.search, mine, partial, done)
             if out:
                 self.generation.reject(out)
-                self.rejection.note(p.id, out)
+                self.rejection_rule.note(p.id, out)
 
     @staticmethod
     def _drop_rejected(p: Problem, mine: list[Request]) -> None:
@@ -232,8 +230,8 @@ class BarrierSchedule(Schedule):
         requests = [r for p in self._live for r in self.requests_for(p.search, self._spec_priorities(p.search))]
         self.replan([r.beam for r in requests])
         self._requests = self.order(requests)
-        if self.rejection is not None:
-            self.rejection.begin()
+        if self.rejection_rule is not None:
+            self.rejection_rule.begin()
         self._prune_done = False
         self._prune_at = sum(k for p in self._live if (k := self.policy.rejection_cut(p.search)) is not None)
         self.collector.logs["generator"].start_phase()
@@ -288,7 +286,7 @@ class BarrierSchedule(Schedule):
         for p in self._live:
             mine = self._requests_of(p)
             self._drop_rejected(p, mine)
-            self.emit(IterationDone(p.id, tuple(len(r.tokens) - r.adopted for r in mine if not r.rejected)))
+            p.lengths = [len(r.tokens) - r.adopted for r in mine if not r.rejected]
             if not self.generation.spec_branches:  # (a branch is counted as its child adopts it)
                 used: dict[int | None, int] = {}
                 for r in mine:  # run-on: siblings share one parent's speculative tokens: count them once
@@ -341,12 +339,6 @@ class BarrierSchedule(Schedule):
     def _select(self, p: Problem) -> None:
         search = p.search
         parents = self.select(p)
-        if self.rejection is not None:
-            lengths = [len(r.tokens) for r in self._requests_of(p) if not r.rejected]
-            kept = [parents[uid] for uid in {b.parent for b in search.frontier} if uid in parents]
-            if (rejected := self.rejection.settle(p.id, lengths, kept)) is not None:
-                self.emit(rejected)
-        self.exit_if_settled(p)
         branches = self.generation.spec_branches  # children adopt their branches as they start
         if self.opts.speculative and not branches:
             step_lens = {uid: self._spec_step_len(b, search) for uid, b in parents.items() if b.spec_tokens}

@@ -43,7 +43,6 @@ from collections import deque
 from tts import clock
 from tts.backends.base import FinishReason, GenDelta, StepStats
 from tts.config.schema import DecoupledSpecScope
-from tts.engine.adaptive import early_rejection
 from tts.engine.decoupled_policy import EAGER_FIRST, Filler, FillPolicy, FillState, make_fill_policy
 from tts.engine.decoupled_reject import DecoupledRejection
 from tts.engine.decoupled_spec import SpeculativeSteps
@@ -53,7 +52,7 @@ from tts.engine.decoupled_problem import LLMRound, PRMCall
 from tts.engine.schedule import Generate, Problem, Purpose, Schedule, ScheduleParts, Score
 from tts.engine.spec_guard import SpeculationGuard
 from tts.engine.scoring import ScoreItem, ScoringStats
-from tts.metrics.events import IterationDone, ModelTime, SpeculationAdopted
+from tts.metrics.events import ModelTime, SpeculationAdopted
 from tts.search.tree import Beam
 
 
@@ -86,7 +85,7 @@ class DecoupledSchedule(Schedule):
             survivors, self.opts.kv_spec_limit)
         if own.spec_guard:
             self.speculation.guard = SpeculationGuard(self.collector.speculation)
-        rule = early_rejection(self.opts.adaptive, self.policy, self.runner)
+        rule = self.rejection_rule
         self.rejection = DecoupledRejection(rule, self.runner, self.policy) if rule is not None else None
         self._real: deque[Request] = deque()  # real requests waiting for a batch slot
         self._prm: deque[tuple[Problem, Beam]] = deque()
@@ -334,14 +333,7 @@ class DecoupledSchedule(Schedule):
 
     def _select(self, problem: Problem) -> None:
         search = problem.search
-        self.emit(IterationDone(problem.id, tuple(problem.lengths)))
-        parents = self.select(problem)
-        if self.rejection is not None:
-            kept = [parents[uid] for uid in {b.parent for b in search.frontier} if uid in parents]
-            if (rejected := self.rejection.rule.settle(problem.id, problem.lengths, kept)) is not None:
-                self.emit(rejected)
-        problem.lengths = []
-        self.exit_if_settled(problem)
+        self.select(problem)
         nodes, problem.spec = problem.spec, {}
         self.speculation.exhausted = False
         self._event("select", problem.id, search.iteration, [(b.uid, b.parent) for b in search.frontier])

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from tts.backends.base import GenDelta, StepStats
-from tts.engine.adaptive import AnswerSettling
+from tts.engine.adaptive import AnswerSettling, early_rejection
 from tts.engine.model_runner import ModelRunner
 from tts.engine.options import EngineOptions
 from tts.engine.ordering import Ordering
@@ -26,7 +26,7 @@ from tts.engine.requests import Request, RequestKind
 from tts.engine.scoring import ScoreCache, ScoreItem, ScoringStats
 from tts.engine.steps import StepCutter
 from tts.metrics.collector import MetricsCollector
-from tts.metrics.events import SearchSettled
+from tts.metrics.events import IterationDone, SearchSettled
 from tts.metrics.measures import ProblemMetrics
 from tts.search.base import ProblemSearch, SearchPolicy
 from tts.search.tree import Beam, BeamState
@@ -118,6 +118,7 @@ class Schedule(ABC):
         self._finished: list[Problem] = []
         adaptive = parts.opts.adaptive
         self.settling = AnswerSettling(adaptive, self.policy) if adaptive.early_exit else None
+        self.rejection_rule = early_rejection(adaptive, self.policy, self.runner)
 
     @abstractmethod
     def next(self) -> Generate | Score | None:
@@ -183,12 +184,21 @@ class Schedule(ABC):
             beam.append(step)
 
     def select(self, problem: Problem) -> dict[int, Beam]:
-        """The policy's selection on the problem's frontier, which starts its next iteration;
-        returns the frontier it selected from, by beam uid."""
+        """The policy's selection on the problem's frontier, which ends its iteration (its
+        steps' generated tokens, `problem.lengths`, are reported, and its early rejections
+        counted) and starts the next, unless early exit stops the search here; returns the
+        frontier it selected from, by beam uid."""
         search = problem.search
+        self.emit(IterationDone(problem.id, tuple(problem.lengths)))
         parents = {b.uid: b for b in search.frontier}
         self.policy.select(search, problem.metrics.elapsed())
         search.iteration += 1
+        if self.rejection_rule is not None:
+            kept = [parents[uid] for uid in {b.parent for b in search.frontier} if uid in parents]
+            if (rejected := self.rejection_rule.settle(problem.id, problem.lengths, kept)) is not None:
+                self.emit(rejected)
+        problem.lengths = []
+        self.exit_if_settled(problem)
         return parents
 
     def start_problem(self, p: ProblemInput) -> Problem:
