@@ -404,8 +404,8 @@ def test_no_speculation_past_a_step_that_completes_the_path():
         generation = Generation(gen, spec_branches=branches)
         generation.run(list(jobs.values()))
         assert gen.decode(jobs[11].tokens) == steps[11]  # its own step is whole
-        assert not jobs[11].spec and not jobs[11].branches, branches
-        assert jobs[12].spec or jobs[12].branches, branches  # the short plain step speculated
+        assert not jobs[11].spec and not generation.phase.branches_of(jobs[11]), branches
+        assert jobs[12].spec or generation.phase.branches_of(jobs[12]), branches  # the short plain step speculated
         assert generation.metrics.spec_generated > 0
         generation.phase.release()
         assert gen.num_unfinished() == 0
@@ -478,7 +478,7 @@ def test_branches_follow_the_bins_and_child_seeds():
     generation = Generation(gen, spec_branches=True)
     phase = generation.phase
     generation.run([slow, fast])
-    assert not fast.spec and [b.beam.seed for b in fast.branches] == [child_seed(10, k) for k in range(3)]
+    assert not fast.spec and [b.beam.seed for b in phase.branches_of(fast)] == [child_seed(10, k) for k in range(3)]
     steps = phase.branch_steps(fast)
     assert {gen.decode(t) for t in steps.values()} == {"b\n\n"}  # child 0 (seed 10): whole, stopped at its end
     running = {seed: branch for (parent, seed), branch in phase.branches.items()
@@ -487,7 +487,7 @@ def test_branches_follow_the_bins_and_child_seeds():
     for seed, branch in running.items():
         text = gen.decode(branch.tokens)
         assert text and ("b" * (1 + seed % 5) + "\n\n").startswith(text)  # a prefix of child k's step
-    assert not slow.branches  # priority 0: no branches
+    assert not phase.branches_of(slow)  # priority 0: no branches
     assert gen.num_unfinished() == 2
     # selection keeps child 1 only: it runs on its branch's request, the other is stopped
     fast.beam.append(Step(tuple(fast.tokens), gen.decode(fast.tokens), StepEnd.BOUNDARY))
@@ -563,7 +563,7 @@ def test_preempted_branch_resumes_where_sampling_is_resumable():
 
         def step():
             deltas, st = orig()
-            branch = parent.branches[0] if parent.branches else None
+            branch = next(iter(generation.phase.branches_of(parent)), None)
             running = branch is not None and branch.request_id in {d.request_id for d in deltas}
             if running and "waits" not in seen and len(branch.tokens) == 2:
                 seen["waits"] = 0  # three tokens in with this step, real work starts waiting
@@ -576,7 +576,7 @@ def test_preempted_branch_resumes_where_sampling_is_resumable():
 
         gen.step = step
         generation.run([parent, straggler])
-        (branch,) = parent.branches  # priority 1: child 0's branch
+        (branch,) = generation.phase.branches_of(parent)  # priority 1: child 0's branch
         assert seen["before"] == 2 + WAIT_STEPS and straggler.finished
         assert branch.finished and branch.beam.seed == child_seed(10, 0)
         assert gen.decode(branch.tokens) == "b" * (6 + branch.beam.seed % 5) + "\n\n"  # child 0's own step

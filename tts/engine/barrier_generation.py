@@ -39,7 +39,7 @@ from tts.backends.base import GenDelta, StepStats
 from tts.engine.model_runner import ModelRunner
 from tts.engine.memory_guard import MemoryGuard
 from tts.engine.options import KV_SPEC_LIMIT
-from tts.engine.requests import Request, RequestState
+from tts.engine.requests import Request, RequestKind, RequestState
 from tts.engine.spec_steps import Adoption, adopt, drop
 from tts.engine.steps import StepCutter, completes_path
 from tts.metrics.events import SpeculationAdopted, SpeculativeStep
@@ -68,10 +68,12 @@ class IterationGeneration:
         # 0 = the generator's batch cap. Beyond the decode roofline's ridge batch every
         # extra sequence slows the stragglers, so the engine passes that batch here.
         self.spec_batch_cap = spec_batch_cap
-        # branches mode: the iteration's branches when generation ended, by (parent uid,
-        # child seed); the next iteration's kept children adopt theirs (`spec_steps.adopt`),
-        # the others are dropped
+        # branches mode: the one table of the iteration's branches, by (parent uid, child
+        # seed), in child order; after generation the next iteration's kept children adopt
+        # theirs (`spec_steps.adopt`), the others are dropped
         self.branches: dict[tuple[int, int], Request] = {}
+        self._child: dict[Request, int] = {}  # a branch's child index k
+        self._owners: dict[int, Request] = {}  # the iteration's requests, by beam uid
         self._requests: list[Request] = []
         self._pending: set[Request] = set()  # real requests without their step
         self._speculating: dict[Request, int] = {}  # running speculative request -> priority
@@ -87,6 +89,7 @@ class IterationGeneration:
         """Send each request; a request that adopted a whole step branches at once (the
         slots real work leaves free are idle from the start)."""
         self._requests = list(requests)
+        self._owners = {r.beam.uid: r for r in self._requests}
         self._pending, self._speculating, self._awaiting_slot = set(), {}, {}
         self._start(self._requests)
         self._branches = [b for r in self._requests if r.finished and self.spec_branches and self._may_speculate(r)
@@ -99,7 +102,7 @@ class IterationGeneration:
         finished_now: list[Request] = []
         stops: list[tuple[Request, RequestState]] = []
         for request, d in outputs:
-            if request.branch_of is not None:
+            if request.kind is RequestKind.SPEC:
                 if self._take_branch_delta(request, d):
                     stops.append((request, _FINISHED))
             elif self._take_delta(request, d):
@@ -138,13 +141,13 @@ class IterationGeneration:
         steps are finished, so nothing claims a slot for them again this iteration); the slots
         go to the others from the next step. Returns how many speculative requests stopped or
         left the queue."""
-        stops = [r for r in self._speculating if (r.branch_of or r).beam.uid in beams]
+        stops = [r for r in self._speculating if self._parent_uid(r) in beams]
         for r in stops:
             del self._speculating[r]
         queued = [uid for uid in beams if uid in self._awaiting_slot]
         for uid in queued:
             del self._awaiting_slot[uid]
-        kept = [b for b in self._branches if b.branch_of.beam.uid not in beams]
+        kept = [b for b in self._branches if b.beam.parent not in beams]
         dropped = len(self._branches) - len(kept)
         self._branches = kept
         self._stop([(r, _FINISHED) for r in stops])
@@ -160,16 +163,14 @@ class IterationGeneration:
     def end(self) -> None:
         """Every request has its step: the branches wait for selection (a kept child adopts
         its own, a running one goes on running), running run-ons stop."""
-        if self.spec_branches:
-            self.branches = {(r.beam.uid, b.beam.seed): b for r in self._requests for b in r.branches}
-        elif self._speculating:
+        if not self.spec_branches and self._speculating:
             self.runner.stop(list(self._speculating), _FINISHED)
         self._speculating = {}
 
     def release(self) -> None:
         """Stop the branch requests no child adopted (the search ended)."""
         drop(self.runner, list(self.branches.values()))
-        self.branches = {}
+        self.branches, self._child = {}, {}
 
     def _stop(self, stops: list[tuple[Request, RequestState]]) -> None:
         """Stop backend requests in one call, each left in its state."""
@@ -184,7 +185,7 @@ class IterationGeneration:
         """Send each request: a child adopts its branch (`spec_steps.adopt`), a request
         starts from its beam's speculative tokens, and one that may speculate by running on
         asks for `spec_max_tokens` more than its step."""
-        waiting, self.branches = self.branches, {}
+        waiting, self.branches, self._child = self.branches, {}, {}
         for request in requests:
             branch = waiting.pop((request.beam.parent, request.beam.seed), None)
             if branch is not None:
@@ -239,12 +240,25 @@ class IterationGeneration:
         return branch.finished and not d.finished
 
     def _new_branches(self, request: Request) -> list[Request]:
-        """Branch k of a finished step: child k's next step (child k's seed, the same path)."""
+        """Branch k of a finished step: child k's next step (child k's seed, the same path),
+        a speculative request into the table."""
+        out = []
         for k in range(request.spec_priority):
             shadow = request.beam.fork(child_seed(request.beam.seed, k))
-            request.branches.append(Request(shadow, self.spec_max_tokens, spec_priority=request.spec_priority,
-                                            branch_of=request))
-        return list(request.branches)
+            branch = Request(shadow, self.spec_max_tokens, spec_priority=request.spec_priority, kind=RequestKind.SPEC)
+            self.branches[(request.beam.uid, shadow.seed)] = branch
+            self._child[branch] = k
+            out.append(branch)
+        return out
+
+    def branches_of(self, request: Request) -> list[Request]:
+        """The branches of a request's finished step, child 0 first."""
+        return [b for (uid, _), b in self.branches.items() if uid == request.beam.uid]
+
+    @staticmethod
+    def _parent_uid(request: Request) -> int:
+        """The beam whose speculation a request is: a branch's parent, a run-on's own."""
+        return request.beam.parent if request.kind is RequestKind.SPEC else request.beam.uid
 
     def _start_branches(self) -> None:
         """Free slots go to the highest priority bins first, child 0 before duplicates.
@@ -254,10 +268,10 @@ class IterationGeneration:
         waiting = self._branches
         if free <= 0 or not waiting:
             return
-        waiting.sort(key=lambda b: (-b.spec_priority, b.branch_of.branches.index(b)))
+        waiting.sort(key=lambda b: (-b.spec_priority, self._child[b]))
         while free > 0 and waiting:
             branch = waiting.pop(0)
-            prompt = tuple(branch.branch_of.tokens) + tuple(branch.tokens)
+            prompt = tuple(self._owners[branch.beam.parent].tokens) + tuple(branch.tokens)
             self.runner.submit(branch, branch.limit - len(branch.tokens), prompt, speculative=True)
             self._speculating[branch] = branch.spec_priority
             free -= 1
@@ -269,9 +283,9 @@ class IterationGeneration:
         takes over. What the barrier's lookahead reads of child 0's step."""
         eos = (self.gen.eos_token_id,)
         steps = {b.beam.seed: tuple(b.tokens) + (eos if b.end is StepEnd.EOS else ())
-                 for b in request.branches if self._whole_step(b)}
+                 for b in self.branches_of(request) if self._whole_step(b)}
         if self.gen.resumable_sampling:
-            steps.update((b.beam.seed, tuple(b.tokens)) for b in request.branches
+            steps.update((b.beam.seed, tuple(b.tokens)) for b in self.branches_of(request)
                          if not self._whole_step(b) and b.tokens and not b.state.in_backend)
         return steps
 
@@ -324,7 +338,7 @@ class IterationGeneration:
         dropped = list(self._speculating)
         self._speculating.clear()
         for r in dropped:
-            if r.branch_of is None:
+            if r.kind is not RequestKind.SPEC:
                 self._awaiting_slot[r.beam.uid] = r
             elif not r.finished:
                 if not self.gen.resumable_sampling:

@@ -68,11 +68,7 @@ class Request:
     capped: bool = False  # its backend budget is below the step's: LENGTH is not a step end
     stalled: bool = False  # a speculative step that reached its cap before its end
     rejected: bool = False  # early rejection stopped it: its beam leaves the frontier
-    # speculative steps: the branches of a finished step (barrier schedule), the request a
-    # branch belongs to, and the beam whose child a decoupled speculative step is
-    branches: list[Request] = field(default_factory=list)
-    branch_of: Request | None = None
-    spec_parent: Beam | None = None
+    spec_parent: Beam | None = None  # a decoupled speculative step: the beam whose child's step it is
 
     @property
     def finished(self) -> bool:
