@@ -91,7 +91,7 @@ class EarlyRejection:
         self.policy = policy
         self.decode = decode
         self.steps_since = 0  # generator steps since the last partial scoring
-        self.estimates: dict[int, float] = {}  # beam uid -> estimated path score, this iteration
+        self.estimates: dict[int, float] = {}  # beam uid -> estimated path score, at the last call
         self._gone: dict[str, list[tuple[Request, float]]] = {}  # rejected this iteration, by problem
 
     def begin(self) -> None:
@@ -139,7 +139,7 @@ class EarlyRejection:
             if r.rejected or score is None or (r.finished and completes_path(r, self.decode)):
                 continue
             est[r.beam.uid] = aggregate(list(r.beam.scores) + [score], agg)
-        self.estimates.update(est)
+        self.estimates = est
         out = []
         for r in requests:
             mine = est.get(r.beam.uid)
