@@ -264,7 +264,7 @@ class IterationGeneration:
         """Free slots go to the highest priority bins first, child 0 before duplicates.
         A branch starts from its parent's finished path; a preempted one resumes from its
         tokens where sampling is resumable, and was reset to none otherwise."""
-        free = self._spec_cap() - len(self._pending) - len(self._speculating)
+        free = self._spec_batch() - len(self._pending) - len(self._speculating)
         waiting = self._branches
         if free <= 0 or not waiting:
             return
@@ -299,7 +299,7 @@ class IterationGeneration:
         finished its step runs on in place; one awaiting a slot (finished while none
         was free) restarts from its path, served from the prefix cache. Returns the requests
         to stop."""
-        free = self._spec_cap() - len(self._pending) - len(self._speculating)
+        free = self._spec_batch() - len(self._pending) - len(self._speculating)
         cands = [(r.spec_priority, 1, r) for r in finished_now]
         cands += [(r.spec_priority, 0, r) for r in self._awaiting_slot.values()]
         cands.sort(key=lambda c: (-c[0], -c[1]))
@@ -323,7 +323,7 @@ class IterationGeneration:
                 self._awaiting_slot[request.beam.uid] = request
         return stops
 
-    def _spec_cap(self) -> int:
+    def _spec_batch(self) -> int:
         """Requests kept running while speculating: `spec_batch_cap` (0 = the batch cap),
         never above the generator's batch cap (M may lower it below the ridge batch): a
         request beyond it would wait in the backend, which preempts speculation (`memory`)."""

@@ -78,7 +78,7 @@ class DecoupledSchedule(Schedule):
         self.stats = DecoupledStats()
         self.trace: list[tuple] | None = None
         # speculative tokens per beam: `spec_max_tokens`, 0 meaning one step's limit
-        self.spec_cap = max(0, self.opts.spec_max_tokens) or self.policy.step_max_tokens
+        self.spec_max_tokens = max(0, self.opts.spec_max_tokens) or self.policy.step_max_tokens
         survivors = DecoupledSpecScope(own.spec_scope) is DecoupledSpecScope.survivors
         self.speculation = SpeculativeSteps(
             self.runner, self.cut, self.policy, self._requests_ahead, self._submit, self._event,
@@ -208,8 +208,8 @@ class DecoupledSchedule(Schedule):
         a speculative one has no budget left (it stalls)."""
         budget = max_tokens = request.limit - len(request.tokens)
         speculative = request.kind is RequestKind.SPEC
-        if speculative and self.spec_cap:
-            max_tokens = min(budget, self.spec_cap - len(request.tokens))
+        if speculative and self.spec_max_tokens:
+            max_tokens = min(budget, self.spec_max_tokens - len(request.tokens))
         if max_tokens < 1:
             if speculative:
                 request.stalled = True
