@@ -26,6 +26,10 @@ def test_run_folder_has_config_records_summary_plots(tmp_path):
     assert set(r) >= {"variant", "problem_id", "gold", "candidates", "answers", "verdicts", "correct",
                       "pass@n", "curves", "metrics"}
     assert len(r["candidates"]) == 4 and r["variant"] == "baseline"
+    for c in (c for r in records for c in r["candidates"]):  # each step's text, as the verifier scored it
+        ends = c["step_ends"]
+        assert len(ends) == c["num_steps"] == len(c["step_scores"]) and ends[-1] == len(c["text"])
+        assert all(c["text"][a:b] for a, b in zip([0, *ends], ends))
     summary = json.loads((path / "summary.json").read_text())
     base = summary["variants"]["baseline"]
     assert base["num_problems"] == 3 and base["precise_goodput"] > 0

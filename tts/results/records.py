@@ -1,10 +1,13 @@
 """Per-problem records: the final candidates, the chosen answers, their grades, metrics.
 
 A record holds everything `tts eval` needs to re-grade a run without generating:
-each candidate's text and aggregated score.
+each candidate's text and aggregated score; and where its steps end in the text
+(`step_ends`), so that another verifier can score the same steps later.
 """
 
 from __future__ import annotations
+
+from itertools import accumulate
 
 from eval import extract_answer, grade_answer, grade_many
 from eval.accuracy import Candidate, accuracy_curves, majority_vote, pass_at_n, prm_max, weighted_best_of_n
@@ -20,6 +23,7 @@ def candidate_dicts(outcome) -> list[dict]:
         "answer": extract_answer(beam.text),
         "score": policy.path_score(beam) if policy.uses_verifier else None,
         "step_scores": list(beam.scores),
+        "step_ends": list(accumulate(len(step.text) for step in beam.steps)),  # text[a:b]: each step
         "num_steps": beam.depth,
         "num_tokens": beam.num_tokens,
         "completed_at": beam.completed_at,
