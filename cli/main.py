@@ -136,6 +136,18 @@ def replay(run: Annotated[Path, typer.Argument(help="A run folder that recorded 
     raise typer.Exit(run_replays(run, list(overrides or []), multirun, out))
 
 
+@app.command()
+def rescore(run: Annotated[Path, typer.Argument(help="A run folder with records.")],
+            overrides: Overrides = None,
+            out: Annotated[Optional[Path], typer.Option(help="Where rescore.json and rescore.md go.")] = None,
+            ) -> None:
+    """Score a run's final candidates with another verifier, e.g. verifier=qwen2.5-coder-1.5b_judge:
+    its final-path AUROC and picks beside the run's own, without generating."""
+    from tts.cli_support import run_rescore
+
+    raise typer.Exit(run_rescore(run, list(overrides or []), out))
+
+
 @models_app.command("list")
 def models_list() -> None:
     """Known models, which are present locally, and which need a hub."""

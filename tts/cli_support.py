@@ -325,6 +325,19 @@ def run_replays(run: Path, overrides: list[str], multirun: bool, out: Path | Non
     return 0
 
 
+def run_rescore(run: Path, overrides: list[str], out: Path | None) -> int:
+    """`tts rescore`: the table, and where it was written."""
+    from tts.results.rescore import rescore_run
+
+    try:
+        folder, text = rescore_run(run, overrides, out)
+    except (ValueError, FileNotFoundError) as err:
+        console.print(f"[red]error:[/red] {escape(str(err))}")
+        return 2
+    Console().print(text + f"\nwritten: {folder}", soft_wrap=True, highlight=False, markup=False)
+    return 0
+
+
 def run_report(runs: list[Path], baseline: str | None, out: Path | None) -> int:
     from tts.report import ReportError, write_report
 

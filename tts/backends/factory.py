@@ -103,6 +103,15 @@ class Backends:
             self._ver[1].reset_prefix_cache()
         return self._gen[1], self._ver[1]
 
+    def verifier_alone(self) -> Verifier:
+        """The verifier by itself, on its share of the static split (scoring recorded paths:
+        no generator loads)."""
+        ver_spec = static_split(self.cfg)[1]
+        if self._ver is None:
+            v = self.cfg.verifier
+            self._ver = ((ver_spec, v.model, v.backend, v.dtype, v.adapter), self._make_verifier(ver_spec))
+        return self._ver[1]
+
     def _make_generator(self, spec: EngineSpec) -> Generator:
         g = self.cfg.generator
         position = resolve_sampler(self.cfg) is Sampler.position
