@@ -128,10 +128,11 @@ def rescore_run(run, overrides: list[str], out=None) -> tuple:
 
     from omegaconf import OmegaConf
 
-    from tts.assembly.host import resolved_dtypes
     from tts.backends.factory import Backends
+    from tts.backends.vllm.engine import read_hf_config, resolve_dtype
     from tts.config.compose import ConfigError, validate
-    from tts.config.schema import Config
+    from tts.config.schema import BackendKind, Config
+    from tts.models.resolve import resolve_model
     from tts.replay.run import replay_config
     from tts.results.host import host_info, host_line
     from tts.results.store import RunStore
@@ -146,13 +147,15 @@ def rescore_run(run, overrides: list[str], out=None) -> tuple:
         raise ConfigError(f"{run}: the run recorded no candidates to rescore")
     recorded = validate(OmegaConf.merge(OmegaConf.structured(Config), saved)).verifier.model
     cfg = validate(replay_config(saved, overrides)[0])
-    host = host_info(resolved_dtypes(cfg))
+    v = cfg.verifier  # only the verifier loads: the generator's model need not be here
+    host = host_info({"verifier": "fake" if v.backend is BackendKind.fake
+                      else resolve_dtype(v.dtype, read_hf_config(resolve_model(v.model)))})
     backends = Backends(cfg)
     try:
         result = summary(rescore_records(records, backends.verifier_alone(), cfg.search.aggregation))
     finally:
         backends.close()
-    text = f"host: {host_line(host)}\n\n" + table(result, f"{recorded} (the run's)", cfg.verifier.model)
+    text = f"{host_line(host)}\n\n" + table(result, f"{recorded} (the run's)", cfg.verifier.model)
     folder = Path(out) if out else run.parent / f"{run.name}-rescore-{re.sub(r'[^A-Za-z0-9_.-]+', '_', cfg.verifier.model)}"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "rescore.json").write_text(json.dumps({"run": str(run), "recorded_verifier": recorded,
