@@ -130,7 +130,7 @@ def rescore_run(run, overrides: list[str], out=None) -> tuple:
 
     from tts.backends.factory import Backends
     from tts.backends.vllm.engine import read_hf_config, resolve_dtype
-    from tts.config.compose import ConfigError, validate
+    from tts.config.compose import ConfigError, compose, validate
     from tts.config.schema import BackendKind, Config
     from tts.models.resolve import resolve_model
     from tts.replay.run import replay_config
@@ -146,7 +146,11 @@ def rescore_run(run, overrides: list[str], out=None) -> tuple:
     if not records:
         raise ConfigError(f"{run}: the run recorded no candidates to rescore")
     recorded = validate(OmegaConf.merge(OmegaConf.structured(Config), saved)).verifier.model
-    cfg = validate(replay_config(saved, overrides)[0])
+    node = replay_config(saved, overrides)[0]
+    chosen = [o for o in overrides if o.startswith("verifier=")]
+    if chosen:  # that group's backend too: a fake run's candidates may go to a real judge
+        node.verifier.backend = compose("config", chosen).verifier.backend
+    cfg = validate(node)
     v = cfg.verifier  # only the verifier loads: the generator's model need not be here
     host = host_info({"verifier": "fake" if v.backend is BackendKind.fake
                       else resolve_dtype(v.dtype, read_hf_config(resolve_model(v.model)))})
