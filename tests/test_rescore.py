@@ -23,7 +23,8 @@ def test_candidate_steps_are_the_recorded_ones_or_cut_at_the_boundary():
 def test_the_runs_own_verifier_gives_back_the_recorded_scores(tmp_path):
     """Rescoring with the run's own (deterministic) verifier scores every step as the
     search did: each candidate's new path score is its recorded one, so both AUROCs and
-    both verifiers' picks agree; a run from before `step_ends` is cut at "\\n\\n"."""
+    both verifiers' picks agree; a run from before `step_ends` is cut at "\\n\\n", and says
+    how many candidates that cut into another number of steps."""
     run = run_bench(compose("config", FAKE + [f"bench.results_dir={tmp_path}", "bench.run_name=r"]))
     folder, text = rescore_run(run, [], tmp_path / "out")
     result = json.loads((folder / "rescore.json").read_text())
@@ -34,13 +35,19 @@ def test_the_runs_own_verifier_gives_back_the_recorded_scores(tmp_path):
     assert text.startswith("host: ") and "| baseline |" in text
     # the same run recorded without step_ends
     records = RunStore(run).records()
+    # a path cut off by max_iterations writes the rest in its last step, boundaries and all:
+    # only those come back cut into another number of steps
+    capped = 0
     for r in records:
         for c in r["candidates"]:
-            c.pop("step_ends")
+            ends = c.pop("step_ends")
+            capped += "\n\n" in c["text"][ends[-2] if len(ends) > 1 else 0:ends[-1]].rstrip("\n")
+    assert 0 < capped < 12
     (run / RECORDS).write_text("".join(json.dumps(r) + "\n" for r in records))
     folder, _ = rescore_run(run, [], tmp_path / "old")
     old = json.loads((folder / "rescore.json").read_text())["variants"]["baseline"]
-    assert old["auroc"] == base["auroc"] and old["resegmented"] == 0  # the fake's steps end at "\n\n"
+    assert old["resegmented"] == capped and old["candidates"] == 12
+    assert old["auroc"]["recorded"] == base["auroc"]["recorded"]
 
 
 def test_a_folder_that_is_no_run_is_a_clear_error(tmp_path):
