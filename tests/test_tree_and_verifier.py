@@ -14,6 +14,7 @@ from eval.verifier_quality import (
     speculation_vs_chance,
 )
 from tts.config.compose import compose
+from tts.replay.trace import Trace
 from tts.results.tree import diversity, tree_line, tree_stats, verifier_line
 from tts.runner import run_bench
 
@@ -122,6 +123,24 @@ def test_tree_stats_and_line():
     assert "PMS_branches_prune keeps the baseline's tree" in line
     assert "PMS_exact" in tree_line("PMS", longer, stats, 0.5, "position")
     assert tree_line("PMS", longer, stats, 1.0, "vllm") is None
+    numerics = tree_line("PMS_branches_prune", stats, stats, 0.5, "position", drift=(3, 100))
+    assert "3 of the 100 requests it sent as the baseline did" in numerics and "different search" not in numerics
+    assert "different search" in tree_line("PMS", longer, stats, 0.5, "position", drift=(0, 100))
+
+
+def test_a_traces_drift_counts_the_same_requests_that_sampled_other_tokens():
+    """Requests two variants sent with one prompt and seed: with a resumable sampler their
+    tokens differ only where the logits did, over the shorter output (a cut-off speculative
+    request that agrees so far does not count)."""
+    trace = Trace({})
+    def sent(variant, seed, h, out):
+        trace.add({"t": "g", "v": variant, "seed": seed, "h": h, "o": out, "f": "stop"})
+    sent("baseline", 1, 10, [1, 2, 3]); sent("B", 1, 10, [1, 2, 3])  # the same
+    sent("baseline", 2, 10, [1, 2, 3]); sent("B", 2, 10, [1, 2])  # cut off, agrees so far
+    sent("baseline", 1, 11, [1, 2, 3]); sent("B", 1, 11, [1, 5, 3])  # the logits moved
+    sent("baseline", 3, 12, [4]); sent("B", 4, 12, [5])  # other seeds: not the same request
+    assert trace.drift("baseline", "B") == (1, 3)
+    assert trace.drift("baseline", "nobody") == (0, 0)
 
 
 @pytest.mark.parametrize("variant, differs", [("PMS_exact", False), ("PMS", True)])

@@ -189,6 +189,23 @@ class Trace:
             self._sorted = True
         return self.sent.get((seed, prompt_hash), [])
 
+    def drift(self, base: str, variant: str) -> tuple[int, int]:
+        """How many requests `variant` sent with a prompt and seed `base` also sent sampled
+        other tokens (over the shorter of the two outputs), of how many such requests. With
+        a resumable sampler a request's tokens are a function of its prompt, seed and
+        logits, so a difference is the logits moving with the batch or the prefix cache:
+        numerics, not the schedule."""
+        differed = shared = 0
+        for gens in self.sent.values():
+            mine = next((g for g in gens if g.variant == variant), None)
+            theirs = next((g for g in gens if g.variant == base), None)
+            if mine is None or theirs is None:
+                continue
+            n = min(len(mine.tokens), len(theirs.tokens))
+            shared += 1
+            differed += mine.tokens[:n] != theirs.tokens[:n]
+        return differed, shared
+
     def generation(self, seed: int, prompt_hash: int, resumable: bool,
                    variant: str | None = None) -> tuple[Generation, int] | None:
         """The recorded output a request (seed, prompt) gets, and where in it the request

@@ -13,6 +13,7 @@ from tts.metrics.cost_model import (COST, CostModel, CostSums, above_bound, fit,
 from tts.results.pressure import PRESSURE_ROWS, add_pool_counts
 from tts.results.records import accuracy_summary, pair_key, paired_accuracy
 from tts.results.store import RunStore
+from tts.replay.trace import TRACE
 from tts.results.tree import describe, diversity
 
 # (summary key, label, higher is better)
@@ -382,7 +383,7 @@ def write_summary(store: RunStore, names: list[str], step_logs: dict[str, dict],
         rows = ratio_table(summaries, names[0], by_variant)
         summary["ratios"] = rows
         summary["ratio_table_md"] = format_table(rows, names, names[0])
-    guarded("tree and verifier", describe, summary, by_variant, store.saved_config())
+    guarded("tree and verifier", describe, summary, by_variant, store.saved_config(), store.path / TRACE)
     if STATISTICS_ERRORS:
         summary["statistics_errors"] = STATISTICS_ERRORS.copy()
         STATISTICS_ERRORS.clear()

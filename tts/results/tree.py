@@ -11,6 +11,7 @@ quality (`eval.verifier_quality`) in one line, flagged when it cannot be told fr
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from statistics import fmean
 
 from eval.verifier_quality import AUROC_AT_CHANCE
@@ -50,9 +51,11 @@ def diversity(records: list[dict]) -> dict:
 
 
 def tree_line(name: str, mine: dict, base: dict, same_share: float | None, sampler: str,
-              base_name: str = "baseline") -> str | None:
+              base_name: str = "baseline", drift: tuple[int, int] | None = None) -> str | None:
     """One plain line when `name`'s tree is not the first variant's (some problem's final
-    candidates differ), with the ratios that say how; None when the trees are the same."""
+    candidates differ), with the ratios that say how; None when the trees are the same.
+    `drift` (`Trace.drift`): of the requests both sent with one prompt and seed, how many
+    sampled other tokens; any such request means numerics alone move the trees here."""
     if same_share is None or same_share >= 1.0 or not mine or not base:
         return None
     parts = []
@@ -64,9 +67,15 @@ def tree_line(name: str, mine: dict, base: dict, same_share: float | None, sampl
         parts.append(f"{mine['identical_candidates_mean']:.1f} identical final candidates per problem "
                      f"against {base['identical_candidates_mean']:.1f}")
     keeper = KEEPS_TREE.get(sampler, KEEPS_TREE["vllm"])
-    return (f"{name} grew a different tree ({', '.join(parts)}; the same final candidates on "
-            f"{same_share:.0%} of problems): its speed is a different search, not only a faster "
-            f"schedule; {keeper} keeps the {base_name}'s tree")
+    line = (f"{name} grew a different tree ({', '.join(parts)}; the same final candidates on "
+            f"{same_share:.0%} of problems)")
+    if drift and drift[0]:
+        return (f"{line}: {drift[0]} of the {drift[1]} requests it sent as the {base_name} did (same "
+                f"prompt, same seed) sampled other tokens, so numerics alone move trees here (the "
+                f"logits move with the batch and the prefix cache); how much of the ratio is the "
+                f"schedule's, only `tts replay` on one tree tells")
+    return (f"{line}: its speed is a different search, not only a faster schedule; {keeper} keeps "
+            f"the {base_name}'s tree")
 
 
 def verifier_line(quality: dict) -> str:
@@ -102,10 +111,10 @@ def _ci(ci: list[float] | None) -> str:
     return f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
 
 
-def describe(summary: dict, by_variant: dict[str, list[dict]], config: dict) -> None:
-    """Add to a run's summary each variant's tree (`tree`), its verifier quality
-    (`verifier_quality`), and the plain lines: `tree_lines` (variants whose tree is not the
-    first's) and `verifier_lines`."""
+def describe(summary: dict, by_variant: dict[str, list[dict]], config: dict, trace: Path | None = None) -> None:
+    """Add to a run's summary each variant's tree (`tree`, with `sampling_drift` from the
+    run's trace where its tree differs), its verifier quality (`verifier_quality`), and the
+    plain lines: `tree_lines` (variants whose tree is not the first's) and `verifier_lines`."""
     from eval.verifier_quality import at_chance, final_auroc, selection_prediction, speculation_vs_chance
 
     names = list(by_variant)
@@ -115,9 +124,16 @@ def describe(summary: dict, by_variant: dict[str, list[dict]], config: dict) -> 
     sampler = str((summary.get("host") or {}).get("sampler") or "vllm")
     for name in names:
         variants[name]["tree"] = tree_stats(by_variant[name])
+    moved = [name for name in names[1:] if (variants[name].get("same_candidates") or 1.0) < 1.0]
+    if moved and trace is not None and trace.exists():
+        from tts.replay.trace import read_trace
+
+        recorded = read_trace(trace)
+        for name in moved:
+            variants[name]["tree"]["sampling_drift"] = dict(zip(("differed", "shared"), recorded.drift(names[0], name)))
     summary["tree_lines"] = [line for name in names[1:] if (line := tree_line(
         name, variants[name]["tree"], variants[names[0]]["tree"], variants[name].get("same_candidates"), sampler,
-        names[0]))]
+        names[0], tuple((variants[name]["tree"].get("sampling_drift") or {}).values()) or None))]
     summary["verifier_lines"] = {}
     for name in names:
         problems = [[(c.get("score"), ok) for c, ok in zip(r["candidates"], r["candidate_correct"])]
