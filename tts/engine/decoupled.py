@@ -49,7 +49,7 @@ from tts.engine.decoupled_spec import SpeculativeSteps
 from tts.engine.decoupled_stats import DecoupledStats
 from tts.engine.requests import Request, RequestKind, RequestState
 from tts.engine.decoupled_problem import LLMRound, PRMCall
-from tts.engine.schedule import Generate, Problem, Purpose, Schedule, ScheduleParts, Score
+from tts.engine.schedule import Generate, Problem, Purpose, Schedule, ScheduleParts, Score, next_unscored
 from tts.engine.spec_guard import SpeculationGuard
 from tts.engine.scoring import ScoreItem, ScoringStats
 from tts.metrics.events import ModelTime, SpeculationAdopted
@@ -277,11 +277,7 @@ class DecoupledSchedule(Schedule):
         self._event("commit", request.kind.value, problem.id, beam.uid, beam.step_texts)
 
     def _next_index(self, problem: Problem, beam: Beam) -> int | None:
-        """The shallowest step the policy needs scored that has no score yet."""
-        for i in self.policy.indices_to_score(beam, problem.search):
-            if beam.scores[i] is None:
-                return i
-        return None
+        return next_unscored(self.policy, problem.search, beam)
 
     def _requests_ahead(self, problem: Problem, beams: list[Beam], iteration: int) -> list[Request]:
         return self.requests_for(problem.search, beams=beams, iteration=iteration, problem=problem)

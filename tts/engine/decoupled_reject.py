@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from tts.engine.adaptive import EarlyRejection
 from tts.engine.model_runner import ModelRunner
 from tts.engine.requests import Request, RequestKind, RequestState
-from tts.engine.schedule import Problem, Purpose, Score
+from tts.engine.schedule import Problem, Purpose, Score, next_unscored
 from tts.search.base import SearchPolicy
 from tts.search.tree import BeamState
 
@@ -56,7 +56,8 @@ class DecoupledRejection:
         for p in live:
             mine = self.decoding(p)
             settled = {b.uid: self.policy.path_score(b) for b in p.search.frontier
-                       if b.uid not in p.waiting and not b.is_finished_path and self._scored(p, b)}
+                       if b.uid not in p.waiting and not b.is_finished_path
+                       and next_unscored(self.policy, p.search, b) is None}
             gone = self.rule.rejected(p.search, mine, partial, {}, settled) if mine else []
             if not gone:
                 continue
@@ -70,6 +71,3 @@ class DecoupledRejection:
                 r.rejected = True
                 r.beam.state = BeamState.PRUNED
         return any_gone
-
-    def _scored(self, p: Problem, beam) -> bool:
-        return all(beam.scores[i] is not None for i in self.policy.indices_to_score(beam, p.search))

@@ -254,6 +254,12 @@ class Schedule(ABC):
         return self.parts.ordering.order(requests, lambda r: r.beam)
 
 
+def next_unscored(policy: SearchPolicy, search: ProblemSearch, beam: Beam) -> int | None:
+    """The shallowest step of `beam` the policy needs scored that has no score yet; None
+    when every step it needs is scored."""
+    return next((i for i in policy.indices_to_score(beam, search) if beam.scores[i] is None), None)
+
+
 def hash_id(problem_id: str) -> int:
     """A stable (process-independent) integer for a problem id."""
     h = 0
