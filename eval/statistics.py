@@ -12,7 +12,13 @@ comparison of two variants over the same problems with the paired difference and
   summary gives the same numbers; no interval, None, with fewer than 2 pairs: one pair
   says nothing of the spread, and scipy refuses it), the discordant counts (b: only the variant right, c:
   only the baseline right) and the exact McNemar p-value: the two-sided binomial test of
-  b against b + c at 1/2 (scipy's `binomtest`), 1.0 when no problem is discordant.
+  b against b + c at 1/2 (scipy's `binomtest`), 1.0 when no problem is discordant; and
+  `detectable`, the smallest difference this many pairs would find with 80% power at the
+  5% level, at the discordant share observed (`detectable_difference`).
+- `detectable_difference`: Connor's (1987) normal approximation to McNemar's test,
+  n = (z_{1-a/2} sqrt(psi) + z_{1-b} sqrt(psi - d^2))^2 / d^2 with psi the discordant
+  share, solved for d (scipy's `brentq`): what a run of this size could have seen, beside
+  the interval's half-width, which says what it did see.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ class PairedComparison:
     only_variant: int  # discordant: the variant right, the baseline wrong (b)
     only_baseline: int  # discordant: the baseline right, the variant wrong (c)
     mcnemar_p: float  # exact (binomial) McNemar test on the discordant problems
+    detectable: float | None = None  # `detectable_difference` at the observed discordant share
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -83,4 +90,30 @@ def paired_comparison(baseline: Sequence[bool], variant: Sequence[bool],
         low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
         p = float(binomtest(b, b + c, 0.5).pvalue)
     return PairedComparison(n=n, baseline_acc=float(x.mean()), acc=float(y.mean()), diff=diff,
-                            diff_low=low, diff_high=high, only_variant=b, only_baseline=c, mcnemar_p=p)
+                            diff_low=low, diff_high=high, only_variant=b, only_baseline=c, mcnemar_p=p,
+                            detectable=detectable_difference(n, b + c))
+
+
+def detectable_difference(n: int, discordant: int, power: float = 0.8,
+                          confidence: float = CONFIDENCE) -> float | None:
+    """The smallest paired accuracy difference McNemar's test finds with `power` at level
+    1 - `confidence` over n pairs of which `discordant` disagree (module docstring); None
+    without a discordant pair (no spread to size it by) or where even a difference as large
+    as the discordant share could not be found (too few pairs)."""
+    import math
+
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    if n <= 0 or discordant <= 0:
+        return None
+    psi = discordant / n
+    za, zb = norm.ppf(1 - (1 - confidence) / 2), norm.ppf(power)
+
+    def gap(d: float) -> float:  # the pairs a difference d needs, against the pairs there are
+        return za * math.sqrt(psi) + zb * math.sqrt(max(0.0, psi - d * d)) - d * math.sqrt(n)
+
+    top = math.sqrt(psi)
+    if gap(top) > 0:
+        return None
+    return float(brentq(gap, 1e-12, top))

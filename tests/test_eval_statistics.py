@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from eval.statistics import paired_comparison, proportion_interval
+from eval.statistics import detectable_difference, paired_comparison, proportion_interval
 
 
 def wilson(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
@@ -46,6 +46,26 @@ def test_a_large_paired_difference_is_significant_and_none_is_not() -> None:
     assert paired_comparison([], []) is None
     with pytest.raises(ValueError, match="same order"):
         paired_comparison([True], [True, False])
+
+
+def test_the_detectable_difference_is_found_by_mcnemar_with_80_percent_power() -> None:
+    """At the difference `detectable_difference` returns, simulated runs of that many pairs
+    with that discordant share reject with McNemar's exact test about 80% of the time (the
+    exact test is a little conservative against the normal approximation)."""
+    import numpy as np
+    from scipy.stats import binomtest
+
+    n, discordant = 150, 30
+    d = detectable_difference(n, discordant)
+    psi = discordant / n
+    assert 0 < d < psi
+    rng = np.random.default_rng(0)
+    runs = rng.multinomial(n, [(psi + d) / 2, (psi - d) / 2, 1 - psi], size=2000)
+    power = np.mean([binomtest(int(b), int(b + c), 0.5).pvalue < 0.05 for b, c, _ in runs])
+    assert 0.7 < power < 0.88
+    assert detectable_difference(4 * n, 4 * discordant) == pytest.approx(d / 2, rel=0.05)  # 4x the pairs: half
+    assert detectable_difference(n, 0) is None and detectable_difference(3, 1) is None
+    assert paired_comparison([False] * 10, [False] * 10).detectable is None  # nothing discordant to size it by
 
 
 def test_a_comparison_summary_carries_intervals_and_paired_tests(tmp_path) -> None:

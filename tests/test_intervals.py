@@ -147,7 +147,8 @@ def test_one_problem_writes_the_summary_with_intervals_na(tmp_path, capsys):
         assert rows[label]["PMS/baseline_ci"] is None and rows[label]["PMS/baseline_ci_note"] == "n/a (1 pair)"
         assert md_row(summary, label)[2].endswith(" n/a (1 pair)")
     assert "n/a (1 pair)" in md_row(summary, "accuracy (majority): paired difference vs the run's first "
-                                             "variant, 95% interval, exact McNemar p")[1]
+                                             "variant, 95% interval, exact McNemar p; the difference 80% power "
+                                             "detects")[1]
     print_summary(path)  # the headline
     headline = capsys.readouterr().out
     assert "PMS/baseline: goodput " in headline and "n/a (1 pair)" in headline

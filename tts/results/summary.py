@@ -186,13 +186,14 @@ def accuracy_rows(summaries: dict[str, dict], baseline: str) -> list[dict]:
         if not any(key in (s.get("paired") or {}) for s in summaries.values()):
             continue
         row = {"metric": f"accuracy ({label}): paired difference vs the run's first variant, 95% interval, "
-                         "exact McNemar p", "higher_is_better": True}
+                         "exact McNemar p; the difference 80% power detects", "higher_is_better": True}
         for name, s in summaries.items():
             p = (s.get("paired") or {}).get(key)
             ci = (f"[{p['diff_low']:+.3f}, {p['diff_high']:+.3f}]" if p and p.get("diff_low") is not None
                   else f"n/a ({p['n']} pair{'' if p['n'] == 1 else 's'})" if p else "")
+            seen = f"; detectable ±{p['detectable']:.3f}" if p and p.get("detectable") is not None else ""
             row[name] = (f"{p['diff']:+.3f} {ci}, "
-                         f"{p['only_variant']}:{p['only_baseline']} discordant, p={p['mcnemar_p']:.3g}") if p else None
+                         f"{p['only_variant']}:{p['only_baseline']} discordant, p={p['mcnemar_p']:.3g}{seen}") if p else None
         rows.append(row)
     return rows
 
