@@ -114,10 +114,27 @@ def test_an_unknown_search_variant_names_the_choices() -> None:
     from tts.assembly.variants import run_variants
 
     cfg = validate(compose("config", ["generator=fake", "verifier=fake", "bench.search_variants=[bon]"]))
-    with pytest.raises(ConfigError, match="unknown search preset 'bon'; valid choices: beam, best_of_n"):
+    with pytest.raises(ConfigError, match="unknown search preset 'bon'; valid choices: beam, beam_dedup, best_of_n"):
         run_variants(cfg)
     one = validate(compose("config", ["generator=fake", "verifier=fake", "bench.search_variants=[self_consistency@1]"]))
     assert [(name, search.n) for name, _, search in run_variants(one)] == [("baseline", 8), ("self_consistency@1", 1)]
+
+
+def test_a_search_variant_is_the_runs_own_search_with_what_its_preset_sets() -> None:
+    """A search variant keeps the run's search settings its preset does not set:
+    `beam_dedup` is the run's beam search (N, M, iterations, aggregation) with duplicates
+    filtered; `best_of_n` changes the algorithm and nothing the run chose."""
+    from tts.assembly.variants import run_variants
+    from tts.config.compose import compose, validate
+
+    cfg = validate(compose("config", ["generator=fake", "verifier=fake", "search.n=6", "search.beam_width=3",
+                                      "search.max_iterations=7", "search.aggregation=min",
+                                      "bench.search_variants=[beam_dedup,best_of_n]"]))
+    (_, _, run), (_, _, dedup), (_, _, bon) = run_variants(cfg)
+    assert not run.filter_duplicates and dedup.filter_duplicates
+    assert (dedup.algorithm, dedup.n, dedup.beam_width, dedup.max_iterations, dedup.aggregation) == (
+        run.algorithm, 6, 3, 7, run.aggregation)
+    assert bon.algorithm.value == "best_of_n" and bon.aggregation.value == "last" and bon.n == 6
 
 
 def test_the_greedy_variant_is_one_path_at_temperature_zero() -> None:

@@ -18,14 +18,14 @@ def variant_optims(cfg: Config) -> list[tuple[str, OptimConfig]]:
 def run_variants(cfg: Config) -> list[tuple[str, OptimConfig, SearchConfig]]:
     """Every variant the run compares, in order: (name, optim, search). The optim variants
     (`variant_optims`) search with `cfg.search`; then each `bench.search_variants` preset
-    runs on the baseline engine at `cfg.search.n`."""
+    runs on the baseline engine, over `cfg.search` (`preset_searches`)."""
     from tts.config.compose import preset_searches
 
     out = [(name, optim, cfg.search) for name, optim in variant_optims(cfg)]
     if cfg.bench.search_variants:
         baseline = preset_optims(["baseline"], [])[0][1]
         taken = {name for name, _, _ in out}
-        for name, search in preset_searches(list(cfg.bench.search_variants), cfg.search.n):
+        for name, search in preset_searches(list(cfg.bench.search_variants), cfg.search):
             if name in taken:
                 raise ConfigError(f"bench.search_variants: {name!r} is also an optim variant's name")
             out.append((name, baseline, search))

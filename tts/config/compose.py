@@ -96,13 +96,15 @@ def preset_optims(names: list[str], overrides: list[str]) -> list:
     return out
 
 
-def preset_searches(names: list[str], n: int) -> list:
-    """(name, SearchConfig) of each `conf/search` preset in `names`, at `n` paths, or at the
-    paths a `NAME@K` entry gives (`self_consistency@1`: one sample, the single-sample
-    reference; `greedy`: one path at temperature 0); a ConfigError names an unknown preset
-    with the choices."""
-    from tts.config.schema import SearchConfig
-
+def preset_searches(names: list[str], base) -> list:
+    """(name, SearchConfig) of each `conf/search` preset in `names` over the run's own search
+    settings `base` (a SearchConfig): what the preset sets replaces the run's, the rest stays
+    the run's (`beam_dedup`, which sets only the algorithm and `filter_duplicates`, is the
+    run's beam search with duplicates filtered); at the run's n paths, or at the paths a
+    `NAME@K` entry gives (`self_consistency@1`: one sample, the single-sample reference;
+    `greedy`: one path at temperature 0). A ConfigError names an unknown preset with the
+    choices."""
+    n = base.n
     out = []
     for entry in names:
         name, _, k = entry.partition("@")
@@ -116,7 +118,7 @@ def preset_searches(names: list[str], n: int) -> list:
         preset = OmegaConf.load(path)
         greedy = preset.get("temperature") == 0  # greedy is one path, whatever the run's n
         try:
-            merged = OmegaConf.merge(OmegaConf.structured(SearchConfig), preset,
+            merged = OmegaConf.merge(OmegaConf.structured(base), preset,
                                      {"n": int(k) if k else 1 if greedy else n})
             out.append((entry, OmegaConf.to_object(merged)))
         except Exception as err:
