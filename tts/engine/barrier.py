@@ -32,10 +32,10 @@ from tts.engine.barrier_generation import IterationGeneration
 from tts.engine.requests import Request
 from tts.engine.schedule import Generate, Problem, Purpose, Schedule, ScheduleParts, Score
 from tts.engine.scoring import ScoreItem, ScoringStats
+from tts.engine.spec_prune import SpeculationPruning, step_path
 from tts.engine.speculation import inherit_speculation, spec_priorities
-from tts.engine.steps import completes_path
-from tts.metrics.events import ModelTime, SpeculationAdopted, SpeculationPruned
-from tts.search.base import ProblemSearch, aggregate
+from tts.metrics.events import ModelTime, SpeculationAdopted
+from tts.search.base import ProblemSearch
 from tts.search.tree import Beam, BeamState, StepEnd
 
 
@@ -81,11 +81,10 @@ class BarrierSchedule(Schedule):
         self._generation_started = 0.0
         self._verifier_wall = 0.0  # early rejection's calls within the generation phase
         self._lookahead: list[ScoreItem] | None = None  # the second call's items, when due
-        # speculation pruning: its call is due once per iteration, when the real requests
-        # still running are down to the beams selection keeps (`_prune_at`)
-        self.prune = opts.spec_prune and opts.speculative and verifier is not None
-        self._prune_at = 0
-        self._prune_done = False
+        # speculation pruning: a scoring call in the middle of generation (`spec_prune.py`)
+        self.pruning = (SpeculationPruning(self.policy, self.runner, self.cache, self.generation,
+                                           self._requests_of, self.emit)
+                        if opts.spec_prune and opts.speculative and verifier is not None else None)
 
     def release(self) -> None:
         self.generation.release()
@@ -107,12 +106,11 @@ class BarrierSchedule(Schedule):
                              for i in self.rejection_rule.items(p.input.problem, p.search, self._requests_of(p))]
                     if items:  # early rejection: score the steps as they stand
                         return Score(items, self._charge(), Purpose.REJECT)
-                if self._prune_due():
-                    self._prune_done = True
-                    items = self._finished_step_items()
+                if self.pruning is not None and self.pruning.due():
+                    items = self.pruning.items(self._live)
                     if items:  # speculation pruning: score the finished steps now
                         return Score(items, self._charge(), Purpose.PRUNE)
-                    self._prune_speculation()  # their scores are known already
+                    self.pruning.prune(self._live)  # their scores are known already
                 return Generate()
             self._end_generation()
             items = [self._score_item(p, beam) for p in self._live for beam in p.search.frontier]
@@ -133,8 +131,8 @@ class BarrierSchedule(Schedule):
             # scores, pruning the partial estimates' cut
             if self.rejection_rule is not None:
                 self._reject(stats.partial)
-            if self.prune:
-                self._prune_speculation()
+            if self.pruning is not None:
+                self.pruning.prune(self._live)
             return
         if work.purpose is Purpose.SELECT and self.lookahead_kept:
             ahead = [ScoreItem(beam, p.input.problem, (), look) for p in self._live
@@ -152,7 +150,7 @@ class BarrierSchedule(Schedule):
         cache = self.cache
         for p in self._live:
             mine = self._requests_of(p)
-            done = {r.beam.uid: s for r in mine if r.finished and (s := cache.peek(p.id, self._step_path(r))) is not None}
+            done = {r.beam.uid: s for r in mine if r.finished and (s := cache.peek(p.id, step_path(r, self.runner.gen.decode))) is not None}
             out = self.rejection_rule.rejected(p.search, mine, partial, done)
             if out:
                 self.generation.reject(out)
@@ -167,55 +165,6 @@ class BarrierSchedule(Schedule):
             for r in mine:
                 if r.rejected:
                     r.beam.state = BeamState.PRUNED
-
-    # ------------------------------------------------------------ speculation pruning
-
-    def _prune_due(self) -> bool:
-        return (self.prune and not self._prune_done and self.generation.speculating()
-                and len(self.generation.running()) <= self._prune_at)
-
-    def _finished_step_items(self) -> list[ScoreItem]:
-        """The finished steps not scored yet, whole, into the score cache (the iteration's
-        own scoring reads them back: no score is computed twice)."""
-        return [ScoreItem(r.beam, p.input.problem, (), lookahead_step=path[-1], early=True)
-                for p in self._live for r in self._requests_of(p)
-                if r.finished and not (r.rejected or r.to_eos or r.cut_into_steps) and r.tokens
-                and not self.cache.has(p.id, path := self._step_path(r))]
-
-    def _prune_speculation(self) -> None:
-        """Stop the speculation of every beam whose finished step, on the scores known now,
-        cannot make selection's cut: at least `rejection_cut` other finished steps (distinct
-        paths where selection filters duplicates) score strictly above it. Steps that end
-        their path do not compete, and the steps still decoding can only push a beam
-        further down, so no beam selection keeps is ever pruned."""
-        decode, cache = self.runner.gen.decode, self.cache
-        agg, dedup = self.policy.cfg.aggregation, self.policy.cfg.filter_duplicates
-        for p in self._live:
-            keep = self.policy.rejection_cut(p.search)
-            if keep is None or self.policy.is_last_iteration(p.search):
-                continue
-            est: dict[int, tuple[float, tuple[str, ...]]] = {}
-            for r in self._requests_of(p):
-                if not r.finished or r.rejected or r.to_eos or r.cut_into_steps or completes_path(r, decode):
-                    continue
-                if len(r.tokens) >= self.policy.max_total_tokens - r.beam.num_tokens:
-                    continue  # the path's budget ends here: it completes, it does not compete
-                path = self._step_path(r)
-                score = cache.peek(p.id, path)
-                if score is not None:
-                    est[r.beam.uid] = (aggregate(list(r.beam.scores) + [score], agg), path)
-            out = set()
-            for uid, (mine, path) in est.items():
-                above = {other if dedup else o for o, (e, other) in est.items()
-                         if o != uid and e > mine and not (dedup and other == path)}
-                if len(above) >= keep:
-                    out.add(uid)
-            if out:
-                self.emit(SpeculationPruned(p.id, len(out), self.generation.stop_speculating(out)))
-
-    def _step_path(self, request: Request) -> tuple[str, ...]:
-        """A finished request's path with its new step: the score cache's key for the step."""
-        return request.beam.step_texts + (self.runner.gen.decode(request.tokens),)
 
     # ------------------------------------------------------------ the iteration
 
@@ -232,8 +181,8 @@ class BarrierSchedule(Schedule):
         self._requests = self.order(requests)
         if self.rejection_rule is not None:
             self.rejection_rule.begin()
-        self._prune_done = False
-        self._prune_at = sum(k for p in self._live if (k := self.policy.rejection_cut(p.search)) is not None)
+        if self.pruning is not None:
+            self.pruning.begin(self._live)
         self.collector.logs["generator"].start_phase()
         self._generation_started, self._verifier_wall = clock.now(), 0.0
         self.generation.begin(self._requests)
