@@ -132,7 +132,7 @@ def test_lookahead_kept_scope_scores_ahead_only_for_kept_beams():
     every, e_eng, _, e_ver = run(answering, lookahead_scope="all", **common)
     kept, k_eng, _, k_ver = run(answering, lookahead_scope="kept", **common)
     assert candidates(every) == candidates(kept) == candidates(base)
-    assert not e_eng.schedule.lookahead_kept and k_eng.schedule.lookahead_kept
+    assert not e_eng.schedule.lookahead.kept and k_eng.schedule.lookahead.kept
     assert 0 < k_eng.cache.lookahead_stored < e_eng.cache.lookahead_stored
     assert k_eng.cache.lookahead_hits == e_eng.cache.lookahead_hits > 0  # the same scores used
     assert k_eng.cache.lookahead_hits == k_eng.cache.lookahead_stored  # every one read back
@@ -163,12 +163,12 @@ def test_lookahead_auto_is_off_for_a_per_score_verifier_and_all_for_a_path_prm()
                                 verifier=_CallCounter(request_per_score=True), **common)
     auto, a_eng, _, a_ver = run(answering, verifier=_CallCounter(request_per_score=True), **common)
     assert candidates(auto) == candidates(kept)
-    assert not a_eng.schedule.lookahead and a_eng.cache.lookahead_stored == 0
+    assert not a_eng.schedule.lookahead.on and a_eng.cache.lookahead_stored == 0
     assert sorted(a_ver.scored) == sorted(k_ver.scored)  # the same scores, none extra
     assert a_ver.calls < k_ver.calls  # without the second call of every iteration
     every, e_eng, _, e_ver = run(answering, lookahead_scope="all", **common)
     path, p_eng, _, p_ver = run(answering, **common)  # the fake PRM reads a whole path
-    assert p_eng.schedule.lookahead and not p_eng.schedule.lookahead_kept
+    assert p_eng.schedule.lookahead.on and not p_eng.schedule.lookahead.kept
     assert p_ver.scored == e_ver.scored
 
 

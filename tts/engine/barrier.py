@@ -4,50 +4,28 @@ With every optimisation off this is the baseline loop of search-and-learn (all b
 an iteration run to their step end, the slowest beam sets the pace, then all new steps
 are verified). The FlashTTS switches change how the loop runs, never what the policy
 decides: request order (P), speculative extension (S, `barrier_generation.py`),
-lookahead verification, and the memory split (M, `ScheduleParts.replan`).
+lookahead verification (`lookahead.py`), and the memory split (M, `ScheduleParts.replan`).
 
-Lookahead comes in two scopes. `all` is the paper's: every beam whose speculative tokens
-hold a whole next step has it scored in the same verifier call as its current step, which
-is nearly free where a PRM reads every step of a path in one pass. Where the verifier asks
-once per score (an LLM judge), each lookahead score is a request of its own and most of
-them belong to beams that selection is about to prune (beam search keeps 1 in M); `kept`
-then scores the current steps first and looks ahead only for the beams the policy keeps
-on those scores (`likely_kept`, exact for beam search but for duplicate filtering), in a
-second, smaller call. `auto` picks `all` for a whole-path PRM and no lookahead at all for a
-per-score verifier: there a kept beam's lookahead score is the very request the next
-iteration would make (same prompt, same prefix in the cache), so `kept` moves work one
-iteration earlier without saving any, and its second call costs a verifier step per
-iteration. `kept` stays available by name.
+Lookahead's scopes are in `lookahead.py`; speculation pruning, a scoring call added in the
+middle of generation, in `spec_prune.py`.
 """
 
 from __future__ import annotations
 
 import enum
-import logging
 
 from tts import clock
 from tts.backends.base import GenDelta, StepStats
-from tts.config.schema import LookaheadScope
 from tts.engine.barrier_generation import IterationGeneration
 from tts.engine.requests import Request
 from tts.engine.schedule import Generate, Problem, Purpose, Schedule, ScheduleParts, Score
+from tts.engine.lookahead import Lookahead, next_runs_to_eos, spec_step_len
 from tts.engine.scoring import ScoreItem, ScoringStats
 from tts.engine.spec_prune import SpeculationPruning, step_path
 from tts.engine.speculation import inherit_speculation, spec_priorities
 from tts.metrics.events import ModelTime, SpeculationAdopted
 from tts.search.base import ProblemSearch
-from tts.search.tree import Beam, BeamState, StepEnd
-
-
-log = logging.getLogger(__name__)
-
-
-def _lookahead_scope(value: LookaheadScope | str) -> LookaheadScope:
-    try:
-        return LookaheadScope(value)
-    except ValueError:
-        choices = ", ".join(s.value for s in LookaheadScope)
-        raise ValueError(f"lookahead_scope: {value!r}; valid choices: {choices}") from None
+from tts.search.tree import BeamState
 
 
 class _Stage(enum.Enum):
@@ -66,21 +44,13 @@ class BarrierSchedule(Schedule):
             self.runner, self.cut, opts.speculative, opts.spec_max_tokens or self.policy.step_max_tokens,
             opts.kv_spec_limit, spec_batch_cap=opts.spec_batch_cap, spec_branches=opts.spec_branches,
             step_max_tokens=self.policy.step_max_tokens)
-        scope = _lookahead_scope(opts.lookahead_scope)
+        self.lookahead = Lookahead(opts, self.policy, self.runner, self.cut)
         verifier = self.runner.verifier
-        per_score = verifier is not None and verifier.request_per_score
-        # auto with a per-score verifier: nothing to gain (module docstring)
-        self.lookahead = opts.lookahead and not (scope is LookaheadScope.auto and per_score)
-        if opts.lookahead and not self.lookahead:
-            log.info("lookahead: off (scope auto, the verifier asks once per score: a lookahead "
-                     "score would be the next iteration's own request, one verifier call early)")
-        # score ahead only for kept beams, in a second call after the current steps' scores
-        self.lookahead_kept = self.lookahead and scope is LookaheadScope.kept
         self._stage = _Stage.SELECTED
         self._requests: list[Request] = []
         self._generation_started = 0.0
         self._verifier_wall = 0.0  # early rejection's calls within the generation phase
-        self._lookahead: list[ScoreItem] | None = None  # the second call's items, when due
+        self._ahead: list[ScoreItem] | None = None  # the second call's items, when due
         # speculation pruning: a scoring call in the middle of generation (`spec_prune.py`)
         self.pruning = (SpeculationPruning(self.policy, self.runner, self.cache, self.generation,
                                            self._requests_of, self.emit)
@@ -113,10 +83,10 @@ class BarrierSchedule(Schedule):
                     self.pruning.prune(self._live)  # their scores are known already
                 return Generate()
             self._end_generation()
-            items = [self._score_item(p, beam) for p in self._live for beam in p.search.frontier]
+            items = [self.lookahead.item(p, beam) for p in self._live for beam in p.search.frontier]
             return Score([i for i in items if i.indices or i.lookahead_step], self._charge())
-        assert self._lookahead is not None
-        items, self._lookahead = self._lookahead, None
+        assert self._ahead is not None
+        items, self._ahead = self._ahead, None
         return Score(items, self._charge(), Purpose.LOOKAHEAD)
 
     def generated(self, outputs: list[tuple[Request, GenDelta]], stats: StepStats) -> None:
@@ -134,12 +104,10 @@ class BarrierSchedule(Schedule):
             if self.pruning is not None:
                 self.pruning.prune(self._live)
             return
-        if work.purpose is Purpose.SELECT and self.lookahead_kept:
-            ahead = [ScoreItem(beam, p.input.problem, (), look) for p in self._live
-                     for beam in self._kept_beams(p.search)
-                     if (look := self._lookahead_step(beam, p.search)) is not None]
+        if work.purpose is Purpose.SELECT and self.lookahead.kept:
+            ahead = self.lookahead.ahead(self._live)
             if ahead:  # the second call: the next step scores them
-                self._lookahead = ahead
+                self._ahead = ahead
                 return
         self._select_all()
 
@@ -214,14 +182,10 @@ class BarrierSchedule(Schedule):
         """Speculative extension (S): each beam's branch count from its previous score's bin."""
         if not self.opts.speculative:
             return None
-        if self._next_runs_to_eos(search) and self.generation.spec_branches and not self.runner.gen.resumable_sampling:
+        if next_runs_to_eos(self.opts, self.policy, search) and self.generation.spec_branches and not self.runner.gen.resumable_sampling:
             return None  # no child could take a branch: its request runs past the step
         prev = [self.policy.path_score(b) if b.depth else None for b in search.frontier]
         return spec_priorities(prev, max(1, self.policy.cfg.beam_width))
-
-    def _next_runs_to_eos(self, search: ProblemSearch) -> bool:
-        """The next iteration is the last and samples to EOS."""
-        return self.opts.eos_at_depth_limit and self.policy.is_last_iteration(search, ahead=1)
 
     def _apply_generation(self) -> None:
         for request in self._requests:
@@ -242,47 +206,6 @@ class BarrierSchedule(Schedule):
                     used[r.beam.parent] = max(used.get(r.beam.parent, 0), r.adopted)
                 self.emit(SpeculationAdopted(p.id, sum(used.values())))
 
-    # ------------------------------------------------------------ lookahead
-
-    def _score_item(self, p: Problem, beam: Beam) -> ScoreItem:
-        indices = self.policy.indices_to_score(beam, p.search)
-        look = None
-        if self.lookahead and not self.lookahead_kept and indices:
-            look = self._lookahead_step(beam, p.search)
-        return ScoreItem(beam, p.input.problem, indices, look)
-
-    def _lookahead_step(self, beam: Beam, search: ProblemSearch) -> str | None:
-        """The text of the whole next step in the beam's speculative tokens, if they hold
-        one; none when the next iteration samples to EOS (its step is the rest of the
-        path, not the step its tokens hold, so a score made now would never be read)."""
-        if not beam.spec_tokens or self._next_runs_to_eos(search):
-            return None
-        probe = self._spec_step(beam, search)
-        if probe.end is None or not probe.tokens:
-            return None
-        return self.runner.gen.decode(probe.tokens)
-
-    def _kept_beams(self, search: ProblemSearch) -> list[Beam]:
-        """The frontier beams selection keeps on the scores just made (all of them where
-        the policy cannot tell)."""
-        kept = self.policy.likely_kept(search)
-        return list(search.frontier) if kept is None else [beam for beam, _ in kept]
-
-    def _spec_step(self, beam: Beam, search: ProblemSearch) -> Request:
-        """The next step held in the beam's speculative tokens, cut by the rule its real
-        step follows (boundary, EOS, the step's token limit); `end` is None when the
-        tokens stop inside it."""
-        probe = Request(beam.fork(beam.seed), limit=self.policy.step_limit(beam, search))
-        self.cut.consume(probe, beam.spec_tokens)
-        return probe
-
-    def _spec_step_len(self, beam: Beam, search: ProblemSearch) -> int:
-        """How many of the beam's speculative tokens its next step takes (EOS included)."""
-        probe = self._spec_step(beam, search)
-        if probe.end is None:
-            return len(beam.spec_tokens)
-        return len(probe.tokens) + (probe.end is StepEnd.EOS)
-
     # ------------------------------------------------------------ selection
 
     def _select(self, p: Problem) -> None:
@@ -290,7 +213,8 @@ class BarrierSchedule(Schedule):
         parents = self.select(p)
         branches = self.generation.spec_branches  # children adopt their branches as they start
         if self.opts.speculative and not branches:
-            step_lens = {uid: self._spec_step_len(b, search) for uid, b in parents.items() if b.spec_tokens}
+            step_lens = {uid: spec_step_len(self.cut, self.policy, b, search) for uid, b in parents.items()
+                         if b.spec_tokens}
             inherit_speculation(search.frontier, parents, self.opts.spec_truncate_ratio,
                                 self.opts.spec_truncate_std, p.rng, step_lens, self.opts.spec_own_min_tokens)
         for beam in parents.values():
