@@ -15,6 +15,8 @@ from eval.verifier_quality import (
 )
 from tts.config.compose import compose
 from tts.replay.trace import Trace
+from tts.results.store import RunStore
+from tts.results.summary import write_summary
 from tts.results.tree import diversity, tree_line, tree_stats, verifier_line
 from tts.runner import run_bench
 
@@ -157,6 +159,13 @@ def test_the_tree_line_appears_only_when_the_trees_differ(tmp_path, variant, dif
     assert summary["variants"][variant]["tree"]["iterations"] > 0
     if differs:
         assert summary["tree_lines"][0].startswith(f"{variant} grew a different tree")
+        # the fake backend's tokens are a function of prompt and seed: no request drifted, so
+        # the line blames the search, and a trace that is no trace costs only the count
+        drift = summary["variants"][variant]["tree"]["sampling_drift"]
+        assert drift["differed"] == 0 and drift["shared"] > 0 and "different search" in summary["tree_lines"][0]
+        (path / "trace.jsonl.gz").write_bytes(b"not a trace")
+        again, _ = write_summary(RunStore(path), ["baseline", variant], {})
+        assert again["tree_lines"] == summary["tree_lines"] and "sampling_drift" not in again["variants"][variant]["tree"]
 
 
 def test_a_bound_above_the_measured_time_says_the_cost_model_does_not_fit(monkeypatch):

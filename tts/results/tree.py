@@ -126,11 +126,7 @@ def describe(summary: dict, by_variant: dict[str, list[dict]], config: dict, tra
         variants[name]["tree"] = tree_stats(by_variant[name])
     moved = [name for name in names[1:] if (variants[name].get("same_candidates") or 1.0) < 1.0]
     if moved and trace is not None and trace.exists():
-        from tts.replay.trace import read_trace
-
-        recorded = read_trace(trace)
-        for name in moved:
-            variants[name]["tree"]["sampling_drift"] = dict(zip(("differed", "shared"), recorded.drift(names[0], name)))
+        _add_drift(variants, names[0], moved, trace)
     summary["tree_lines"] = [line for name in names[1:] if (line := tree_line(
         name, variants[name]["tree"], variants[names[0]]["tree"], variants[name].get("same_candidates"), sampler,
         names[0], tuple((variants[name]["tree"].get("sampling_drift") or {}).values()) or None))]
@@ -148,6 +144,22 @@ def describe(summary: dict, by_variant: dict[str, list[dict]], config: dict, tra
                    "at_chance_why": why}
         variants[name]["verifier_quality"] = quality
         summary["verifier_lines"][name] = verifier_line(quality)
+
+
+def _add_drift(variants: dict, base: str, moved: list[str], trace: Path) -> None:
+    """Each moved variant's `tree.sampling_drift` from the run's trace; a trace that cannot
+    be read (cut off mid-member by a kill is fine; not a trace at all) costs only this."""
+    import logging
+
+    from tts.replay.trace import read_trace
+
+    try:
+        recorded = read_trace(trace)
+    except ValueError as err:
+        logging.getLogger(__name__).warning("sampling drift: not counted (%s)", err)
+        return
+    for name in moved:
+        variants[name]["tree"]["sampling_drift"] = dict(zip(("differed", "shared"), recorded.drift(base, name)))
 
 
 def plain_lines(summary: dict) -> list[str]:
