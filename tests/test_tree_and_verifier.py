@@ -145,6 +145,26 @@ def test_a_traces_drift_counts_the_same_requests_that_sampled_other_tokens():
     assert trace.drift("baseline", "nobody") == (0, 0)
 
 
+def test_a_summary_counts_the_drift_of_a_variant_that_kept_no_final_candidate(tmp_path):
+    """`describe` reads the run's trace for every variant whose final candidates differ,
+    none of them the same (share 0) included, and the tree line then blames numerics."""
+    import gzip
+
+    from tts.replay.trace import VERSION
+    from tts.results.tree import describe
+
+    lines = [{"t": "h", "version": VERSION}, {"t": "g", "v": "baseline", "seed": 1, "h": 5, "o": [1, 2], "f": "stop"},
+             {"t": "g", "v": "B", "seed": 1, "h": 5, "o": [1, 3], "f": "stop"}]
+    trace = tmp_path / "trace.jsonl.gz"
+    trace.write_bytes(gzip.compress("".join(json.dumps(x) + "\n" for x in lines).encode()))
+    record = {"metrics": {"iterations": 2, "ver_requests": 1}, "candidate_correct": [False],
+              "candidates": [{"num_steps": 1, "num_tokens": 5, "text": "a", "score": None}]}
+    summary = {"variants": {"baseline": {}, "B": {"same_candidates": 0.0}}, "host": {"sampler": "position"}}
+    describe(summary, {"baseline": [record], "B": [dict(record)]}, {}, trace)
+    assert summary["variants"]["B"]["tree"]["sampling_drift"] == {"differed": 1, "shared": 1}
+    assert "1 of the 1 requests it sent as the baseline did" in summary["tree_lines"][0]
+
+
 @pytest.mark.parametrize("variant, differs", [("PMS_exact", False), ("PMS", True)])
 def test_the_tree_line_appears_only_when_the_trees_differ(tmp_path, variant, differs):
     """On the fake backend, PMS_exact keeps the baseline's tree (resumable sampling), and

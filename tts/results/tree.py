@@ -124,7 +124,7 @@ def describe(summary: dict, by_variant: dict[str, list[dict]], config: dict, tra
     sampler = str((summary.get("host") or {}).get("sampler") or "vllm")
     for name in names:
         variants[name]["tree"] = tree_stats(by_variant[name])
-    moved = [name for name in names[1:] if (variants[name].get("same_candidates") or 1.0) < 1.0]
+    moved = [name for name in names[1:] if (same := variants[name].get("same_candidates")) is not None and same < 1.0]
     if moved and trace is not None and trace.exists():
         _add_drift(variants, names[0], moved, trace)
     summary["tree_lines"] = [line for name in names[1:] if (line := tree_line(
