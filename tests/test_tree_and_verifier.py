@@ -125,9 +125,9 @@ def test_tree_stats_and_line():
     assert "PMS_branches_prune keeps the baseline's tree" in line
     assert "PMS_exact" in tree_line("PMS", longer, stats, 0.5, "position")
     assert tree_line("PMS", longer, stats, 1.0, "vllm") is None
-    numerics = tree_line("PMS_branches_prune", stats, stats, 0.5, "position", drift=(3, 100))
+    numerics = tree_line("PMS_branches_prune", stats, stats, 0.5, "position", drift={"differed": 3, "shared": 100})
     assert "3 of the 100 requests it sent as the baseline did" in numerics and "different search" not in numerics
-    assert "different search" in tree_line("PMS", longer, stats, 0.5, "position", drift=(0, 100))
+    assert "different search" in tree_line("PMS", longer, stats, 0.5, "position", drift={"differed": 0, "shared": 100})
 
 
 def test_a_traces_drift_counts_the_same_requests_that_sampled_other_tokens():

@@ -51,11 +51,12 @@ def diversity(records: list[dict]) -> dict:
 
 
 def tree_line(name: str, mine: dict, base: dict, same_share: float | None, sampler: str,
-              base_name: str = "baseline", drift: tuple[int, int] | None = None) -> str | None:
+              base_name: str = "baseline", drift: dict | None = None) -> str | None:
     """One plain line when `name`'s tree is not the first variant's (some problem's final
     candidates differ), with the ratios that say how; None when the trees are the same.
-    `drift` (`Trace.drift`): of the requests both sent with one prompt and seed, how many
-    sampled other tokens; any such request means numerics alone move the trees here."""
+    `drift` (`tree.sampling_drift`): of the requests both sent with one prompt and seed
+    (`shared`), how many sampled other tokens (`differed`); any such request means numerics
+    alone move the trees here."""
     if same_share is None or same_share >= 1.0 or not mine or not base:
         return None
     parts = []
@@ -69,8 +70,8 @@ def tree_line(name: str, mine: dict, base: dict, same_share: float | None, sampl
     keeper = KEEPS_TREE.get(sampler, KEEPS_TREE["vllm"])
     line = (f"{name} grew a different tree ({', '.join(parts)}; the same final candidates on "
             f"{same_share:.0%} of problems)")
-    if drift and drift[0]:
-        return (f"{line}: {drift[0]} of the {drift[1]} requests it sent as the {base_name} did (same "
+    if drift and drift["differed"]:
+        return (f"{line}: {drift['differed']} of the {drift['shared']} requests it sent as the {base_name} did (same "
                 f"prompt, same seed) sampled other tokens, so numerics alone move trees here (the "
                 f"logits move with the batch and the prefix cache); how much of the ratio is the "
                 f"schedule's, only `tts replay` on one tree tells")
@@ -129,7 +130,7 @@ def describe(summary: dict, by_variant: dict[str, list[dict]], config: dict, tra
         _add_drift(variants, names[0], moved, trace)
     summary["tree_lines"] = [line for name in names[1:] if (line := tree_line(
         name, variants[name]["tree"], variants[names[0]]["tree"], variants[name].get("same_candidates"), sampler,
-        names[0], tuple((variants[name]["tree"].get("sampling_drift") or {}).values()) or None))]
+        names[0], variants[name]["tree"].get("sampling_drift")))]
     summary["verifier_lines"] = {}
     for name in names:
         problems = [[(c.get("score"), ok) for c, ok in zip(r["candidates"], r["candidate_correct"])]
