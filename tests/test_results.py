@@ -216,9 +216,45 @@ def test_regrade_rebuilds_summary(tmp_path):
     from tts.cli_support import regrade
 
     path = bench(tmp_path)
+    want = json.loads((path / "summary.json").read_text())["variants"]["baseline"]
     (path / "summary.json").unlink()
     assert regrade(path) == 0
-    assert json.loads((path / "summary.json").read_text())["variants"]["baseline"]["num_problems"] == 3
+    got = json.loads((path / "summary.json").read_text())["variants"]["baseline"]
+    assert got["num_problems"] == 3
+    # the step statistics come from the run folder (a killed run has no summary to keep them)
+    for model in ("generator", "verifier"):
+        assert got[model]["batch_util_hist"] == want[model]["batch_util_hist"], model
+        assert got[model]["steps"] == want[model]["steps"], model
+    assert got["generator"]["steps"] > 0
+
+
+def test_a_run_killed_in_a_later_variant_keeps_the_summary_of_the_finished_ones(tmp_path):
+    """A run that goes on across sessions of `--resume` writes its summary as each variant
+    ends: killed during the third, it has the first two's tables with their ratios, and says
+    which variants it still has to run; the resume's summary holds them all."""
+    from tts.results.headline import headline
+
+    class Killed(Exception):
+        pass
+
+    def kill_in_pms(variant, record):
+        if variant == "PMS":
+            raise Killed
+
+    cfg = compose("config", FAKE + [f"bench.results_dir={tmp_path}", "bench.run_name=run",
+                                    "bench.compare=[baseline,P,PMS]"])
+    with pytest.raises(Killed):
+        run_bench(cfg, progress=kill_in_pms)
+    path = tmp_path / "run"
+    summary = json.loads((path / "summary.json").read_text())
+    assert list(summary["variants"]) == ["baseline", "P"] and summary["pending"] == ["PMS"]
+    assert summary["variants"]["P"]["num_problems"] == 3 and summary["ratios"]
+    assert summary["host"]["cores"] and (path / "summary.md").read_text().startswith("incomplete: PMS not run yet")
+    assert headline(summary, RunStore(path).saved_config())[1].startswith("incomplete: PMS")
+    bench(tmp_path, "bench.resume=true", "bench.compare=[baseline,P,PMS]")
+    summary = json.loads((path / "summary.json").read_text())
+    assert list(summary["variants"]) == ["baseline", "P", "PMS"] and summary["pending"] == []
+    assert not any(line.startswith("incomplete") for line in headline(summary, RunStore(path).saved_config()))
 
 
 def test_eval_of_a_run_killed_during_its_first_record_is_a_clear_error(tmp_path):

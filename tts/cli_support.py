@@ -260,6 +260,7 @@ def regrade(path: Path) -> int:
         return 2
     try:
         records = store.records()  # a torn last line (a kill mid-write) is left out, as --resume does
+        step_logs = store.step_logs()  # the run's step statistics: batch use, bounds, block pools
     except ValueError as err:  # a malformed line elsewhere: named with its file and line
         console.print(f"[red]error:[/red] {escape(str(err))}")
         return 2
@@ -274,7 +275,7 @@ def regrade(path: Path) -> int:
         r.update(grade_candidates(r["gold"], r["candidates"]))
     (path / RECORDS).write_text("".join(__import__("json").dumps(r) + "\n" for r in records))
     names = list(dict.fromkeys(r.get("variant", "") for r in records))
-    write_summary(store, names, {})
+    write_summary(store, names, step_logs)
     print_summary(path)
     return 0
 

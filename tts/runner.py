@@ -94,8 +94,9 @@ def run_problems(cfg: Config, cfg_node: DictConfig, problems: list, backends, ho
     step_logs: dict[str, dict] = store.step_logs() if cfg.bench.resume else {}
     trace = TraceRecorder(store.path / TRACE, {"generator": cfg.generator.model, "verifier": cfg.verifier.model,
                                                "adapter": cfg.verifier.adapter.value, "sampler": host.get("sampler")})
+    names = [n for n, _, _ in variants]
     try:
-        for name, optim, search in variants:
+        for i, (name, optim, search) in enumerate(variants):
             todo = {seed: [p for p in problems if (name, p.id, seed) not in done] for seed in cfg.bench.run_seeds}
             if any(todo.values()):
                 backends.start_variant(name)
@@ -109,9 +110,11 @@ def run_problems(cfg: Config, cfg_node: DictConfig, problems: list, backends, ho
                 seeded = dataclasses.replace(cfg, bench=dataclasses.replace(cfg.bench, seed=seed))
                 _run_variant(name, build_engine(seeded, optim, backends, search), mine, store, step_logs, logger,
                              progress, trace if record_trace else None, on_iteration, seed)
+            if any(todo.values()) and i + 1 < len(names):
+                _interim_summary(store, names[:i + 1], step_logs, host, names[i + 1:])
     finally:
         backends.close()
-    summary, plots = write_summary(store, [n for n, _, _ in variants], step_logs, host)
+    summary, plots = write_summary(store, names, step_logs, host)
     logger.log_summary(summary, {"records": _table_rows(store.records())}, plots)
     logger.finish()
     return store.path
@@ -141,6 +144,18 @@ def _open_store(cfg: Config, cfg_node: DictConfig, names: list[str]) -> RunStore
                               "resume with the same ones, or choose another bench.run_name")
     store.write_config(to_yaml(cfg_node))
     return store
+
+
+def _interim_summary(store: RunStore, names: list[str], step_logs: dict[str, dict], host: dict,
+                     pending: list[str]) -> None:
+    """The summary of the variants run so far, written as each one ends, so a run that takes
+    many sessions of `--resume` (or is killed) keeps its finished variants' tables; it names
+    the variants still to run, and leaves the plots to the run's last summary. A failure
+    here is logged, not raised: the run goes on, and its last summary raises it."""
+    try:
+        write_summary(store, names, step_logs, host, pending=pending, plots=False)
+    except Exception as err:  # noqa: BLE001 (the run's records matter more than an interim table)
+        log.warning("interim summary after %s not written: %s", names[-1], err)
 
 
 def _run_variant(name: str, engine, todo: list, store: RunStore, step_logs: dict[str, dict],

@@ -43,7 +43,7 @@ def summary_markdown(summary: dict) -> str:
         values = [summary["variants"][n] for n in names]
         if any(v.get(key) is not None for v in values):
             lines.append(f"| {key} | " + " | ".join(cell(v, key) for v in values) + " |")
-    parts = ["\n".join(lines)]
+    parts = ["\n".join(_pending(summary) + lines)]
     if summary.get("ratio_table_md"):
         parts.append(summary["ratio_table_md"])
     parts.append("\n".join(plain_lines(summary)))
@@ -59,7 +59,7 @@ def write_summary_markdown(path: Path, summary: dict) -> Path:
 def headline(summary: dict, config: dict) -> list[str]:
     """The run in about a dozen lines (after the host line, which the caller prints)."""
     names = list(summary["variants"])
-    out = [_what_ran(summary, config, names)]
+    out = [_what_ran(summary, config, names)] + _pending(summary)
     acc = _accuracy_key(summary["variants"][names[0]])
     if acc:
         out.append(f"accuracy ({acc.removeprefix('acc_')}), 95% interval: "
@@ -72,6 +72,12 @@ def headline(summary: dict, config: dict) -> list[str]:
         out.append(f"{name}/{base}: " + ", ".join(parts) + (f" ({pairs} pairs)" if pairs else ""))
     out.extend(plain_lines(summary))
     return out
+
+
+def _pending(summary: dict) -> list[str]:
+    """A line for a run not yet through its variants (an interim summary), else none."""
+    pending = summary.get("pending") or []
+    return [f"incomplete: {', '.join(pending)} not run yet (`tts bench ... --resume` continues the run)"] if pending else []
 
 
 def _what_ran(summary: dict, config: dict, names: list[str]) -> str:

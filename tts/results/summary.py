@@ -338,14 +338,16 @@ def variant_wall(records: list[dict], variant: str) -> float:
     return max((r.get("variant_wall_s") or 0.0 for r in records if r.get("variant") == variant), default=0.0)
 
 
-def write_summary(store: RunStore, names: list[str], step_logs: dict[str, dict],
-                  host: dict | None = None) -> tuple[dict, list[Path]]:
+def write_summary(store: RunStore, names: list[str], step_logs: dict[str, dict], host: dict | None = None,
+                  pending: list[str] | None = None, plots: bool = True) -> tuple[dict, list[Path]]:
     """Summarise the run's records per variant, write summary.json and the plots. A variant's
     wall time is the largest `variant_wall_s` of its records (see `variant_summary`). Speed
     ratios get paired intervals over the (problem, seed) pairs (`ratio_table`); a ratio
     without one (too few pairs) says so, and the summary is written whatever the pairs. `host`
     is where the run ran (`tts.results.host.host_info`); None keeps the one recorded before
-    (re-grading runs nothing)."""
+    (re-grading runs nothing). `pending`: the variants a run still has to run (a summary
+    written as each variant ends; None keeps the earlier list, less `names`); `plots` False
+    leaves the plots to the run's last summary."""
     STATISTICS_ERRORS.clear()
     seed = int((store.saved_config().get("bench") or {}).get("seed") or 0)
     # a record from before records carried their seed ran under the run's bench.seed
@@ -372,7 +374,8 @@ def write_summary(store: RunStore, names: list[str], step_logs: dict[str, dict],
     summary = {"host": host or previous.get("host"), "variants": summaries, "baseline": names[0],
                "cost_model": {m: (asdict(cm) if cm else None) for m, cm in models.items()},
                "num_skipped": len(skipped), "skipped": skipped,
-               "seeds": sorted({r["seed"] for r in records})}
+               "seeds": sorted({r["seed"] for r in records}),
+               "pending": [p for p in (previous.get("pending", []) if pending is None else pending) if p not in names]}
     if raw:
         summary["raw_generator"] = raw
     if len(names) > 1:
@@ -393,5 +396,4 @@ def write_summary(store: RunStore, names: list[str], step_logs: dict[str, dict],
 
     write_summary_markdown(store.path, summary)
     from tts.results.plots import make_plots
-    plots = make_plots(store, summary, step_logs)
-    return summary, plots
+    return summary, (make_plots(store, summary, step_logs) if plots else [])
