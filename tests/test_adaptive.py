@@ -113,6 +113,18 @@ def test_early_exit_fires_at_the_exact_iteration(schedule):
         assert {b.text.strip().splitlines()[-1] for b in outs[0].candidates} == {"so \\boxed{7}"}
 
 
+def test_early_exit_compares_at_most_half_the_search_width(caplog):
+    """A search of N=4 ends once 4 paths have completed, so the presets' `exit_top` of 4
+    could never agree before the end: it compares 2, as `exit_top=2` does, and says so."""
+    full, _ = run(answer_script, answer_scorer, n=4, m=2, iters=8)
+    kw = dict(n=4, m=2, iters=8, early_exit=True, exit_agree=1.0, exit_patience=1)
+    two, _ = run(answer_script, answer_scorer, exit_top=2, **kw)
+    four, _ = run(answer_script, answer_scorer, exit_top=4, **kw)
+    assert four[0].metrics.settled_at == two[0].metrics.settled_at == four[0].metrics.iterations
+    assert four[0].metrics.iterations < full[0].metrics.iterations and trees(four) == trees(two)
+    assert "optim.exit_top=4 with search.n=4: early exit compares the best 2" in caplog.text
+
+
 def test_early_exit_waits_for_agreement():
     """Three paths answer at the second iteration, 0, 3 and 3: two thirds agree. With
     `exit_agree` 1 the search never settles and runs to its end; with 0.6 it stops right

@@ -182,7 +182,7 @@ class OptimConfig:
     # adaptive compute (ours; see tts/engine/adaptive.py): early exit when a problem's
     # answer settles, early rejection of beams whose partial step cannot make the cut
     early_exit: bool = False
-    exit_top: int = 4  # best completed candidates compared
+    exit_top: int = 4  # best completed candidates compared (at most search.n / 2)
     exit_agree: float = 0.75  # share of them that must give equivalent answers
     exit_patience: int = 2  # consecutive iterations the agreement (or plateau) must hold
     exit_plateau: float = 0.0  # or: best path score gained less than this (0 = off)

@@ -4,7 +4,8 @@ Two policies, each with its own switch, off in every FlashTTS preset:
 
 - **Early exit** (`AnswerSettling`; Dynasor's Certaindex in spirit): a problem's search
   stops once the answers of its best completed candidates agree, by `exit_agree` of the
-  `exit_top` best (answers grouped by our grader's equivalence), for `exit_patience`
+  `exit_top` best (at most n/2: `top_compared`; answers grouped by our grader's
+  equivalence), for `exit_patience`
   consecutive iterations; or, with `exit_plateau` > 0, once its best path score gained
   less than that for as many iterations. The candidates are the paths completed so far.
 - **Early rejection** (`EarlyRejection`; Speculative Rejection and early rejection with
@@ -41,6 +42,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def top_compared(exit_top: int, n: int) -> int:
+    """How many of the best completed candidates early exit compares: `exit_top`, at most
+    half the search's `n` (at least 1). A search ends once n candidates have completed (or
+    n samples are drawn), so a larger `exit_top` could never agree before the end and the
+    switch would do nothing: the presets' 4 is meant for N=16, and compares 2 at N=4."""
+    top = min(exit_top, max(1, n // 2))
+    if top < exit_top:
+        log.warning("optim.exit_top=%d with search.n=%d: early exit compares the best %d completed candidates "
+                    "(at most n/2: the search ends once n have completed)", exit_top, n, top)
+    return top
+
+
 class AnswerSettling:
     """Early exit: whether a problem's answer has settled (the module docstring)."""
 
@@ -48,6 +61,7 @@ class AnswerSettling:
         self.opts = opts
         self.policy = policy
         self.equiv = equiv  # answer equivalence; default: the grader's
+        self.top = top_compared(opts.exit_top, policy.cfg.n)
         self._streak: dict[str, int] = {}
         self._best: dict[str, float] = {}
 
@@ -70,10 +84,10 @@ class AnswerSettling:
         (self-consistency) every answered candidate counts: adaptive self-consistency."""
         if self.policy.uses_verifier:
             ranked = sorted(completed, key=lambda b: -self.policy.path_score(b))
-            answers = [a for b in ranked if (a := extract_answer(b.text))][: self.opts.exit_top]
+            answers = [a for b in ranked if (a := extract_answer(b.text))][: self.top]
         else:
             answers = [a for b in completed if (a := extract_answer(b.text))]
-        if len(answers) < self.opts.exit_top:
+        if len(answers) < self.top:
             return 0.0
         labels = group_answers(answers, self.equiv)
         return max(Counter(labels).values()) / len(answers)
