@@ -86,6 +86,35 @@ def test_rejection_needs_the_margin_and_a_verifier_that_reads_partial_steps(sche
     assert scored["margin"] > 0 and scored["whole steps only"] == 0  # it scored partial steps, where it could
 
 
+def test_a_step_is_scored_as_it_stands_once_it_grew_by_the_interval():
+    """On the decoupled schedule steps start at any time: when a partial scoring falls due,
+    a step only 2 tokens old is left for later (it says little beyond its path's score),
+    and a step scored as it stood is scored again only after `reject_interval` more
+    tokens. With no step ripe, no scoring is due (the LLM round goes on)."""
+    from tts.engine.adaptive import EarlyRejection
+    from tts.engine.requests import Request
+    from tts.search.tree import Beam
+
+    policy = make_policy(SearchConfig(algorithm=Algorithm.beam, n=4, beam_width=2, max_iterations=3), STEP_LIMIT, 300)
+    rule = EarlyRejection(AdaptiveOptions(early_reject=True, reject_interval=5), policy, lambda t: "x" * len(t))
+    old, young = (Request(Beam("p", (1,), seed), STEP_LIMIT) for seed in (1, 2))
+    old.tokens, young.tokens = [7] * 6, [7] * 2
+
+    def scored():
+        rule.steps_since = 5
+        if not rule.due([old, young]):
+            return None
+        return [i.beam.seed for i in rule.items("p", None, [old, young])]
+
+    assert scored() == [1]
+    old.tokens += [7] * 4  # 4 more since it was scored
+    young.tokens += [7] * 3  # 5 since it began
+    assert scored() == [2]
+    assert scored() is None
+    old.tokens.append(7)
+    assert scored() == [1]
+
+
 def answer_script(problem, steps, seed):
     """A beam states the answer 7 at its third step when its seed is even, else writes on."""
     return "so \\boxed{7}\n\n" if len(steps) == 2 and seed % 2 == 0 else f"step {len(steps)}\n\n"

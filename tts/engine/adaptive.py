@@ -117,13 +117,22 @@ class EarlyRejection:
         self.steps_since += 1
 
     def due(self, running: Sequence[Request]) -> bool:
-        """A partial scoring is due: `reject_interval` steps passed and a request runs
-        that selection could still prune."""
-        return self.steps_since >= self.opts.reject_interval and any(not r.to_eos for r in running)
+        """A partial scoring is due: `reject_interval` steps passed and a running step
+        is ripe for one (`ripe`)."""
+        return self.steps_since >= self.opts.reject_interval and any(self.ripe(r) for r in running)
+
+    def ripe(self, r: Request) -> bool:
+        """A step still decoding that selection could prune, grown by `reject_interval`
+        tokens since it began or was last scored as it stood. A step a few tokens old says
+        little beyond its path's score: on the decoupled schedule, where steps start at
+        any time, scoring those would cost more verifier calls than rejection saves (on
+        the barrier every step starts with its iteration, so all are ripe together)."""
+        return (not (r.to_eos or r.rejected or r.finished or r.beam.is_finished_path)
+                and len(r.tokens) - r.partial_at >= self.opts.reject_interval)
 
     def items(self, problem: str, search: ProblemSearch, requests: Sequence[Request]) -> list[ScoreItem]:
-        """The partial call's items for one problem: running steps as they stand, finished
-        ones whole (scored into the cache, as lookahead steps are)."""
+        """The partial call's items for one problem: ripe running steps as they stand,
+        finished ones whole (scored into the cache, as lookahead steps are)."""
         self.steps_since = 0
         out = []
         for r in requests:
@@ -132,7 +141,8 @@ class EarlyRejection:
             text = self.decode(r.tokens)
             if r.finished:
                 out.append(ScoreItem(r.beam, problem, (), lookahead_step=text, early=True))
-            else:
+            elif self.ripe(r):
+                r.partial_at = len(r.tokens)
                 out.append(ScoreItem(r.beam, problem, (), partial_step=text))
         return out
 

@@ -4,7 +4,8 @@
 Every `reject_interval` generator steps (counted across LLM rounds) while a real request
 decodes a step that selection could prune, the LLM round ends. The PRM scores its queue
 first (steps already committed), then one call scores the steps still decoding as they
-stand (partial steps). A decoding step is rejected when at least `keep` others of its
+stand (partial steps), each once it has grown by `reject_interval` tokens since it began
+or was last so scored (`EarlyRejection.ripe`). A decoding step is rejected when at least `keep` others of its
 problem that selection could keep (`SearchPolicy.rejection_cut`) estimate above it by more
 than `reject_margin`: beams whose new step is committed and scored (their path score) and
 other decoding steps (their path with the partial step's score). Its request stops, its
