@@ -257,6 +257,59 @@ def test_a_run_killed_in_a_later_variant_keeps_the_summary_of_the_finished_ones(
     assert not any(line.startswith("incomplete") for line in headline(summary, RunStore(path).saved_config()))
 
 
+def test_chunks_run_every_variant_before_the_next_and_records_carry_their_host(tmp_path):
+    """`bench.chunk`: every variant runs a chunk's problems before the next chunk starts, so
+    a run resumed on another machine keeps each problem's variants on one host. Killed in
+    the second chunk, the summary holds the first chunk's pairs and names what is left;
+    every record says where it ran, and the resume finishes the chunk order."""
+
+    class Killed(Exception):
+        pass
+
+    seen = []
+
+    def kill_in_second_chunk(variant, record):
+        seen.append((variant, record["problem_id"]))
+        if len(seen) == 5:
+            raise Killed
+
+    args = FAKE + [f"bench.results_dir={tmp_path}", "bench.run_name=run", "bench.compare=[baseline,P]",
+                   "dataset.first_k=4", "bench.chunk=2"]
+    with pytest.raises(Killed):
+        run_bench(compose("config", args), progress=kill_in_second_chunk)
+    ids = ["embedded-1-0", "embedded-2-1", "embedded-3-2", "embedded-4-3"]
+    assert seen == [("baseline", ids[0]), ("baseline", ids[1]), ("P", ids[0]), ("P", ids[1]), ("baseline", ids[2])]
+    path = tmp_path / "run"
+    summary = json.loads((path / "summary.json").read_text())
+    assert [summary["variants"][v]["num_problems"] for v in ("baseline", "P")] == [2, 2]
+    assert summary["pending"] == ["chunk 2 of 2 (2 problems)"] and summary["ratios"]
+    run_bench(compose("config", args + ["bench.resume=true"]), progress=kill_in_second_chunk)
+    assert seen[5:] == [("baseline", ids[3]), ("P", ids[2]), ("P", ids[3])]
+    summary = json.loads((path / "summary.json").read_text())
+    assert summary["pending"] == [] and summary["variants"]["P"]["num_problems"] == 4
+    records = RunStore(path).records()
+    assert all(r["host"]["cpu_model"] == summary["host"]["cpu_model"] for r in records)
+    assert [{k: h[k] for k in ("cores", "records")} for h in summary["hosts"]] == [
+        {"cores": summary["host"]["cores"], "records": 8}]
+
+
+def test_a_run_on_several_hosts_says_so():
+    """Records from two machines (a run resumed elsewhere) are counted per host, and the
+    headline lists both; one host, or records from before hosts were recorded, say nothing."""
+    from tts.results.host import hosts_lines, run_hosts
+
+    amd = {"cpu_model": "AMD EPYC", "cores": 2, "native_bf16": False, "amx": False, "gpu": None,
+           "dtype": {"generator": "float32"}, "torch": "2.13.0", "vllm": "0.32.0", "threads": 2}
+    xeon = {**amd, "cpu_model": "Intel Xeon", "native_bf16": True, "amx": True}
+    records = [{"host": amd}, {"host": {**amd, "threads": 3}}, {"host": xeon}, {}]
+    hosts = run_hosts(records)
+    assert [(h["cpu_model"], h["records"]) for h in hosts] == [("AMD EPYC", 2), ("Intel Xeon", 1)]
+    lines = hosts_lines(hosts)
+    assert lines[0].startswith("ran on 2 hosts") and "2 of 3 records on AMD EPYC" in lines[1]
+    assert "1 of 3 records on Intel Xeon (2 cores, native bf16, AMX)" in lines[2]
+    assert hosts_lines(run_hosts(records[:2])) == [] and hosts_lines(run_hosts([{}])) == []
+
+
 def test_eval_of_a_run_killed_during_its_first_record_is_a_clear_error(tmp_path):
     """`kill -9` mid-write can leave records.jsonl holding only a torn line: `tts eval`
     names the file and the way on (--resume) instead of crashing; with whole records before

@@ -95,26 +95,31 @@ def run_problems(cfg: Config, cfg_node: DictConfig, problems: list, backends, ho
     trace = TraceRecorder(store.path / TRACE, {"generator": cfg.generator.model, "verifier": cfg.verifier.model,
                                                "adapter": cfg.verifier.adapter.value, "sampler": host.get("sampler")})
     names = [n for n, _, _ in variants]
+    chunks = chunked(problems, cfg.bench.chunk)
     try:
-        for i, (name, optim, search) in enumerate(variants):
-            todo = {seed: [p for p in problems if (name, p.id, seed) not in done] for seed in cfg.bench.run_seeds}
-            if any(todo.values()):
-                backends.start_variant(name)
-            for seed, mine in todo.items():
-                if not mine:
-                    continue
-                # one pass per seed, each on its own engine (the seed is the engine's, and
-                # each pass starts on cold caches like the first). The engine lives in this
-                # call only: the next one's engines are built once nothing holds this one's
-                # (Backends.get frees replaced ones)
-                seeded = dataclasses.replace(cfg, bench=dataclasses.replace(cfg.bench, seed=seed))
-                _run_variant(name, build_engine(seeded, optim, backends, search), mine, store, step_logs, logger,
-                             progress, trace if record_trace else None, on_iteration, seed)
-            if any(todo.values()) and i + 1 < len(names):
-                _interim_summary(store, names[:i + 1], step_logs, host, names[i + 1:])
+        for c, part in enumerate(chunks):
+            for i, (name, optim, search) in enumerate(variants):
+                todo = {seed: [p for p in part if (name, p.id, seed) not in done] for seed in cfg.bench.run_seeds}
+                if any(todo.values()):
+                    backends.start_variant(name)
+                for seed, mine in todo.items():
+                    if not mine:
+                        continue
+                    # one pass per seed, each on its own engine (the seed is the engine's, and
+                    # each pass starts on cold caches like the first). The engine lives in this
+                    # call only: the next one's engines are built once nothing holds this one's
+                    # (Backends.get frees replaced ones)
+                    seeded = dataclasses.replace(cfg, bench=dataclasses.replace(cfg.bench, seed=seed))
+                    _run_variant(name, build_engine(seeded, optim, backends, search), mine, store, step_logs,
+                                 logger, progress, trace if record_trace else None, on_iteration, seed, host)
+                # as each variant of the first chunk ends (its problems are the run's so far),
+                # then as each later chunk ends: a table compares like numbers of problems
+                last = i + 1 == len(names)
+                if any(todo.values()) and (c == 0 or last) and not (last and c + 1 == len(chunks)):
+                    _interim_summary(store, names[:i + 1], step_logs, host, names[i + 1:], chunks_left(chunks, c))
     finally:
         backends.close()
-    summary, plots = write_summary(store, names, step_logs, host)
+    summary, plots = write_summary(store, names, step_logs, host, pending=[])
     logger.log_summary(summary, {"records": _table_rows(store.records())}, plots)
     logger.finish()
     return store.path
@@ -146,25 +151,41 @@ def _open_store(cfg: Config, cfg_node: DictConfig, names: list[str]) -> RunStore
     return store
 
 
+def chunked(problems: list, size: int) -> list[list]:
+    """`problems` in chunks of `size` (`bench.chunk`; 0: one chunk), in their order."""
+    return [problems[i:i + size] for i in range(0, len(problems), size)] if size else [problems]
+
+
+def chunks_left(chunks: list[list], c: int) -> list[str]:
+    """The chunks after chunk `c` (numbered from 0), in words; none when it is the last."""
+    left = chunks[c + 1:]
+    if not left:
+        return []
+    which = f"chunk {c + 2}" if len(left) == 1 else f"chunks {c + 2}-{len(chunks)}"
+    return [f"{which} of {len(chunks)} ({sum(map(len, left))} problems)"]
+
+
 def _interim_summary(store: RunStore, names: list[str], step_logs: dict[str, dict], host: dict,
-                     pending: list[str]) -> None:
+                     pending: list[str], chunks: list[str] = ()) -> None:
     """The summary of the variants run so far, written as each one ends, so a run that takes
     many sessions of `--resume` (or is killed) keeps its finished variants' tables; it names
-    the variants still to run, and leaves the plots to the run's last summary. A failure
-    here is logged, not raised: the run goes on, and its last summary raises it."""
+    the variants (and `bench.chunk`'s chunks) still to run, and leaves the plots to the
+    run's last summary. A failure here is logged, not raised: the run goes on, and its last
+    summary raises it."""
     try:
-        write_summary(store, names, step_logs, host, pending=pending, plots=False)
+        write_summary(store, names, step_logs, host, pending=pending + list(chunks), plots=False)
     except Exception as err:  # noqa: BLE001 (the run's records matter more than an interim table)
         log.warning("interim summary after %s not written: %s", names[-1], err)
 
 
 def _run_variant(name: str, engine, todo: list, store: RunStore, step_logs: dict[str, dict],
                  logger: RunLogger, progress: Callable | None, trace: TraceRecorder | None,
-                 on_iteration: Callable[[str, str, int], None] | None = None, seed: int = 0) -> None:
+                 on_iteration: Callable[[str, str, int], None] | None = None, seed: int = 0,
+                 host: dict | None = None) -> None:
     """Run one variant's remaining problems under one seed (the engine's): a record (with
     its `seed`), the step statistics and the trace written as each problem finishes, so a
     killed run keeps them. The variant's wall clock and step statistics run on across its
-    seeds' passes."""
+    seeds' passes (and `bench.chunk`'s chunks). `host`: what each record says it ran on."""
     if on_iteration:
         engine.on_problem_iteration = functools.partial(on_iteration, name)
     gold = {p.id: p for p in todo}
@@ -179,7 +200,8 @@ def _run_variant(name: str, engine, todo: list, store: RunStore, step_logs: dict
     try:
         for outcome in engine.run([ProblemInput(p.id, p.problem) for p in todo]):
             p = gold[outcome.problem.id]
-            record = build_record(outcome, p.answer, name, {"seed": seed, "level": p.level, "subject": p.subject})
+            record = build_record(outcome, p.answer, name,
+                                  {"seed": seed, "level": p.level, "subject": p.subject, "host": host})
             record["variant_wall_s"] = clock.now() - start
             store.append(record)
             step_logs[name] = merge_step_logs(earlier, engine.step_logs())

@@ -299,16 +299,18 @@ class BenchConfig:
     # a resumed run, or one problem re-run alone, repeats the uninterrupted run's record.
     # Costs the re-prefill of the shared system prompt once per problem.
     fresh_cache_per_problem: bool = True
-    # before the variants, time raw vLLM (`LLM.generate`, nothing of ours installed) at the
-    # run's sequences in flight (search.n x bench.concurrency) on this host, the ceiling
-    # benchmark's raw path with generator.step_max_tokens new tokens each, `ceiling.repeats`
-    # repeats; every variant's generator phase is then reported against it. Also one
-    # sequence's decode rate, the reference for precise goodput (a path's tokens are decoded
-    # one step after another): every variant's goodput is reported against it. vLLM only
+    # before the variants, time raw vLLM (`LLM.generate`) at the run's sequences in flight
+    # (search.n x bench.concurrency) on this host, generator.step_max_tokens new tokens each,
+    # `ceiling.repeats` repeats, and one sequence's decode rate (a path's tokens come one step
+    # after another): each variant's generator phase and goodput are reported against them
     raw_generator: bool = False
+    # problems per chunk, each run by every variant before the next (0: one chunk): a run of
+    # many `--resume`s on changing machines keeps each problem's variants on one host
+    chunk: int = 0
 
     def __post_init__(self) -> None:
         _require(self.concurrency >= 1, "bench.concurrency", "must be >= 1")
+        _require(self.chunk >= 0, "bench.chunk", "must be >= 0 (0: no chunks)")
         _require(len(set(self.seeds)) == len(self.seeds), "bench.seeds", f"repeats a seed: {list(self.seeds)}")
 
     @property

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tts.results.host import hosts_lines
 from tts.results.tree import plain_lines
 
 SUMMARY_MD = "summary.md"
@@ -75,9 +76,11 @@ def headline(summary: dict, config: dict) -> list[str]:
 
 
 def _pending(summary: dict) -> list[str]:
-    """A line for a run not yet through its variants (an interim summary), else none."""
+    """A line for a run not yet through its variants (an interim summary), else none; and
+    the hosts of a run resumed on other machines (`hosts_lines`)."""
     pending = summary.get("pending") or []
-    return [f"incomplete: {', '.join(pending)} not run yet (`tts bench ... --resume` continues the run)"] if pending else []
+    return ([f"incomplete: {', '.join(pending)} not run yet (`tts bench ... --resume` continues the run)"]
+            if pending else []) + hosts_lines(summary.get("hosts"))
 
 
 def _what_ran(summary: dict, config: dict, names: list[str]) -> str:

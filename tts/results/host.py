@@ -61,6 +61,33 @@ def host_info(dtypes: dict[str, str] | None = None, sampler: str | None = None,
     }
 
 
+def run_hosts(records: list[dict]) -> list[dict[str, Any]]:
+    """The hosts a run's records say they ran on (`record["host"]`, told apart by what makes
+    numbers comparable, `COMPARABLE`), each with its `records`; a record from before records
+    carried their host counts under none. More than one: a run resumed on other machines."""
+    hosts: list[dict[str, Any]] = []
+    for record in records:
+        tag = record.get("host")
+        if not tag:
+            continue
+        same = next((h for h in hosts if all(h.get(k) == tag.get(k) for k in COMPARABLE)), None)
+        if same is None:
+            hosts.append(same := {**tag, "records": 0})
+        same["records"] += 1
+    return hosts
+
+
+def hosts_lines(hosts: list[dict[str, Any]] | None) -> list[str]:
+    """Lines for a run whose records ran on more than one host (else none): each host with
+    its share. Each problem's variants ran on one of them where `bench.chunk` kept them
+    together; the step cost model and the bounds fit all hosts' steps together."""
+    if not hosts or len(hosts) < 2:
+        return []
+    total = sum(h["records"] for h in hosts)
+    return ([f"ran on {len(hosts)} hosts (a resume on other machines; the cost model and bounds pool them):"]
+            + [f"  {h['records']} of {total} records on " + host_line(h).removeprefix("host: ") for h in hosts])
+
+
 def host_line(host: dict[str, Any] | None) -> str:
     """One line that says where the numbers below were measured."""
     if not host:

@@ -10,6 +10,7 @@ from pathlib import Path
 from tts.metrics.measures import KV_BLOCKS, summarize_problems
 from tts.metrics.cost_model import (COST, CostModel, CostSums, above_bound, fit, tail_forfeit, work_bounds,
                                      work_of)
+from tts.results.host import run_hosts
 from tts.results.pressure import PRESSURE_ROWS, add_pool_counts
 from tts.results.records import accuracy_summary, pair_key, paired_accuracy
 from tts.results.store import RunStore
@@ -371,8 +372,8 @@ def write_summary(store: RunStore, names: list[str], step_logs: dict[str, dict],
         add_raw_ratio(summaries[name], raw)
     _mark_uncached_verifier(summaries, store.saved_config())
     skipped = store.skipped()  # problems left out: their prompts do not fit the engines
-    summary = {"host": host or previous.get("host"), "variants": summaries, "baseline": names[0],
-               "cost_model": {m: (asdict(cm) if cm else None) for m, cm in models.items()},
+    summary = {"host": host or previous.get("host"), "hosts": run_hosts(records), "variants": summaries,
+               "baseline": names[0], "cost_model": {m: (asdict(cm) if cm else None) for m, cm in models.items()},
                "num_skipped": len(skipped), "skipped": skipped,
                "seeds": sorted({r["seed"] for r in records}),
                "pending": [p for p in (previous.get("pending", []) if pending is None else pending) if p not in names]}
