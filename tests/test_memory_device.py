@@ -158,6 +158,39 @@ def test_a_resumed_run_keeps_the_profile_it_measured_on_this_cpu(tmp_path, monke
     assert on_this_host(compose_config("config", other)).device.peak_tflops == 3.0  # a new run measures
 
 
+def test_a_run_resumed_on_another_cpu_keeps_its_profile(tmp_path, monkeypatch):
+    """A long run resumed on another machine keeps the profile its first part measured,
+    so its speculation width and memory split do not change (and the resume is not refused
+    as "other settings"); the note names both CPUs."""
+    import tts.profiling.calibrate as cal
+    from tts.config.compose import compose as compose_config
+    from tts.assembly.host import _resumed_device, on_this_host
+
+    monkeypatch.setattr(cal, "_calibrate", lambda *a: pytest.fail("a resumed run measures nothing"))
+    recorded = _other_cpu()
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "config.yaml").write_text(yaml.safe_dump({"device": recorded.to_dict()}))
+    node = compose_config("config", [f"bench.results_dir={tmp_path}", "bench.run_name=run", "bench.resume=true"])
+    assert on_this_host(node).device.host == recorded.host
+    got, note = _resumed_device(node, load_device("cpu"), "float32")
+    assert got == recorded and "Some Other CPU" in note and cal.this_host("float32") in note
+    assert _resumed_device(node, recorded, "float32") == (recorded, None)
+
+
+def test_the_profile_prices_the_dtype_the_models_run_in(tmp_path, monkeypatch):
+    """A run pinned to float32 on a CPU with native bf16 is priced at float32: the host key
+    names the run's dtype, and the peak is that dtype's rate."""
+    import tts.profiling.calibrate as cal
+
+    monkeypatch.setattr(cal, "_measure", lambda *a: (20.0, {"bfloat16": 0.4, "float32": 0.1}, 2, 0.0))
+    profile, _ = cal._calibrate(0.1, 64, 1, "float32")
+    assert profile.peak_tflops == 0.1 and profile.host == cal.this_host("float32") and profile.host.endswith("float32")
+    assert cal._calibrate(0.1, 64, 1, "bfloat16")[0].peak_tflops == 0.4
+    got, note = cal.host_profile(_other_cpu(), tmp_path, dtype="float32")
+    assert got.peak_tflops == 0.1 and cal.this_host("float32") in note
+
+
 @pytest.mark.parametrize("card, profile", [
     ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H100 SXM5 80GB", "h100"), ("NVIDIA H200", "h200"),
     ("NVIDIA A100-SXM4-80GB", "a100"), ("NVIDIA GeForce RTX 4090", "rtx4090"),

@@ -48,7 +48,7 @@ def test_a_device_given_is_kept_and_a_cpu_run_measures_its_cpu(gpu, monkeypatch)
     given = compose("config", ["device=a100"])
     assert on_this_host(given) is given  # a GPU profile named on the command line
     monkeypatch.setattr(engine, "has_cuda", lambda: False)
-    monkeypatch.setattr("tts.profiling.calibrate.host_profile", lambda p: (p, None))
+    monkeypatch.setattr("tts.profiling.calibrate.host_profile", lambda p, dtype=None: (p, None))
     cpu = compose("config", [])
     assert on_this_host(cpu) is cpu
 

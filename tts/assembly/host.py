@@ -64,7 +64,7 @@ def on_this_host(cfg_node: DictConfig) -> DictConfig:
     import copy
     from dataclasses import asdict
 
-    from tts.backends.vllm.engine import has_cuda
+    from tts.backends.vllm.engine import has_cuda, resolve_dtype
     from tts.memory.device import device_from_dict
     from tts.profiling.calibrate import gpu_profile, host_profile
 
@@ -72,7 +72,8 @@ def on_this_host(cfg_node: DictConfig) -> DictConfig:
     if has_cuda():
         profile, note = gpu_profile(configured)
     else:
-        profile, note = _resumed_device(cfg_node, configured) or host_profile(configured)
+        dtype = resolve_dtype(cfg_node.generator.dtype, {"torch_dtype": "bfloat16"})  # what the run prices
+        profile, note = _resumed_device(cfg_node, configured, dtype) or host_profile(configured, dtype=dtype)
     if note is None:
         return cfg_node
     log.warning(note)
@@ -82,11 +83,12 @@ def on_this_host(cfg_node: DictConfig) -> DictConfig:
     return cfg_node
 
 
-def _resumed_device(cfg_node: DictConfig, configured):
-    """A resumed run's own profile, with a note, when its folder recorded one measured on
-    this CPU in place of `configured` (its speculation width and memory split stay those
-    of its first part, and a measurement that differs by a hair does not refuse the resume
-    as "other settings"); None otherwise."""
+def _resumed_device(cfg_node: DictConfig, configured, dtype: str):
+    """A resumed run's own CPU profile, with a note where it is not `configured`: its
+    speculation width and memory split stay those of its first part, on this CPU (a
+    measurement that differs by a hair does not refuse the resume as "other settings") or
+    on another (a long run resumed on other machines, `bench.chunk`); None for a new run,
+    or one that recorded no CPU profile. `dtype`: the one the run's models run in."""
     if not (cfg_node.bench.resume and cfg_node.bench.run_name):
         return None
     from tts.memory.device import device_from_dict
@@ -97,6 +99,13 @@ def _resumed_device(cfg_node: DictConfig, configured):
         recorded = device_from_dict(saved) if isinstance(saved, dict) else None
     except (TypeError, ValueError):
         return None
-    if recorded is None or recorded == configured or recorded.kind != "cpu" or recorded.host != this_host():
+    if recorded is None or recorded.kind != "cpu":
         return None
-    return recorded, f"device=cpu: --resume keeps the profile its run measured on {recorded.host}"
+    if recorded == configured:
+        return recorded, None
+    here = this_host(dtype)
+    if recorded.host == here:
+        return recorded, f"device=cpu: --resume keeps the profile its run measured on {recorded.host}"
+    return recorded, (f"device=cpu: --resume keeps the profile its run measured on {recorded.host} (this host is "
+                      f"{here}): the speculation width and memory split stay those of the run's first part; "
+                      "its speeds are this host's (records carry their host)")

@@ -74,14 +74,15 @@ def _threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def this_host() -> str:
+def this_host(dtype: str | None = None) -> str:
     """What a CPU profile's numbers depend on: the CPU model, the threads that ran them and
-    the dtype a bf16 model runs in here (one marketing name, "AMD EPYC", covers Zen 2
-    without native bf16 and Zen 4 with it)."""
+    the dtype priced (`dtype`, the one the run's models run in; None: the one a bf16 model
+    runs in here by default). One marketing name, "AMD EPYC", covers Zen 2 without native
+    bf16 and Zen 4 with it, and a float32 run on the latter is priced at float32."""
     from tts.backends.vllm.engine import resolve_dtype
     from tts.results.host import cpu_model
 
-    return f"{cpu_model()}, {_threads()} threads, {resolve_dtype('auto', {'torch_dtype': 'bfloat16'})}"
+    return f"{cpu_model()}, {_threads()} threads, {dtype or resolve_dtype('auto', {'torch_dtype': 'bfloat16'})}"
 
 
 def _busy_cpu_seconds() -> float:
@@ -125,21 +126,23 @@ def calibrate_cpu(seconds: float = 2.0, matmul_n: int = 2048, copy_mib: int = 25
     return _calibrate(seconds, matmul_n, copy_mib)[0]
 
 
-def _calibrate(seconds: float, matmul_n: int, copy_mib: int) -> tuple[DeviceProfile, float]:
-    """`calibrate_cpu`'s profile, and the share of the CPUs other processes used meanwhile."""
+def _calibrate(seconds: float, matmul_n: int, copy_mib: int,
+               dtype: str | None = None) -> tuple[DeviceProfile, float]:
+    """`calibrate_cpu`'s profile (its peak at `dtype`, None: the one a bf16 model runs in
+    here), and the share of the CPUs other processes used meanwhile."""
     import torch
 
     from tts.backends.vllm.engine import resolve_dtype
 
     bandwidth, rates, threads, other_share = _measure(seconds, matmul_n, copy_mib)
-    here = this_host()
-    best_dtype = resolve_dtype("auto", {"torch_dtype": "bfloat16"})
+    here = this_host(dtype)
+    best_dtype = dtype if dtype in rates else resolve_dtype("auto", {"torch_dtype": "bfloat16"})
     when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     rate_text = ", ".join(f"{d} {r * 1e3:.1f} GFLOP/s" for d, r in rates.items())
     source = (
         f"calibrated by tts.profiling.calibrate.calibrate_cpu on host {socket.gethostname()} "
         f"({here}, torch {torch.__version__}) at {when}: "
-        f"{matmul_n}^3 matmul 20th-percentile time of repeats {rate_text} (peak = {best_dtype}, the dtype models run in here); "
+        f"{matmul_n}^3 matmul 20th-percentile time of repeats {rate_text} (peak = {best_dtype}, the dtype the models run in); "
         f"{copy_mib} MiB torch copy, read+write bytes; other processes used "
         f"{other_share:.0%} of the CPUs during the run"
     )
@@ -189,7 +192,8 @@ def _host_cache(cache: Path | None) -> Path:
     return cache_dir().parent / "device"
 
 
-def host_profile(profile: DeviceProfile, cache: Path | None = None) -> tuple[DeviceProfile, str | None]:
+def host_profile(profile: DeviceProfile, cache: Path | None = None,
+                 dtype: str | None = None) -> tuple[DeviceProfile, str | None]:
     """The CPU profile a run on this machine prices its roofline with, and a note when it
     is not `profile`.
 
@@ -200,7 +204,8 @@ def host_profile(profile: DeviceProfile, cache: Path | None = None) -> tuple[Dev
     a ridge batch of 11 on one is 99 on the other. A calibrated CPU profile measured on
     another CPU (`host`) is therefore replaced by this CPU's own calibration, measured once
     (a few seconds, before any model loads) and kept in `cache` (default
-    `~/.cache/tts/device/`), keyed by CPU model, threads and dtype. GPU profiles (datasheet
+    `~/.cache/tts/device/`), keyed by CPU model, threads and `dtype` (the one the run's
+    models run in; None: a bf16 model's default here). GPU profiles (datasheet
     numbers), hand-typed ones (`calibrated: false`) and profiles from before `host` was
     recorded are used as they are.
     """
@@ -210,7 +215,7 @@ def host_profile(profile: DeviceProfile, cache: Path | None = None) -> tuple[Dev
 
     from tts.memory.device import device_from_dict
 
-    here = this_host()
+    here = this_host(dtype)
     if profile.kind != "cpu" or not profile.calibrated or not profile.host or profile.host == here:
         return profile, None
     path = _host_cache(cache) / f"cpu-{hashlib.sha1(here.encode()).hexdigest()[:12]}.yaml"
@@ -221,7 +226,7 @@ def host_profile(profile: DeviceProfile, cache: Path | None = None) -> tuple[Dev
         except (ValueError, TypeError, yaml.YAMLError):
             pass  # a corrupt cache entry is measured again
     if measured is None or measured.host != here:
-        measured, busy = _calibrate(2.0, 2048, 256)
+        measured, busy = _calibrate(2.0, 2048, 256, dtype)
         if busy <= BUSY_SHARE:  # a busy machine's numbers serve this run, not the next ones
             try:
                 write_profile(measured, path)
