@@ -170,7 +170,7 @@ def test_time_above_the_bound_is_split_into_parts_that_add_up():
     assert above_bound(wall, work, {"generator": None}, {"generator": sums}) is None  # worked, but no fit
 
 
-def test_the_runs_tail_counts_only_fewer_in_flight_after_the_last_start():
+def test_the_runs_tails_count_only_fewer_in_flight_after_each_passs_last_start():
     from tts.metrics.cost_model import tail_forfeit
 
     # two slots: a and b start at 0; c starts when a ends (4); b ends at 6, c at 10.
@@ -180,6 +180,8 @@ def test_the_runs_tail_counts_only_fewer_in_flight_after_the_last_start():
     # with four slots, every second after the last start runs below the concurrency
     tail, forfeit = tail_forfeit(spans, 4)
     assert tail == 6.0 and forfeit == pytest.approx(2 * 2 / 4 + 4 * 3 / 4)
-    # a gap before the last start (nothing in flight while waiting) is not the tail
-    assert tail_forfeit([(0.0, 1.0), (2.0, 3.0)], 2) == (1.0, 0.5)
+    # a gap with nothing in flight is no tail; each pass (a chunk, a seed) ends in its own
+    assert tail_forfeit([(0.0, 1.0), (2.0, 3.0)], 2) == (2.0, 1.0)
+    # two chunks of the example back to back, the second starting as the first ends
+    assert tail_forfeit(spans + [(s + 10.0, e + 10.0) for s, e in spans], 2) == (8.0, 4.0)
     assert tail_forfeit(spans, 1) == (0.0, 0.0) and tail_forfeit([], 4) == (0.0, 0.0)

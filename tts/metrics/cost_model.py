@@ -165,25 +165,37 @@ def work_of(problems: list[dict], gen_caps: tuple[int, int] = (0, 0), ver_caps: 
 
 
 def tail_forfeit(spans: list[tuple[float, float]], concurrency: int) -> tuple[float, float]:
-    """The run's tail with problems in flight together: (seconds after the last problem
-    started during which fewer than `concurrency` were in flight, and those seconds weighted
-    by the share of the slots left empty, (C - k) / C with k in flight). `spans` are the
-    problems' (start, end) on the variant's wall clock.
+    """The run's tails with problems in flight together: (seconds after a pass's last start
+    during which fewer than `concurrency` were in flight, and those seconds weighted by the
+    share of the slots left empty, (C - k) / C with k in flight). `spans` are the problems'
+    (start, end) on the variant's wall clock. A pass ends where none is left in flight: a
+    run of one pass has one tail, one of several seeds or `bench.chunk`'s chunks one each.
 
     The problems/min ceiling (`work_bounds` with `concurrency`) lets every problem's path
-    share its steps with C - 1 others to the end; in the tail fewer are left, so the weighted
+    share its steps with C - 1 others to the end; in a tail fewer are left, so the weighted
     seconds lie above the ceiling whatever the engine does inside a problem. Only the order
     of admission could shorten it, and a problem's length is not known when it starts."""
     if concurrency <= 1 or not spans:
         return 0.0, 0.0
-    last_start = max(s for s, _ in spans)
+    # at one instant an end comes before a start: a chunk's first problems start as its
+    # predecessor's last one ends
     events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
-    live, t0, tail, forfeit = 0, 0.0, 0.0, 0.0
-    for t, d in events:
-        if t0 >= last_start and 0 < live < concurrency:
-            tail += t - t0
-            forfeit += (t - t0) * (concurrency - live) / concurrency
-        t0, live = t, live + d
+    passes, current, live = [], [], 0
+    for event in events:
+        current.append(event)
+        live += event[1]
+        if live == 0:
+            passes.append(current)
+            current = []
+    tail = forfeit = 0.0
+    for events in passes:
+        last_start = max(t for t, d in events if d > 0)
+        live, t0 = 0, events[0][0]
+        for t, d in events:
+            if t0 >= last_start and 0 < live < concurrency:
+                tail += t - t0
+                forfeit += (t - t0) * (concurrency - live) / concurrency
+            t0, live = t, live + d
     return tail, forfeit
 
 

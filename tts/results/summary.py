@@ -60,8 +60,8 @@ RATIO_METRICS = [
     ("above_recomputed_s", "- tokens computed beyond the work (preemption, repeated prefill) (s)", False),
     ("above_residual_s", "- step time the cost model does not explain (s)", False),
     ("spec_wasted_s", "wasted speculative tokens, inside the bound (s)", False),
-    ("tail_s", "run's tail: fewer problems in flight than bench.concurrency (s)", False),
-    ("tail_forfeit_s", "the tail's empty share, above the problems/min ceiling (s)", False),
+    ("tail_s", "tails (one a chunk or seed): fewer problems in flight than bench.concurrency (s)", False),
+    ("tail_forfeit_s", "the tails' empty share, above the problems/min ceiling (s)", False),
 ]
 
 
