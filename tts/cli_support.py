@@ -167,7 +167,9 @@ def _with_progress(fn, cfg: DictConfig, quiet=None) -> Path:
 def _run_search(fn, cfg: DictConfig, term: Console, on_folder) -> Path:
     """One progress bar per variant (problems, tokens/s, elapsed and ETA, and the search
     iteration a long problem is at), each started when the variant before it has finished
-    (variants run one after another)."""
+    or its first problem does (`bench.chunk` runs the variants by turns). A variant's tok/s
+    is over its own time: one variant runs at a time, so the time since the last record
+    (any variant's) is the one this record's variant took."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from tts.config.compose import validate
@@ -181,8 +183,9 @@ def _run_search(fn, cfg: DictConfig, term: Console, on_folder) -> Path:
                   TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(),
                   TextColumn("{task.fields[at]}"), console=term) as bar:
         tasks = {name: bar.add_task(name, total=total, rate="", at="", start=False) for name in names}
-        tokens = dict.fromkeys(names, 0)
+        tokens, busy = dict.fromkeys(names, 0), dict.fromkeys(names, 0.0)
         started: dict[str, float] = {}
+        last = [time.perf_counter()]  # when the last record (of any variant) came
 
         def start(name: str) -> None:
             if name not in started:
@@ -192,7 +195,9 @@ def _run_search(fn, cfg: DictConfig, term: Console, on_folder) -> Path:
         def tick(variant: str, record: dict) -> None:
             start(variant)  # a no-op but after a resume skipped the variants before it
             tokens[variant] += record["metrics"]["gen_tokens"]
-            rate = tokens[variant] / max(1e-9, time.perf_counter() - started[variant])
+            now = time.perf_counter()
+            busy[variant], last[0] = busy[variant] + now - last[0], now
+            rate = tokens[variant] / max(1e-9, busy[variant])
             bar.update(tasks[variant], advance=1, rate=f"{rate:.0f} tok/s", at="")
             later = names[names.index(variant) + 1:]
             if bar.tasks[tasks[variant]].finished and later:
