@@ -113,10 +113,11 @@ def run_problems(cfg: Config, cfg_node: DictConfig, problems: list, backends, ho
                     _run_variant(name, build_engine(seeded, optim, backends, search), mine, store, step_logs,
                                  logger, progress, trace if record_trace else None, on_iteration, seed, host)
                 # as each variant of the first chunk ends (its problems are the run's so far),
-                # then as each later chunk ends: a table compares like numbers of problems
-                last = i + 1 == len(names)
-                if any(todo.values()) and (c == 0 or last) and not (last and c + 1 == len(chunks)):
-                    _interim_summary(store, names[:i + 1], step_logs, host, names[i + 1:], chunks_left(chunks, c))
+                # then as each later chunk ends: a table compares like numbers of problems.
+                # The run's last variant is left to the summary below
+                last, final = i + 1 == len(names), i + 1 == len(names) and c + 1 == len(chunks)
+                if any(todo.values()) and (c == 0 or last) and not final:
+                    _interim_summary(store, names[:i + 1], step_logs, host, names[i + 1:] + chunks_left(chunks, c))
     finally:
         backends.close()
     summary, plots = write_summary(store, names, step_logs, host, pending=[])
@@ -166,14 +167,14 @@ def chunks_left(chunks: list[list], c: int) -> list[str]:
 
 
 def _interim_summary(store: RunStore, names: list[str], step_logs: dict[str, dict], host: dict,
-                     pending: list[str], chunks: list[str] = ()) -> None:
+                     pending: list[str]) -> None:
     """The summary of the variants run so far, written as each one ends, so a run that takes
     many sessions of `--resume` (or is killed) keeps its finished variants' tables; it names
     the variants (and `bench.chunk`'s chunks) still to run, and leaves the plots to the
     run's last summary. A failure here is logged, not raised: the run goes on, and its last
     summary raises it."""
     try:
-        write_summary(store, names, step_logs, host, pending=pending + list(chunks), plots=False)
+        write_summary(store, names, step_logs, host, pending=pending, plots=False)
     except Exception as err:  # noqa: BLE001 (the run's records matter more than an interim table)
         log.warning("interim summary after %s not written: %s", names[-1], err)
 

@@ -44,7 +44,7 @@ def summary_markdown(summary: dict) -> str:
         values = [summary["variants"][n] for n in names]
         if any(v.get(key) is not None for v in values):
             lines.append(f"| {key} | " + " | ".join(cell(v, key) for v in values) + " |")
-    parts = ["\n".join(_pending(summary) + lines)]
+    parts = ["\n".join(_state_lines(summary) + lines)]
     if summary.get("ratio_table_md"):
         parts.append(summary["ratio_table_md"])
     parts.append("\n".join(plain_lines(summary)))
@@ -60,7 +60,7 @@ def write_summary_markdown(path: Path, summary: dict) -> Path:
 def headline(summary: dict, config: dict) -> list[str]:
     """The run in about a dozen lines (after the host line, which the caller prints)."""
     names = list(summary["variants"])
-    out = [_what_ran(summary, config, names)] + _pending(summary)
+    out = [_what_ran(summary, config, names)] + _state_lines(summary)
     acc = _accuracy_key(summary["variants"][names[0]])
     if acc:
         out.append(f"accuracy ({acc.removeprefix('acc_')}), 95% interval: "
@@ -75,7 +75,7 @@ def headline(summary: dict, config: dict) -> list[str]:
     return out
 
 
-def _pending(summary: dict) -> list[str]:
+def _state_lines(summary: dict) -> list[str]:
     """A line for a run not yet through its variants (an interim summary), else none; and
     the hosts of a run resumed on other machines (`hosts_lines`)."""
     pending = summary.get("pending") or []
