@@ -124,6 +124,8 @@ def test_tree_stats_and_line():
     assert line.startswith("PMS grew a different tree (0.5x iterations") and "2x tokens per step" in line
     assert "PMS_branches_prune keeps the baseline's tree" in line
     assert "PMS_exact" in tree_line("PMS", longer, stats, 0.5, "position")
+    control = tree_line("PMS", longer, stats, 0.5, "position", kept_by="PMS_branches_prune")
+    assert "PMS_branches_prune grew the baseline's tree in this run" in control and "PMS_exact" not in control
     assert tree_line("PMS", longer, stats, 1.0, "vllm") is None
     numerics = tree_line("PMS_branches_prune", stats, stats, 0.5, "position", drift={"differed": 3, "shared": 100})
     assert "3 of the 100 requests it sent as the baseline did" in numerics and "different search" not in numerics
@@ -163,6 +165,18 @@ def test_a_summary_counts_the_drift_of_a_variant_that_kept_no_final_candidate(tm
     describe(summary, {"baseline": [record], "B": [dict(record)]}, {}, trace)
     assert summary["variants"]["B"]["tree"]["sampling_drift"] == {"differed": 1, "shared": 1}
     assert "1 of the 1 requests it sent as the baseline did" in summary["tree_lines"][0]
+
+
+def test_a_summary_names_the_variant_of_the_run_that_kept_the_first_ones_tree_as_the_control():
+    from tts.results.tree import describe
+
+    record = {"metrics": {"iterations": 2, "ver_requests": 1},
+              "candidates": [{"num_steps": 1, "num_tokens": 5, "text": "a"}]}
+    variants = {"baseline": {}, "B": {"same_candidates": 0.5}, "C": {"same_candidates": 1.0}}
+    summary = {"variants": variants, "host": {"sampler": "position"}}
+    describe(summary, {name: [dict(record)] for name in variants}, {})
+    (line,) = summary["tree_lines"]
+    assert line.startswith("B grew a different tree") and "C grew the baseline's tree in this run" in line
 
 
 @pytest.mark.parametrize("variant, differs", [("PMS_exact", False), ("PMS", True)])

@@ -51,12 +51,13 @@ def diversity(records: list[dict]) -> dict:
 
 
 def tree_line(name: str, mine: dict, base: dict, same_share: float | None, sampler: str,
-              base_name: str = "baseline", drift: dict | None = None) -> str | None:
+              base_name: str = "baseline", drift: dict | None = None, kept_by: str | None = None) -> str | None:
     """One plain line when `name`'s tree is not the first variant's (some problem's final
     candidates differ), with the ratios that say how; None when the trees are the same.
     `drift` (`tree.sampling_drift`): of the requests both sent with one prompt and seed
     (`shared`), how many sampled other tokens (`differed`); any such request means numerics
-    alone move the trees here."""
+    alone move the trees here. `kept_by`: a variant of the run that grew the first's tree
+    (named as the control; otherwise the preset that keeps it with this sampler)."""
     if same_share is None or same_share >= 1.0 or not mine or not base:
         return None
     parts = []
@@ -67,7 +68,8 @@ def tree_line(name: str, mine: dict, base: dict, same_share: float | None, sampl
     if "identical_candidates_mean" in mine and "identical_candidates_mean" in base:
         parts.append(f"{mine['identical_candidates_mean']:.1f} identical final candidates per problem "
                      f"against {base['identical_candidates_mean']:.1f}")
-    keeper = KEEPS_TREE.get(sampler, KEEPS_TREE["vllm"])
+    control = (f"{kept_by} grew the {base_name}'s tree in this run" if kept_by else
+               f"{KEEPS_TREE.get(sampler, KEEPS_TREE['vllm'])} keeps the {base_name}'s tree")
     line = (f"{name} grew a different tree ({', '.join(parts)}; the same final candidates on "
             f"{same_share:.0%} of problems)")
     if drift and drift["differed"]:
@@ -75,8 +77,7 @@ def tree_line(name: str, mine: dict, base: dict, same_share: float | None, sampl
                 f"prompt, same seed) sampled other tokens, so numerics alone move trees here (the "
                 f"logits move with the batch and the prefix cache); how much of the ratio is the "
                 f"schedule's, only `tts replay` on one tree tells")
-    return (f"{line}: its speed is a different search, not only a faster schedule; {keeper} keeps "
-            f"the {base_name}'s tree")
+    return f"{line}: its speed is a different search, not only a faster schedule; {control}"
 
 
 def verifier_line(quality: dict) -> str:
@@ -128,9 +129,10 @@ def describe(summary: dict, by_variant: dict[str, list[dict]], config: dict, tra
     moved = [name for name in names[1:] if (same := variants[name].get("same_candidates")) is not None and same < 1.0]
     if moved and trace is not None and trace.exists():
         _add_drift(variants, names[0], moved, trace)
+    kept_by = next((name for name in names[1:] if variants[name].get("same_candidates") == 1.0), None)
     summary["tree_lines"] = [line for name in names[1:] if (line := tree_line(
         name, variants[name]["tree"], variants[names[0]]["tree"], variants[name].get("same_candidates"), sampler,
-        names[0], variants[name]["tree"].get("sampling_drift")))]
+        names[0], variants[name]["tree"].get("sampling_drift"), kept_by))]
     summary["verifier_lines"] = {}
     for name in names:
         problems = [[(c.get("score"), ok) for c, ok in zip(r["candidates"], r["candidate_correct"])]
