@@ -91,7 +91,7 @@ def test_a_step_is_scored_as_it_stands_once_it_grew_by_the_interval():
     a step only 2 tokens old is left for later (it says little beyond its path's score),
     and a step scored as it stood is scored again only after `reject_interval` more
     tokens. With no step ripe, no scoring is due (the LLM round goes on)."""
-    from tts.engine.adaptive import EarlyRejection
+    from tts.engine.rejection import EarlyRejection
     from tts.engine.requests import Request
     from tts.search.tree import Beam
 

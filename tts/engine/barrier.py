@@ -18,7 +18,8 @@ from tts import clock
 from tts.backends.base import GenDelta, StepStats
 from tts.engine.barrier_generation import IterationGeneration
 from tts.engine.requests import Request
-from tts.engine.schedule import Generate, Problem, Purpose, Schedule, ScheduleParts, Score
+from tts.engine.messages import Generate, Purpose, Score
+from tts.engine.schedule import Problem, Schedule, ScheduleParts
 from tts.engine.lookahead import Lookahead, next_runs_to_eos, spec_step_len
 from tts.engine.scoring import ScoreItem, ScoringStats
 from tts.engine.spec_prune import SpeculationPruning, step_path
@@ -71,11 +72,11 @@ class BarrierSchedule(Schedule):
             self._begin_iteration()
         if self._stage is _Stage.GENERATING:
             if self.generation.active:
-                if self.rejection_rule is not None and self.rejection_rule.due(self.generation.running()):
-                    items = [i for p in self._live
-                             for i in self.rejection_rule.items(p.input.problem, p.search, self._requests_of(p))]
-                    if items:  # early rejection: score the steps as they stand
-                        return Score(items, self._charge(), Purpose.REJECT)
+                rejection = self.rejection
+                if rejection is not None and rejection.due(self.generation.running()):
+                    call = rejection.call(self._live, self._requests_of, self._charge())
+                    if call is not None:  # early rejection: score the steps as they stand
+                        return call
                 if self.pruning is not None and self.pruning.due():
                     items = self.pruning.items(self._live)
                     if items:  # speculation pruning: score the finished steps now
@@ -91,15 +92,15 @@ class BarrierSchedule(Schedule):
 
     def generated(self, outputs: list[tuple[Request, GenDelta]], stats: StepStats) -> None:
         self.generation.advance(outputs, stats)
-        if self.rejection_rule is not None:
-            self.rejection_rule.stepped()
+        if self.rejection is not None:
+            self.rejection.stepped()
 
     def scored(self, work: Score, stats: ScoringStats) -> None:
         if work.purpose in (Purpose.REJECT, Purpose.PRUNE):  # a call in the middle of generation
             self._verifier_wall += stats.wall_s  # not the generator's time
             # the scores either call made serve both: rejection reads the finished steps'
             # scores, pruning the partial estimates' cut
-            if self.rejection_rule is not None:
+            if self.rejection is not None:
                 self._reject(stats.partial)
             if self.pruning is not None:
                 self.pruning.prune(self._live)
@@ -114,25 +115,17 @@ class BarrierSchedule(Schedule):
     # ------------------------------------------------------------ early rejection
 
     def _reject(self, partial: dict[int, float]) -> None:
-        """Stop the requests whose beams cannot make the cut on the scores just made."""
-        cache = self.cache
+        """Stop the steps that cannot make the cut on the scores just made, against the
+        iteration's finished steps scored whole (by this call or an earlier one, into the
+        score cache)."""
+        decode = self.runner.gen.decode
         for p in self._live:
             mine = self._requests_of(p)
-            done = {r.beam.uid: s for r in mine if r.finished and (s := cache.peek(p.id, step_path(r, self.runner.gen.decode))) is not None}
-            out = self.rejection_rule.rejected(p.search, mine, partial, done)
-            if out:
-                self.generation.reject(out)
-                self.rejection_rule.note(p.id, out)
-
-    @staticmethod
-    def _drop_rejected(p: Problem, mine: list[Request]) -> None:
-        """Rejected beams leave the frontier before scoring (the selection counts them)."""
-        uids = {r.beam.uid for r in mine if r.rejected}
-        if uids:
-            p.search.frontier = [b for b in p.search.frontier if b.uid not in uids]
-            for r in mine:
-                if r.rejected:
-                    r.beam.state = BeamState.PRUNED
+            others = {r.beam.uid: e for r in mine if r.finished and self.cache is not None
+                      and (s := self.cache.peek(p.id, step_path(r, decode))) is not None
+                      and (e := self.rejection.estimate(r, s)) is not None}
+            decoding = [r for r in mine if not (r.finished or r.rejected)]
+            self.rejection.cut(p, decoding, partial, others, self.generation.reject)
 
     # ------------------------------------------------------------ the iteration
 
@@ -147,8 +140,8 @@ class BarrierSchedule(Schedule):
         requests = [r for p in self._live for r in self.requests_for(p.search, self._spec_priorities(p.search))]
         self.replan([r.beam for r in requests])
         self._requests = self.order(requests)
-        if self.rejection_rule is not None:
-            self.rejection_rule.begin()
+        if self.rejection is not None:
+            self.rejection.begin()
         if self.pruning is not None:
             self.pruning.begin(self._live)
         self.collector.logs["generator"].start_phase()
@@ -198,7 +191,6 @@ class BarrierSchedule(Schedule):
                 request.beam.spec_tokens = tuple(request.spec)
         for p in self._live:
             mine = self._requests_of(p)
-            self._drop_rejected(p, mine)
             p.lengths = [len(r.tokens) - r.adopted for r in mine if not r.rejected]
             if not self.generation.spec_branches:  # (a branch is counted as its child adopts it)
                 used: dict[int | None, int] = {}

@@ -155,9 +155,7 @@ class IterationGeneration:
 
     def reject(self, requests: Sequence[Request]) -> None:
         """Early rejection: stop these requests; their beams get no step this iteration."""
-        for request in requests:
-            request.rejected = True
-            self._pending.discard(request)
+        self._pending.difference_update(requests)
         self.runner.stop(requests)
 
     def end(self) -> None:

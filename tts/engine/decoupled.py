@@ -25,8 +25,8 @@ The LLM fills its batch (the generator's `batch_cap`) in this order:
    far, `optim.decoupled_spec_scope`).
 
 Speculative steps, their adoption by the children that selection keeps, their dropping
-(counted as wasted) and preemption are in `decoupled_spec.py`; early rejection
-(`optim.early_reject`) in `decoupled_reject.py`; the run's counters and the step-log
+(counted as wasted) and preemption are in `decoupled_spec.py`; early rejection's call
+(`rejection.py`) ends an LLM round, after the PRM's queue; the run's counters and the step-log
 summary in `decoupled_stats.py`. The memory policy (M,
 `ScheduleParts.replan`) sees the committed beams of every problem in flight after each
 admission and selection.
@@ -44,12 +44,12 @@ from tts import clock
 from tts.backends.base import FinishReason, GenDelta, StepStats
 from tts.config.schema import DecoupledSpecScope
 from tts.engine.decoupled_policy import EAGER_FIRST, Filler, FillPolicy, FillState, make_fill_policy
-from tts.engine.decoupled_reject import DecoupledRejection
 from tts.engine.decoupled_spec import SpeculativeSteps
 from tts.engine.decoupled_stats import DecoupledStats
 from tts.engine.requests import Request, RequestKind, RequestState
 from tts.engine.decoupled_problem import LLMRound, PRMCall
-from tts.engine.schedule import Generate, Problem, Purpose, Schedule, ScheduleParts, Score, next_unscored
+from tts.engine.messages import Generate, Purpose, Score
+from tts.engine.schedule import Problem, Schedule, ScheduleParts, next_unscored
 from tts.engine.spec_guard import SpeculationGuard
 from tts.engine.scoring import ScoreItem, ScoringStats
 from tts.metrics.events import ModelTime, SpeculationAdopted
@@ -85,8 +85,6 @@ class DecoupledSchedule(Schedule):
             survivors, self.opts.kv_spec_limit)
         if own.spec_guard:
             self.speculation.guard = SpeculationGuard(self.collector.speculation)
-        rule = self.rejection_rule
-        self.rejection = DecoupledRejection(rule, self.runner, self.policy) if rule is not None else None
         self._real: deque[Request] = deque()  # real requests waiting for a batch slot
         self._prm: deque[tuple[Problem, Beam]] = deque()
         self._util = 0.0  # moving average of the generator's batch utilisation
@@ -115,12 +113,12 @@ class DecoupledSchedule(Schedule):
                     return Generate()
                 self._close_round()
             self._turn = _Turn.LLM
-            rejecting = self.rejection is not None and self.rejection.due()
+            rejecting = self._rejection_due()
             if self._prm:
                 if rejecting:
                     self._turn = _Turn.PRM  # the partial call follows the queue's
                 return Score(*self._prm_batch())
-            if rejecting and (call := self.rejection.call(self._live)) is not None:
+            if rejecting and (call := self.rejection.call(self._live, self._decoding)) is not None:
                 return call
             if not self.busy():
                 return None
@@ -142,7 +140,7 @@ class DecoupledSchedule(Schedule):
 
     def _round_over(self, steps: int) -> bool:
         """Whether the PRM should run now."""
-        if self.rejection is not None and self.rejection.due():
+        if self._rejection_due():
             return True  # early rejection's partial call, after the queue's
         if not self._prm:
             return False  # nothing to score: keep the LLM busy
@@ -233,7 +231,7 @@ class DecoupledSchedule(Schedule):
         self._util = 0.8 * self._util + 0.2 * min(1.0, st.num_running / max(1, st.batch_cap))
         self.speculation.memory.observe(st)
         if self.rejection is not None:
-            self.rejection.rule.stepped()
+            self.rejection.stepped()
         if self.speculation.guard is not None:
             spec = sum(1 for r in self.runner.requests.values() if r.kind is RequestKind.SPEC)
             self.speculation.guard.observe(st, max(0, st.num_running - spec))
@@ -294,7 +292,7 @@ class DecoupledSchedule(Schedule):
 
     def scored(self, work: Score, stats: ScoringStats) -> None:
         if work.purpose is Purpose.REJECT:
-            if self.rejection.reject(self._live, stats.partial):
+            if self._reject(stats.partial):
                 self.speculation.exhausted = False
                 self._select_ready()
             self._progressed = True
@@ -314,6 +312,26 @@ class DecoupledSchedule(Schedule):
         self.speculation.exhausted = False  # new scores change which beams look like survivors
         self._progressed = True
         self._select_ready()
+
+    # ---------------------------------------------------------- early rejection
+
+    def _decoding(self, problem: Problem | None = None) -> list[Request]:
+        """The real requests still decoding their step (of `problem`, or all)."""
+        return [r for r in self.runner.requests.values()
+                if r.kind is not RequestKind.SPEC and not r.finished and (problem is None or r.problem is problem)]
+
+    def _rejection_due(self) -> bool:
+        return self.rejection is not None and self.rejection.due(self._decoding())
+
+    def _reject(self, partial: dict[int, float]) -> bool:
+        """Stop the decoding steps that cannot make the cut on the scores just made, against
+        the committed steps scored already (their path scores). True when one was rejected."""
+        gone = False
+        for p in self._live:
+            settled = {b.uid: self.policy.path_score(b) for b in p.search.frontier
+                       if b.uid not in p.waiting and not b.is_finished_path and self._next_index(p, b) is None}
+            gone = bool(self.rejection.cut(p, self._decoding(p), partial, settled, self.runner.stop)) or gone
+        return gone
 
     # ---------------------------------------------------------------- selection
 

@@ -68,7 +68,6 @@ class Request:
     capped: bool = False  # its backend budget is below the step's: LENGTH is not a step end
     stalled: bool = False  # a speculative step that reached its cap before its end
     rejected: bool = False  # early rejection stopped it: its beam leaves the frontier
-    partial_at: int = 0  # early rejection: its tokens when its step was last scored as it stood
     spec_parent: Beam | None = None  # a decoupled speculative step: the beam whose child's step it is
 
     @property

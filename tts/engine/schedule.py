@@ -10,7 +10,6 @@ too: a problem's start, the requests of a frontier, the request order (P).
 
 from __future__ import annotations
 
-import enum
 import random
 from collections import deque
 from abc import ABC, abstractmethod
@@ -18,10 +17,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from tts.backends.base import GenDelta, StepStats
-from tts.engine.adaptive import AnswerSettling, early_rejection
+from tts.engine.adaptive import AnswerSettling
+from tts.engine.messages import Generate, Score
 from tts.engine.model_runner import ModelRunner
 from tts.engine.options import EngineOptions
 from tts.engine.ordering import Ordering
+from tts.engine.rejection import early_rejection
 from tts.engine.requests import Request, RequestKind
 from tts.engine.scoring import ScoreCache, ScoreItem, ScoringStats
 from tts.engine.steps import StepCutter
@@ -77,30 +78,6 @@ class ScheduleParts:
     replan: Callable[[list[Beam]], None] | None = None
 
 
-@dataclass(frozen=True)
-class Generate:
-    """The next engine step is one generator step."""
-
-
-class Purpose(str, enum.Enum):
-    """What a verifier call is for: the schedule that asked dispatches its result on it."""
-
-    SELECT = "select"  # the scores a selection reads
-    LOOKAHEAD = "lookahead"  # the kept beams' next steps, scored ahead (barrier, scope `kept`)
-    REJECT = "reject"  # steps as they stand, mid-generation (early rejection)
-    PRUNE = "prune"  # finished steps, mid-generation (speculation pruning)
-
-
-@dataclass(frozen=True)
-class Score:
-    """The next engine step is one verifier call, for `purpose`; its wall time is charged
-    to `charge`."""
-
-    items: Sequence[ScoreItem]
-    charge: tuple[str, ...]
-    purpose: Purpose = Purpose.SELECT
-
-
 class Schedule(ABC):
     """A scheduling discipline over the engine's step loop (the module docstring)."""
 
@@ -118,7 +95,7 @@ class Schedule(ABC):
         self._finished: list[Problem] = []
         adaptive = parts.opts.adaptive
         self.settling = AnswerSettling(adaptive, self.policy) if adaptive.early_exit else None
-        self.rejection_rule = early_rejection(adaptive, self.policy, self.runner)
+        self.rejection = early_rejection(adaptive, self.policy, self.runner)
 
     @abstractmethod
     def next(self) -> Generate | Score | None:
@@ -193,9 +170,9 @@ class Schedule(ABC):
         parents = {b.uid: b for b in search.frontier}
         self.policy.select(search, problem.metrics.elapsed())
         search.iteration += 1
-        if self.rejection_rule is not None:
+        if self.rejection is not None:
             kept = [parents[uid] for uid in {b.parent for b in search.frontier} if uid in parents]
-            if (rejected := self.rejection_rule.settle(problem.id, problem.lengths, kept)) is not None:
+            if (rejected := self.rejection.settle(problem.id, problem.lengths, kept)) is not None:
                 self.emit(rejected)
         problem.lengths = []
         self.exit_if_settled(problem)
