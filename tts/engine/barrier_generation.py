@@ -40,9 +40,9 @@ from tts.engine.model_runner import ModelRunner
 from tts.engine.memory_guard import MemoryGuard
 from tts.engine.options import KV_SPEC_LIMIT
 from tts.engine.requests import Request, RequestKind, RequestState
-from tts.engine.spec_steps import Adoption, adopt, drop
+from tts.engine.spec_steps import Adoption, Table, drop, take_over
 from tts.engine.steps import StepCutter, completes_path
-from tts.metrics.events import SpeculationAdopted, SpeculativeStep
+from tts.metrics.events import SpeculativeStep
 from tts.search.tree import StepEnd, child_seed
 
 _WAITING, _FINISHED = RequestState.WAITING, RequestState.FINISHED
@@ -71,7 +71,7 @@ class IterationGeneration:
         # branches mode: the one table of the iteration's branches, by (parent uid, child
         # seed), in child order; after generation the next iteration's kept children adopt
         # theirs (`spec_steps.adopt`), the others are dropped
-        self.branches: dict[tuple[int, int], Request] = {}
+        self.branches: Table = {}
         self._child: dict[Request, int] = {}  # a branch's child index k
         self._owners: dict[int, Request] = {}  # the iteration's requests, by beam uid
         self._requests: list[Request] = []
@@ -185,13 +185,9 @@ class IterationGeneration:
         asks for `spec_max_tokens` more than its step."""
         waiting, self.branches, self._child = self.branches, {}, {}
         for request in requests:
-            branch = waiting.pop((request.beam.parent, request.beam.seed), None)
-            if branch is not None:
-                how, used = adopt(self.runner, self.cut, branch, request)
-                self.runner.collector.emit(SpeculationAdopted(request.problem_id, used))
-                if how is Adoption.PROMOTED:
-                    self._pending.add(request)
-                    continue
+            if (taken := take_over(self.runner, self.cut, waiting, request)) and taken[0] is Adoption.PROMOTED:
+                self._pending.add(request)
+                continue
             self._adopt_spec(request)
             if not request.finished:
                 budget = request.limit - len(request.tokens)

@@ -52,7 +52,7 @@ from tts.engine.messages import Generate, Purpose, Score
 from tts.engine.schedule import Problem, Schedule, ScheduleParts, next_unscored
 from tts.engine.spec_guard import SpeculationGuard
 from tts.engine.scoring import ScoreItem, ScoringStats
-from tts.metrics.events import ModelTime, SpeculationAdopted
+from tts.metrics.events import ModelTime
 from tts.search.tree import Beam
 
 
@@ -363,9 +363,7 @@ class DecoupledSchedule(Schedule):
             problem.waiting = {r.beam.uid for r in requests}
             finished = []
             for request in requests:
-                run, used = self.speculation.request_for(nodes, request)
-                if used:
-                    self.emit(SpeculationAdopted(problem.id, used))
+                run = self.speculation.request_for(nodes, request)
                 if run is None:
                     continue  # the running speculative request became this one
                 if run.finished:

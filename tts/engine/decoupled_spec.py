@@ -43,7 +43,7 @@ from tts.engine.model_runner import ModelRunner
 from tts.engine.requests import Request, RequestKind, RequestState
 from tts.engine.schedule import Problem
 from tts.engine.spec_guard import SpeculationGuard
-from tts.engine.spec_steps import Adoption, adopt, drop
+from tts.engine.spec_steps import Adoption, Table, drop, take_over
 from tts.metrics.events import SpeculativeStep
 from tts.engine.steps import StepCutter
 from tts.search.base import SearchPolicy
@@ -127,7 +127,7 @@ class SpeculativeSteps:
     def _new(self, problem: Problem, beam: Beam, k: int) -> Request:
         shadow = beam.fork(child_seed(beam.seed, k))  # child k: same path, its seed
         node = self._requests_for(problem, [shadow], problem.search.iteration + 1)[0]
-        node.kind, node.spec_parent, node.stalled = RequestKind.SPEC, beam, node.limit <= 0
+        node.kind, node.stalled = RequestKind.SPEC, node.limit <= 0
         problem.spec[(beam.uid, shadow.seed)] = node
         self._event("spec", problem.id, beam.uid, shadow.uid)
         return node
@@ -137,7 +137,7 @@ class SpeculativeSteps:
     def stopped(self, node: Request) -> None:
         """A speculative request ended: its step is done, or it reached its cap."""
         node.stalled = not node.finished
-        self._event("spec_done", node.spec_parent.uid, node.generated)
+        self._event("spec_done", node.beam.parent, node.generated)
 
     def preempt(self, k: int | None = None) -> int:
         """Stop up to k running speculative requests, newest first. Their tokens are kept
@@ -150,37 +150,29 @@ class SpeculativeSteps:
         for node in stop:
             self.exhausted = False
             emit(SpeculativeStep(node.problem_id, "preempted"))
-            self._event("preempt", node.spec_parent.uid, len(node.tokens))
+            self._event("preempt", node.beam.parent, len(node.tokens))
             if not self.runner.gen.resumable_sampling:
-                del node.problem.spec[(node.spec_parent.uid, node.beam.seed)]
+                del node.problem.spec[(node.beam.parent, node.beam.seed)]
                 emit(SpeculativeStep(node.problem_id, "reset", node.generated))
         self.runner.stop(stop, RequestState.WAITING)
         return len(stop)
 
     # ------------------------------------------------------------ at selection
 
-    def request_for(self, nodes: dict[tuple[int, int], Request], request: Request) -> tuple[Request | None, int]:
-        """The request to run for a kept child after selection, and the speculative tokens
-        it adopted: its parent's speculative step for its seed, if there is one (taken out
-        of `nodes`), else the child's own. None: the running speculative request became
-        the child's."""
-        key = (request.beam.parent, request.beam.seed)
-        node = nodes.get(key) if request.beam.parent is not None else None
-        if node is not None and request.beam.depth == node.spec_parent.depth:
-            del nodes[key]
-            return self._adopt(node, request)
-        return request, 0
-
-    def _adopt(self, node: Request, request: Request) -> tuple[Request | None, int]:
-        """A kept beam's child takes over its speculative step (`spec_steps.adopt`)."""
-        how, used = adopt(self.runner, self.cut, node, request)
-        self._event("adopt", node.spec_parent.uid, request.beam.uid, how.value, used)
-        return (None if how is Adoption.PROMOTED else request), used
+    def request_for(self, nodes: Table, request: Request) -> Request | None:
+        """The request to run for a kept child after selection: it takes over its parent's
+        speculative step for its seed, if `nodes` holds one (`spec_steps.take_over`). None:
+        the running speculative request became the child's."""
+        taken = take_over(self.runner, self.cut, nodes, request)
+        if taken is None:
+            return request
+        self._event("adopt", request.beam.parent, request.beam.uid, taken[0].value, taken[1])
+        return None if taken[0] is Adoption.PROMOTED else request
 
     def drop(self, node: Request) -> None:
         """A speculative step whose beam selection did not keep: all its tokens are wasted."""
         drop(self.runner, [node])
-        self._event("drop", node.spec_parent.uid, node.beam.uid, node.generated)
+        self._event("drop", node.beam.parent, node.beam.uid, node.generated)
 
     # ------------------------------------------------------------ reports
 
@@ -191,5 +183,5 @@ class SpeculativeSteps:
             for node in problem.spec.values():
                 if node.tokens:
                     text = self.runner.gen.decode(node.tokens)
-                    out.add((problem.id, node.spec_parent.step_texts + (text,)))
+                    out.add((problem.id, node.beam.step_texts + (text,)))
         return out

@@ -68,7 +68,6 @@ class Request:
     capped: bool = False  # its backend budget is below the step's: LENGTH is not a step end
     stalled: bool = False  # a speculative step that reached its cap before its end
     rejected: bool = False  # early rejection stopped it: its beam leaves the frontier
-    spec_parent: Beam | None = None  # a decoupled speculative step: the beam whose child's step it is
 
     @property
     def finished(self) -> bool:

@@ -24,7 +24,7 @@ from tts.engine.options import EngineOptions
 from tts.engine.ordering import Ordering
 from tts.engine.rejection import early_rejection
 from tts.engine.requests import Request, RequestKind
-from tts.engine.scoring import ScoreCache, ScoreItem, ScoringStats
+from tts.engine.scoring import ScoreCache, ScoringStats
 from tts.engine.steps import StepCutter
 from tts.metrics.collector import MetricsCollector
 from tts.metrics.events import IterationDone, SearchSettled

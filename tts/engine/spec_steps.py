@@ -31,7 +31,7 @@ import enum
 from tts.engine.model_runner import ModelRunner
 from tts.engine.requests import Request, RequestState
 from tts.engine.steps import StepCutter
-from tts.metrics.events import SpeculativeStep
+from tts.metrics.events import SpeculationAdopted, SpeculativeStep
 from tts.search.tree import StepEnd
 
 
@@ -53,6 +53,26 @@ def same_step(node: Request, request: Request) -> bool:
 def _tokens(runner: ModelRunner, node: Request) -> tuple[int, ...]:
     """The step's tokens as the child adopts them: a final EOS kept, so its step ends there."""
     return tuple(node.tokens) + ((runner.gen.eos_token_id,) if node.end is StepEnd.EOS else ())
+
+
+# the speculative steps held until selection: (parent uid, child seed) -> the step's request,
+# whose beam is the parent's path forked with the child's seed
+Table = dict[tuple[int, int], Request]
+
+
+def take_over(runner: ModelRunner, cut: StepCutter, table: Table, request: Request) -> tuple[Adoption, int] | None:
+    """A kept child's `request` takes over its parent's speculative step for its seed, where
+    `table` holds one (it leaves the table): `adopt`, with the tokens it used counted; returns
+    how, and those tokens. None: there is none, and the request runs as it is."""
+    beam = request.beam
+    key = (beam.parent, beam.seed)
+    node = table.get(key) if beam.parent is not None else None
+    if node is None or node.beam.depth != beam.depth:
+        return None
+    del table[key]
+    how, used = adopt(runner, cut, node, request)
+    runner.collector.emit(SpeculationAdopted(request.problem_id, used))
+    return how, used
 
 
 def adopt(runner: ModelRunner, cut: StepCutter, node: Request, request: Request) -> tuple[Adoption, int]:
