@@ -137,7 +137,7 @@ class BarrierSchedule(Schedule):
             self.admit(cold)
 
     def _begin_iteration(self) -> None:
-        requests = [r for p in self._live for r in self.requests_for(p.search, self._spec_priorities(p.search))]
+        requests = [r for p in self._live for r in self.requests_for(p.search, self._spec_priorities(p.search), problem=p)]
         self.replan([r.beam for r in requests])
         self._requests = self.order(requests)
         if self.rejection is not None:

@@ -40,7 +40,8 @@ from tts.engine.model_runner import ModelRunner
 from tts.engine.memory_guard import MemoryGuard
 from tts.engine.options import KV_SPEC_LIMIT
 from tts.engine.requests import Request, RequestKind, RequestState
-from tts.engine.spec_steps import Adoption, Table, drop, take_over
+from tts.engine.schedule import Problem
+from tts.engine.spec_steps import Adoption, drop, take_over
 from tts.engine.steps import StepCutter, completes_path
 from tts.metrics.events import SpeculativeStep
 from tts.search.tree import StepEnd, child_seed
@@ -68,10 +69,11 @@ class IterationGeneration:
         # 0 = the generator's batch cap. Beyond the decode roofline's ridge batch every
         # extra sequence slows the stragglers, so the engine passes that batch here.
         self.spec_batch_cap = spec_batch_cap
-        # branches mode: the one table of the iteration's branches, by (parent uid, child
-        # seed), in child order; after generation the next iteration's kept children adopt
-        # theirs (`spec_steps.adopt`), the others are dropped
-        self.branches: Table = {}
+        # branches mode: the branches live in their problem's table of speculative steps
+        # (`Problem.spec`, the decoupled schedule's too), in child order; after generation the
+        # next iteration's kept children take theirs over (`spec_steps.take_over`), the others
+        # are dropped. The problems whose tables hold branches, by id:
+        self._tables: dict[str, Problem] = {}
         self._child: dict[Request, int] = {}  # a branch's child index k
         self._owners: dict[int, Request] = {}  # the iteration's requests, by beam uid
         self._requests: list[Request] = []
@@ -167,8 +169,14 @@ class IterationGeneration:
 
     def release(self) -> None:
         """Stop the branch requests no child adopted (the search ended)."""
-        drop(self.runner, list(self.branches.values()))
-        self.branches, self._child = {}, {}
+        self._drop_tables()
+
+    def _drop_tables(self) -> None:
+        """Drop the branches still in the tables (no kept child took them over)."""
+        drop(self.runner, [node for p in self._tables.values() for node in p.spec.values()])
+        for p in self._tables.values():
+            p.spec = {}
+        self._tables, self._child = {}, {}
 
     def _stop(self, stops: list[tuple[Request, RequestState]]) -> None:
         """Stop backend requests in one call, each left in its state."""
@@ -183,9 +191,9 @@ class IterationGeneration:
         """Send each request: a child adopts its branch (`spec_steps.adopt`), a request
         starts from its beam's speculative tokens, and one that may speculate by running on
         asks for `spec_max_tokens` more than its step."""
-        waiting, self.branches, self._child = self.branches, {}, {}
         for request in requests:
-            if (taken := take_over(self.runner, self.cut, waiting, request)) and taken[0] is Adoption.PROMOTED:
+            taken = take_over(self.runner, self.cut, request.problem.spec, request)
+            if taken is not None and taken[0] is Adoption.PROMOTED:
                 self._pending.add(request)
                 continue
             self._adopt_spec(request)
@@ -194,7 +202,7 @@ class IterationGeneration:
                 run_on = self.speculative and not self.spec_branches and request.spec_priority > 0 and not request.to_eos
                 self.runner.submit(request, budget + (self.spec_max_tokens if run_on else 0), request.tokens)
                 self._pending.add(request)
-        drop(self.runner, list(waiting.values()))  # branches of children selection did not choose
+        self._drop_tables()  # branches of children selection did not choose
 
     def _take_delta(self, request: Request, d: GenDelta) -> bool:
         """Apply one delta of a real request; True when it finished the request's step."""
@@ -239,15 +247,17 @@ class IterationGeneration:
         out = []
         for k in range(request.spec_priority):
             shadow = request.beam.fork(child_seed(request.beam.seed, k))
-            branch = Request(shadow, self.spec_max_tokens, spec_priority=request.spec_priority, kind=RequestKind.SPEC)
-            self.branches[(request.beam.uid, shadow.seed)] = branch
+            branch = Request(shadow, self.spec_max_tokens, spec_priority=request.spec_priority, kind=RequestKind.SPEC,
+                             problem=request.problem)
+            request.problem.spec[(request.beam.uid, shadow.seed)] = branch
+            self._tables[request.problem.id] = request.problem
             self._child[branch] = k
             out.append(branch)
         return out
 
     def branches_of(self, request: Request) -> list[Request]:
         """The branches of a request's finished step, child 0 first."""
-        return [b for (uid, _), b in self.branches.items() if uid == request.beam.uid]
+        return [b for (uid, _), b in request.problem.spec.items() if uid == request.beam.uid]
 
     @staticmethod
     def _parent_uid(request: Request) -> int:

@@ -25,6 +25,7 @@ from tts.engine.ordering import Ordering
 from tts.engine.rejection import early_rejection
 from tts.engine.requests import Request, RequestKind
 from tts.engine.scoring import ScoreCache, ScoringStats
+from tts.engine.spec_steps import Table
 from tts.engine.steps import StepCutter
 from tts.metrics.collector import MetricsCollector
 from tts.metrics.events import IterationDone, SearchSettled
@@ -44,8 +45,8 @@ class Problem:
     """A problem in flight: its search, its metrics (written by the collector only), its
     own random draws (truncation), the same whatever runs beside it, and its frontier as
     a schedule tracks it: the beams still without their step, the scores still missing,
-    the speculative steps by (parent uid, child seed), the new tokens of each step this
-    iteration."""
+    its table of speculative steps (`spec_steps.Table`: both disciplines keep theirs here),
+    the new tokens of each step this iteration."""
 
     input: ProblemInput
     search: ProblemSearch
@@ -53,7 +54,7 @@ class Problem:
     rng: random.Random
     waiting: set[int] = field(default_factory=set)
     to_score: int = 0
-    spec: dict[tuple[int, int], Request] = field(default_factory=dict)
+    spec: Table = field(default_factory=dict)
     lengths: list[int] = field(default_factory=list)
 
     @property

@@ -56,7 +56,7 @@ def _tokens(runner: ModelRunner, node: Request) -> tuple[int, ...]:
 
 
 # the speculative steps held until selection: (parent uid, child seed) -> the step's request,
-# whose beam is the parent's path forked with the child's seed
+# whose beam is forked from the parent with the child's seed
 Table = dict[tuple[int, int], Request]
 
 
@@ -66,10 +66,9 @@ def take_over(runner: ModelRunner, cut: StepCutter, table: Table, request: Reque
     how, and those tokens. None: there is none, and the request runs as it is."""
     beam = request.beam
     key = (beam.parent, beam.seed)
-    node = table.get(key) if beam.parent is not None else None
-    if node is None or node.beam.depth != beam.depth:
+    node = table.pop(key, None) if beam.parent is not None else None
+    if node is None:
         return None
-    del table[key]
     how, used = adopt(runner, cut, node, request)
     runner.collector.emit(SpeculationAdopted(request.problem_id, used))
     return how, used
