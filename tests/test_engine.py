@@ -342,21 +342,29 @@ def test_prefix_aware_beats_random_at_small_cache():
 class Generation:
     """One iteration's generation through its public interface (begin, advance with each
     generator step while active, end), with run-on or branch speculation; the tokens it
-    generated are counted by a metrics collector, as in the engine."""
+    generated are counted by a metrics collector, as in the engine. Every request belongs
+    to problem "p" (its branches go to that problem's table of speculative steps)."""
 
     def __init__(self, gen, **kw):
+        import random
+
         from tts.engine.barrier_generation import IterationGeneration
         from tts.engine.model_runner import ModelRunner
+        from tts.engine.schedule import Problem, ProblemInput
         from tts.engine.scoring import ScoringPhase
         from tts.engine.steps import StepCutter
         from tts.metrics.collector import MetricsCollector
+        from tts.search.base import ProblemSearch
 
         self.collector = MetricsCollector()
         self.metrics = self.collector.start("p")
+        self.problem = Problem(ProblemInput("p", "q"), ProblemSearch("p", "q", (), 0), self.metrics, random.Random(0))
         self.runner = ModelRunner(gen, ScoringPhase(None, None), self.collector, 0.0, 1.0)
         self.phase = IterationGeneration(self.runner, StepCutter(gen), speculative=True, spec_max_tokens=50, **kw)
 
     def run(self, requests):
+        for request in requests:
+            request.problem = request.problem or self.problem
         self.phase.begin(requests)
         while self.phase.active:
             self.phase.advance(*self.runner.step())
