@@ -489,7 +489,7 @@ def test_branches_follow_the_bins_and_child_seeds():
     assert not fast.spec and [b.beam.seed for b in phase.branches_of(fast)] == [child_seed(10, k) for k in range(3)]
     steps = phase.branch_steps(fast)
     assert {gen.decode(t) for t in steps.values()} == {"b\n\n"}  # child 0 (seed 10): whole, stopped at its end
-    running = {seed: branch for (parent, seed), branch in phase.branches.items()
+    running = {seed: branch for (parent, seed), branch in generation.problem.spec.items()
                if parent == fast.beam.uid and branch.state.in_backend}
     assert set(running) == {child_seed(10, 1), child_seed(10, 2)}  # still running: they wait for selection
     for seed, branch in running.items():
@@ -505,7 +505,7 @@ def test_branches_follow_the_bins_and_child_seeds():
     assert gen.decode(child.tokens) == "b" * (1 + seed % 5) + "\n\n"
     assert child.adopted == len(running[seed].tokens) > 0
     assert len(gen.calls) == calls  # no new request
-    assert gen.num_unfinished() == 0 and not phase.branches  # nothing left behind
+    assert gen.num_unfinished() == 0 and not generation.problem.spec  # nothing left behind
     phase.release()
 
 
