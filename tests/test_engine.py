@@ -591,7 +591,8 @@ def test_preempted_branch_resumes_where_sampling_is_resumable():
         redone = seen["before"] if mode == "stream" else 0
         assert branch.generated == len(branch.tokens)  # since its restart, under `stream`
         assert generation.collector.speculation.wasted == redone
-        assert generation.collector.speculation.steps["reset"] == (mode == "stream")
+        steps = generation.collector.speculation.steps  # counted as the decoupled schedule counts
+        assert steps["preempted"] == 1 and steps["reset"] == (mode == "stream")
         assert generation.phase.branch_steps(parent) == {branch.beam.seed: tuple(branch.tokens)}
         assert gen.num_unfinished() == 0
 

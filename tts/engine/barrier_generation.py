@@ -41,9 +41,8 @@ from tts.engine.memory_guard import MemoryGuard
 from tts.engine.options import KV_SPEC_LIMIT
 from tts.engine.requests import Request, RequestKind, RequestState
 from tts.engine.schedule import Problem
-from tts.engine.spec_steps import Adoption, drop, take_over
+from tts.engine.spec_steps import Adoption, drop, preempted, take_over
 from tts.engine.steps import StepCutter, completes_path
-from tts.metrics.events import SpeculativeStep
 from tts.search.tree import StepEnd, child_seed
 
 _WAITING, _FINISHED = RequestState.WAITING, RequestState.FINISHED
@@ -345,9 +344,7 @@ class IterationGeneration:
             if r.kind is not RequestKind.SPEC:
                 self._awaiting_slot[r.beam.uid] = r
             elif not r.finished:
-                if not self.gen.resumable_sampling:
-                    # from scratch: a request resumed from its tokens would sample differently
-                    self.runner.collector.emit(SpeculativeStep(r.problem_id, "reset", r.generated))
+                if preempted(self.runner, r):  # from scratch: resumed, it would sample differently
                     r.tokens, r.last_char, r.generated = [], "", 0
                 self._branches.append(r)
         return [(r, _WAITING) for r in dropped]

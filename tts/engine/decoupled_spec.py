@@ -43,8 +43,7 @@ from tts.engine.model_runner import ModelRunner
 from tts.engine.requests import Request, RequestKind, RequestState
 from tts.engine.schedule import Problem
 from tts.engine.spec_guard import SpeculationGuard
-from tts.engine.spec_steps import Adoption, Table, drop, take_over
-from tts.metrics.events import SpeculativeStep
+from tts.engine.spec_steps import Adoption, Table, drop, preempted, take_over
 from tts.engine.steps import StepCutter
 from tts.search.base import SearchPolicy
 from tts.search.tree import Beam, child_seed
@@ -146,14 +145,11 @@ class SpeculativeSteps:
         another step than the child's own request."""
         spec = [r for r in self.runner.requests.values() if r.kind is RequestKind.SPEC]
         stop = spec[::-1][:k] if k is not None else spec
-        emit = self.runner.collector.emit
         for node in stop:
             self.exhausted = False
-            emit(SpeculativeStep(node.problem_id, "preempted"))
             self._event("preempt", node.beam.parent, len(node.tokens))
-            if not self.runner.gen.resumable_sampling:
+            if preempted(self.runner, node):  # it restarts from its path: a new step
                 del node.problem.spec[(node.beam.parent, node.beam.seed)]
-                emit(SpeculativeStep(node.problem_id, "reset", node.generated))
         self.runner.stop(stop, RequestState.WAITING)
         return len(stop)
 

@@ -107,6 +107,18 @@ def _adopt(runner: ModelRunner, cut: StepCutter, node: Request, request: Request
     return Adoption.PARTIAL, min(node.generated, request.adopted + (1 if eos and request.end is StepEnd.EOS else 0))
 
 
+def preempted(runner: ModelRunner, node: Request) -> bool:
+    """A running speculative step is stopped before its end (memory, or real work needs its
+    slot), counted once for both disciplines. Returns whether its tokens are lost: where the
+    generator's sampling is not resumable (vLLM's own sampler) a request resumed from them
+    would sample another step than the child's own request, so it restarts from its path."""
+    runner.collector.emit(SpeculativeStep(node.problem_id, "preempted"))
+    if runner.gen.resumable_sampling:
+        return False
+    runner.collector.emit(SpeculativeStep(node.problem_id, "reset", node.generated))
+    return True
+
+
 def drop(runner: ModelRunner, nodes: list[Request]) -> None:
     """Steps no kept child adopted: those still running stop; all their tokens are wasted."""
     running = [n for n in nodes if n.state.in_backend]
