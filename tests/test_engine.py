@@ -350,6 +350,7 @@ class Generation:
 
         from tts.engine.barrier_generation import IterationGeneration
         from tts.engine.model_runner import ModelRunner
+        from tts.engine.requests import Request
         from tts.engine.schedule import Problem, ProblemInput
         from tts.engine.scoring import ScoringPhase
         from tts.engine.steps import StepCutter
@@ -360,7 +361,17 @@ class Generation:
         self.metrics = self.collector.start("p")
         self.problem = Problem(ProblemInput("p", "q"), ProblemSearch("p", "q", (), 0), self.metrics, random.Random(0))
         self.runner = ModelRunner(gen, ScoringPhase(None, None), self.collector, 0.0, 1.0)
-        self.phase = IterationGeneration(self.runner, StepCutter(gen), speculative=True, spec_max_tokens=50, **kw)
+        cut = StepCutter(gen)
+
+        def complete(request):  # the schedule's commit: the step joins its beam
+            for step in cut.steps(request, 10**6):
+                request.beam.append(step)
+
+        def requests_for(problem, beams, iteration):  # a speculative step's request
+            return [Request(b, 50, problem=problem) for b in beams]
+
+        self.phase = IterationGeneration(self.runner, cut, complete, requests_for, speculative=True,
+                                         spec_max_tokens=50, **kw)
 
     def run(self, requests):
         for request in requests:
@@ -474,7 +485,7 @@ def test_branches_follow_the_bins_and_child_seeds():
     """A finished request with priority p starts p branches, branch k with child k's seed
     on its path; each stops at its own step boundary; the real request is stopped."""
     from tts.engine.requests import Request
-    from tts.search.tree import Step, StepEnd, child_seed
+    from tts.search.tree import child_seed
 
     def script(problem, steps, seed):
         return ("a" if not steps else "b") * (1 + seed % 5) + "\n\n"
@@ -498,7 +509,7 @@ def test_branches_follow_the_bins_and_child_seeds():
     assert not phase.branches_of(slow)  # priority 0: no branches
     assert gen.num_unfinished() == 2
     # selection keeps child 1 only: it runs on its branch's request, the other is stopped
-    fast.beam.append(Step(tuple(fast.tokens), gen.decode(fast.tokens), StepEnd.BOUNDARY))
+    assert fast.beam.step_texts == (gen.decode(fast.tokens),)  # its step, committed as it finished
     seed = child_seed(10, 1)
     child, calls = Request(fast.beam.fork(seed), limit=30), len(gen.calls)
     generation.run([child])

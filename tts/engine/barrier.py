@@ -22,7 +22,7 @@ from tts.engine.messages import Generate, Purpose, Score
 from tts.engine.schedule import Problem, Schedule, ScheduleParts
 from tts.engine.lookahead import Lookahead, next_runs_to_eos, spec_step_len
 from tts.engine.scoring import ScoreItem, ScoringStats
-from tts.engine.spec_prune import SpeculationPruning, step_path
+from tts.engine.spec_prune import SpeculationPruning
 from tts.engine.speculation import inherit_speculation, spec_priorities
 from tts.metrics.events import ModelTime, SpeculationAdopted
 from tts.search.base import ProblemSearch
@@ -42,9 +42,9 @@ class BarrierSchedule(Schedule):
         super().__init__(parts)
         opts = self.opts
         self.generation = IterationGeneration(
-            self.runner, self.cut, opts.speculative, opts.spec_max_tokens or self.policy.step_max_tokens,
-            opts.kv_spec_limit, spec_batch_cap=opts.spec_batch_cap, spec_branches=opts.spec_branches,
-            step_max_tokens=self.policy.step_max_tokens)
+            self.runner, self.cut, self.complete, self._requests_ahead, opts.speculative,
+            opts.spec_max_tokens or self.policy.step_max_tokens, opts.kv_spec_limit,
+            spec_batch_cap=opts.spec_batch_cap, spec_branches=opts.spec_branches)
         self.lookahead = Lookahead(opts, self.policy, self.runner, self.cut)
         verifier = self.runner.verifier
         self._stage = _Stage.SELECTED
@@ -116,16 +116,16 @@ class BarrierSchedule(Schedule):
 
     def _reject(self, partial: dict[int, float]) -> None:
         """Stop the steps that cannot make the cut on the scores just made, against the
-        iteration's finished steps scored whole (by this call or an earlier one, into the
-        score cache)."""
-        decode = self.runner.gen.decode
-        for p in self._live:
-            mine = self._requests_of(p)
-            others = {r.beam.uid: e for r in mine if r.finished and self.cache is not None
-                      and (s := self.cache.peek(p.id, step_path(r, decode))) is not None
-                      and (e := self.rejection.estimate(r, s)) is not None}
-            decoding = [r for r in mine if not (r.finished or r.rejected)]
-            self.rejection.cut(p, decoding, partial, others, self.generation.reject)
+        iteration's steps committed and scored whole (by this call or an earlier one: where
+        a step's score is in the score cache, its beam takes it from there)."""
+        if self.cache is not None:
+            for r in self._requests:
+                beam = r.beam
+                if r.finished and beam.scores and beam.scores[-1] is None:
+                    if (s := self.cache.peek(beam.problem_id, beam.step_texts)) is not None:
+                        beam.set_score(beam.depth - 1, s)
+        self.reject_steps(partial, lambda p: [r for r in self._requests_of(p) if not (r.finished or r.rejected)],
+                          self.generation.reject)
 
     # ------------------------------------------------------------ the iteration
 
@@ -138,6 +138,8 @@ class BarrierSchedule(Schedule):
 
     def _begin_iteration(self) -> None:
         requests = [r for p in self._live for r in self.requests_for(p.search, self._spec_priorities(p.search), problem=p)]
+        for p in self._live:
+            p.waiting = {b.uid for b in p.search.frontier}
         self.replan([r.beam for r in requests])
         self._requests = self.order(requests)
         if self.rejection is not None:
@@ -184,17 +186,14 @@ class BarrierSchedule(Schedule):
         for request in self._requests:
             if request.rejected:
                 continue  # no step: its beam leaves the frontier
-            self.commit(request)
             if self.generation.spec_branches:  # child 0's branch doubles as the lookahead step
                 request.beam.spec_tokens = self.generation.branch_steps(request).get(request.beam.seed, ())
             else:
                 request.beam.spec_tokens = tuple(request.spec)
         for p in self._live:
-            mine = self._requests_of(p)
-            p.lengths = [len(r.tokens) - r.adopted for r in mine if not r.rejected]
             if not self.generation.spec_branches:  # (a branch is counted as its child adopts it)
                 used: dict[int | None, int] = {}
-                for r in mine:  # run-on: siblings share one parent's speculative tokens: count them once
+                for r in self._requests_of(p):  # run-on: siblings share one parent's speculative tokens: count them once
                     used[r.beam.parent] = max(used.get(r.beam.parent, 0), r.adopted)
                 self.emit(SpeculationAdopted(p.id, sum(used.values())))
 

@@ -8,10 +8,12 @@ with speculation on, speculates in one of two ways:
 - run-on (the paper's Algorithm 1): the request runs on past the boundary; the extra
   tokens become the beam's speculative tokens, which selection hands down to the
   original child in full and to duplicates truncated (`speculation.inherit_speculation`);
-- branches (`spec_branches`): the request stops and up to `spec_priority` new requests
-  start from the finished path, branch k with child k's seed (`child_seed`) and the next
-  step's boundary rule. Branch k is the very request child k would send, a speculative
-  step as the decoupled schedule's are (`spec_steps.py`): when generation ends the
+- branches (`spec_branches`): the request's step is committed to its beam as it
+  finishes, the request stops, and up to `spec_priority` speculative steps start on the
+  committed path: branch k is the very request child k would send (child k's seed, the
+  next iteration's limits), a speculative step as the decoupled schedule's are, with the
+  same start, cap and preemption (`spec_steps.SpeculativeSteps`); only the start rule is
+  the barrier's (the highest score bins first, child 0 before duplicates). When generation ends the
   branches wait for selection (a running one holds its KV, no tokens are generated while
   the verifier runs), and in the next iteration child k adopts its own (whole, promoted
   to its request, or its start); branches of children selection did not choose are
@@ -33,53 +35,60 @@ request has its step.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from tts.backends.base import GenDelta, StepStats
-from tts.engine.model_runner import ModelRunner
+from tts.backends.base import FinishReason, GenDelta, StepStats
 from tts.engine.memory_guard import MemoryGuard
+from tts.engine.model_runner import ModelRunner
 from tts.engine.options import KV_SPEC_LIMIT
 from tts.engine.requests import Request, RequestKind, RequestState
 from tts.engine.schedule import Problem
-from tts.engine.spec_steps import Adoption, drop, preempted, take_over
+from tts.engine.spec_steps import Adoption, SpeculativeSteps, drop, step_tokens, take_over
 from tts.engine.steps import StepCutter, completes_path
-from tts.search.tree import StepEnd, child_seed
+from tts.search.tree import Beam
 
 _WAITING, _FINISHED = RequestState.WAITING, RequestState.FINISHED
 
 
 class IterationGeneration:
     """Runs an iteration's requests on the generator until every one has its step:
-    `begin`, then `advance` with each generator step's output while `active`, then `end`."""
+    `begin`, then `advance` with each generator step's output while `active`, then `end`.
+    `complete(request)` commits a request's step to its beam as soon as the step is whole
+    (the schedule's `Schedule.complete`); a branch forks the committed beam, a speculative
+    step (`spec_steps.SpeculativeSteps`) made by `requests_for(problem, beams, iteration)`."""
 
-    def __init__(self, runner: ModelRunner, cut: StepCutter, speculative: bool = False,
+    def __init__(self, runner: ModelRunner, cut: StepCutter, complete: Callable[[Request], None],
+                 requests_for: Callable[[Problem, list[Beam], int], list[Request]], speculative: bool = False,
                  spec_max_tokens: int = 0, kv_spec_limit: float = KV_SPEC_LIMIT, spec_batch_cap: int = 0,
-                 spec_branches: bool = False, step_max_tokens: int = 0) -> None:
+                 spec_branches: bool = False) -> None:
         self.runner = runner
         self.gen = runner.gen
         self.cut = cut
-        # a branch that stops at its cap (`spec_max_tokens`) below this limit holds part of a step
-        self.step_max_tokens = step_max_tokens or spec_max_tokens
+        self.complete = complete
         self.spec_branches = speculative and spec_branches
         self.speculative = speculative
         self.spec_max_tokens = spec_max_tokens
-        self.memory = MemoryGuard(kv_spec_limit)
+        self.steps = SpeculativeSteps(runner, cut, requests_for, spec_max_tokens, kv_spec_limit)
         # Speculation may keep at most this many requests running (real + speculative);
         # 0 = the generator's batch cap. Beyond the decode roofline's ridge batch every
         # extra sequence slows the stragglers, so the engine passes that batch here.
         self.spec_batch_cap = spec_batch_cap
         # branches mode: the branches live in their problem's table of speculative steps
-        # (`Problem.spec`, the decoupled schedule's too), in child order; after generation the
-        # next iteration's kept children take theirs over (`spec_steps.take_over`), the others
+        # (`Problem.spec`, the decoupled schedule's too); after generation the next
+        # iteration's kept children take theirs over (`spec_steps.take_over`), the others
         # are dropped. The problems whose tables hold branches, by id:
         self._tables: dict[str, Problem] = {}
-        self._child: dict[Request, int] = {}  # a branch's child index k
-        self._owners: dict[int, Request] = {}  # the iteration's requests, by beam uid
+        self._parents: list[Request] = []  # finished steps whose children branch, in finish order
+        self._pruned: set[int] = set()  # their beams whose speculation pruning stopped
         self._requests: list[Request] = []
         self._pending: set[Request] = set()  # real requests without their step
-        self._speculating: dict[Request, int] = {}  # running speculative request -> priority
+        self._speculating: dict[Request, int] = {}  # running run-on request -> priority
         self._awaiting_slot: dict[int, Request] = {}  # run-on: finished steps waiting for a speculative slot, by beam uid
-        self._branches: list[Request] = []  # branches waiting for a slot
+
+    @property
+    def memory(self) -> MemoryGuard:
+        """The one memory rule of speculation (`memory_guard.py`)."""
+        return self.steps.memory
 
     @property
     def active(self) -> bool:
@@ -90,11 +99,10 @@ class IterationGeneration:
         """Send each request; a request that adopted a whole step branches at once (the
         slots real work leaves free are idle from the start)."""
         self._requests = list(requests)
-        self._owners = {r.beam.uid: r for r in self._requests}
         self._pending, self._speculating, self._awaiting_slot = set(), {}, {}
         self._start(self._requests)
-        self._branches = [b for r in self._requests if r.finished and self.spec_branches and self._may_speculate(r)
-                          for b in self._new_branches(r)]
+        self._parents = [r for r in self._requests if r.finished and self.spec_branches and self._may_speculate(r)]
+        self._pruned = set()
         if self._pending:
             self._start_branches()
 
@@ -109,7 +117,7 @@ class IterationGeneration:
             elif self._take_delta(request, d):
                 speculate = self._may_speculate(request)
                 if speculate and self.spec_branches:
-                    self._branches += self._new_branches(request)
+                    self._parents.append(request)
                 if d.finished:
                     request.state = _FINISHED
                 elif speculate and not self.spec_branches:
@@ -134,7 +142,7 @@ class IterationGeneration:
 
     def speculating(self) -> bool:
         """Some speculation runs or waits for a slot."""
-        return bool(self._speculating or self._awaiting_slot or self._branches)
+        return bool(self._speculating or self._awaiting_slot or self._branches_running() or self._waiting_branches())
 
     def stop_speculating(self, beams: set[int]) -> int:
         """Speculation pruning: these beams' finished steps cannot make selection's cut, so
@@ -142,17 +150,17 @@ class IterationGeneration:
         steps are finished, so nothing claims a slot for them again this iteration); the slots
         go to the others from the next step. Returns how many speculative requests stopped or
         left the queue."""
-        stops = [r for r in self._speculating if self._parent_uid(r) in beams]
+        stops = [r for r in self._speculating if r.beam.uid in beams]
         for r in stops:
             del self._speculating[r]
+        stops += [b for b in self._branches_running() if b.beam.parent in beams]
         queued = [uid for uid in beams if uid in self._awaiting_slot]
         for uid in queued:
             del self._awaiting_slot[uid]
-        kept = [b for b in self._branches if b.beam.parent not in beams]
-        dropped = len(self._branches) - len(kept)
-        self._branches = kept
+        queued += [k for r, k in self._waiting_branches() if r.beam.uid in beams]
+        self._pruned |= beams
         self._stop([(r, _FINISHED) for r in stops])
-        return len(stops) + len(queued) + dropped
+        return len(stops) + len(queued)
 
     def reject(self, requests: Sequence[Request]) -> None:
         """Early rejection: stop these requests; their beams get no step this iteration."""
@@ -175,7 +183,7 @@ class IterationGeneration:
         drop(self.runner, [node for p in self._tables.values() for node in p.spec.values()])
         for p in self._tables.values():
             p.spec = {}
-        self._tables, self._child = {}, {}
+        self._tables = {}
 
     def _stop(self, stops: list[tuple[Request, RequestState]]) -> None:
         """Stop backend requests in one call, each left in its state."""
@@ -195,8 +203,10 @@ class IterationGeneration:
             if taken is not None and taken[0] is Adoption.PROMOTED:
                 self._pending.add(request)
                 continue
-            self._adopt_spec(request)
-            if not request.finished:
+            self.cut.adopt(request)  # the beam's speculative tokens may hold the whole step
+            if request.finished:
+                self.complete(request)
+            else:
                 budget = request.limit - len(request.tokens)
                 run_on = self.speculative and not self.spec_branches and request.spec_priority > 0 and not request.to_eos
                 self.runner.submit(request, budget + (self.spec_max_tokens if run_on else 0), request.tokens)
@@ -217,11 +227,8 @@ class IterationGeneration:
         self._pending.discard(request)
         if not self.spec_branches:  # tokens of a run-on past the step are speculative
             request.spec.extend(overflow)
+        self.complete(request)
         return True
-
-    def _adopt_spec(self, request: Request) -> None:
-        """Start from the beam's speculative tokens; they may already hold the whole step."""
-        self.cut.adopt(request)
 
     def _may_speculate(self, request: Request) -> bool:
         """Speculation on a finished step: not past EOS, nor past a step with a boxed
@@ -232,70 +239,52 @@ class IterationGeneration:
     # ------------------------------------------------------------ speculation
 
     def _take_branch_delta(self, branch: Request, d: GenDelta) -> bool:
-        """Apply one delta of a speculative branch; True when its step ended before its request."""
-        self.cut.consume(branch, d.new_token_ids, None)  # a request cut at its cap is partial, not ended
+        """Apply one delta of a branch; True when its step ended before its request did. A
+        branch stopped at its speculative cap holds part of a step (`stalled`)."""
+        finish = None if d.finish_reason is FinishReason.LENGTH and branch.capped else d.finish_reason
+        self.cut.consume(branch, d.new_token_ids, finish)
         if branch.finished or d.finished:
-            self._speculating.pop(branch, None)
             if d.finished:
                 branch.state = _FINISHED
+            self.steps.stopped(branch)
         return branch.finished and not d.finished
-
-    def _new_branches(self, request: Request) -> list[Request]:
-        """Branch k of a finished step: child k's next step (child k's seed, the same path),
-        a speculative request into the table."""
-        out = []
-        for k in range(request.spec_priority):
-            shadow = request.beam.fork(child_seed(request.beam.seed, k))
-            branch = Request(shadow, self.spec_max_tokens, spec_priority=request.spec_priority, kind=RequestKind.SPEC,
-                             problem=request.problem)
-            request.problem.spec[(request.beam.uid, shadow.seed)] = branch
-            self._tables[request.problem.id] = request.problem
-            self._child[branch] = k
-            out.append(branch)
-        return out
 
     def branches_of(self, request: Request) -> list[Request]:
         """The branches of a request's finished step, child 0 first."""
         return [b for (uid, _), b in request.problem.spec.items() if uid == request.beam.uid]
 
-    @staticmethod
-    def _parent_uid(request: Request) -> int:
-        """The beam whose speculation a request is: a branch's parent, a run-on's own."""
-        return request.beam.parent if request.kind is RequestKind.SPEC else request.beam.uid
+    def _branches_running(self) -> list[Request]:
+        """The branches running in the backend (not those whose step just ended)."""
+        return [b for b in self.steps.running() if not b.finished]
+
+    def _waiting_branches(self) -> list[tuple[Request, int]]:
+        """(finished request, child k) of the branches not running: new, or stopped short
+        and resumable; the highest priority bins first, child 0 before duplicates."""
+        out = [(r, k) for r in self._parents if r.beam.uid not in self._pruned for k in range(r.spec_priority)
+               if self.steps.speculable(r.problem, r.beam, k)]
+        return sorted(out, key=lambda c: (-c[0].spec_priority, c[1]))
 
     def _start_branches(self) -> None:
-        """Free slots go to the highest priority bins first, child 0 before duplicates.
-        A branch starts from its parent's finished path; a preempted one resumes from its
-        tokens where sampling is resumable, and was reset to none otherwise."""
-        free = self._spec_batch() - len(self._pending) - len(self._speculating)
-        waiting = self._branches
-        if free <= 0 or not waiting:
-            return
-        waiting.sort(key=lambda b: (-b.spec_priority, self._child[b]))
-        while free > 0 and waiting:
-            branch = waiting.pop(0)
-            prompt = tuple(self._owners[branch.beam.parent].tokens) + tuple(branch.tokens)
-            self.runner.submit(branch, branch.limit - len(branch.tokens), prompt, speculative=True)
-            self._speculating[branch] = branch.spec_priority
-            free -= 1
+        """Free slots go to the waiting branches (`_waiting_branches`); branch k is child k's
+        speculative step on its parent's committed path (`SpeculativeSteps.start`)."""
+        free = self._spec_batch() - len(self._pending) - len(self._branches_running())
+        for request, k in self._waiting_branches():
+            if free <= 0:
+                return
+            self._tables[request.problem.id] = request.problem
+            free -= self.steps.start(request.problem, request.beam, k)
 
     def branch_steps(self, request: Request) -> dict[int, tuple[int, ...]]:
         """The branches' steps by child seed, as a child would start from them (a final EOS
-        kept): the finished ones; where sampling is resumable, also those cut short and
-        stopped (preempted, waiting for a slot). Not the running ones, which a kept child
-        takes over. What the barrier's lookahead reads of child 0's step."""
-        eos = (self.gen.eos_token_id,)
-        steps = {b.beam.seed: tuple(b.tokens) + (eos if b.end is StepEnd.EOS else ())
-                 for b in self.branches_of(request) if self._whole_step(b)}
+        kept): the finished ones; where sampling is resumable, also those stopped short
+        (preempted, at their cap). Not the running ones, which a kept child takes over.
+        What the barrier's lookahead reads of child 0's step."""
+        mine = self.branches_of(request)
+        steps = {b.beam.seed: step_tokens(self.runner, b) for b in mine if b.finished}
         if self.gen.resumable_sampling:
-            steps.update((b.beam.seed, tuple(b.tokens)) for b in self.branches_of(request)
-                         if not self._whole_step(b) and b.tokens and not b.state.in_backend)
+            steps.update((b.beam.seed, tuple(b.tokens)) for b in mine
+                         if not b.finished and b.tokens and not b.state.in_backend)
         return steps
-
-    def _whole_step(self, branch: Request) -> bool:
-        """The branch ended as its step does: not cut at a speculation cap below the step limit."""
-        capped = branch.end is StepEnd.STEP_LIMIT and branch.limit < self.step_max_tokens
-        return branch.finished and not capped
 
     def _assign_slots(self, finished_now: list[Request]) -> list[tuple[Request, RequestState]]:
         """Speculative slots go to the highest priority bins first. A request that just
@@ -317,8 +306,7 @@ class IterationGeneration:
                     del self._awaiting_slot[request.beam.uid]
                     budget = self.spec_max_tokens - len(request.spec)
                     if budget > 0:  # a request whose speculation is spent takes no slot
-                        self.runner.submit(request, budget, tuple(request.tokens) + tuple(request.spec),
-                                           speculative=True)
+                        self.runner.submit(request, budget, request.spec, speculative=True)
                         self._speculating[request] = prio
                         free -= 1
             elif running:
@@ -333,18 +321,15 @@ class IterationGeneration:
         return min(self.spec_batch_cap or self.gen.batch_cap, self.gen.batch_cap)
 
     def _preempt_speculation(self) -> list[tuple[Request, RequestState]]:
-        """Drop every speculative request when memory is short (`memory`); each goes back
-        to wait for a slot (a run-on request resumes from its speculative tokens)."""
-        if not (self._speculating and self.memory.short()):
+        """Stop every speculative request when memory is short (`memory`): a run-on goes
+        back to wait for a slot and resumes from its speculative tokens; a branch waits
+        again, from its tokens where sampling is resumable (`SpeculativeSteps.preempt`)."""
+        branches = self._branches_running()
+        if not ((self._speculating or branches) and self.memory.short()):
             return []
         self.memory.preempted()
+        self.steps.preempt(branches)
         dropped = list(self._speculating)
         self._speculating.clear()
-        for r in dropped:
-            if r.kind is not RequestKind.SPEC:
-                self._awaiting_slot[r.beam.uid] = r
-            elif not r.finished:
-                if preempted(self.runner, r):  # from scratch: resumed, it would sample differently
-                    r.tokens, r.last_char, r.generated = [], "", 0
-                self._branches.append(r)
+        self._awaiting_slot.update((r.beam.uid, r) for r in dropped)
         return [(r, _WAITING) for r in dropped]

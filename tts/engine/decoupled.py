@@ -44,7 +44,7 @@ from tts import clock
 from tts.backends.base import FinishReason, GenDelta, StepStats
 from tts.config.schema import DecoupledSpecScope
 from tts.engine.decoupled_policy import EAGER_FIRST, Filler, FillPolicy, FillState, make_fill_policy
-from tts.engine.decoupled_spec import SpeculativeSteps
+from tts.engine.decoupled_spec import DecoupledSpeculation
 from tts.engine.decoupled_stats import DecoupledStats
 from tts.engine.requests import Request, RequestKind, RequestState
 from tts.engine.decoupled_problem import LLMRound, PRMCall
@@ -80,9 +80,9 @@ class DecoupledSchedule(Schedule):
         # speculative tokens per beam: `spec_max_tokens`, 0 meaning one step's limit
         self.spec_max_tokens = max(0, self.opts.spec_max_tokens) or self.policy.step_max_tokens
         survivors = DecoupledSpecScope(own.spec_scope) is DecoupledSpecScope.survivors
-        self.speculation = SpeculativeSteps(
-            self.runner, self.cut, self.policy, self._requests_ahead, self._submit, self._event,
-            survivors, self.opts.kv_spec_limit)
+        self.speculation = DecoupledSpeculation(
+            self.runner, self.cut, self._requests_ahead, self.spec_max_tokens, self.opts.kv_spec_limit,
+            self._event, policy=self.policy, survivors=survivors, submitted=self._submitted)
         if own.spec_guard:
             self.speculation.guard = SpeculationGuard(self.collector.speculation)
         self._real: deque[Request] = deque()  # real requests waiting for a batch slot
@@ -158,7 +158,7 @@ class DecoupledSchedule(Schedule):
         return self.runner.gen.batch_cap - len(self.runner.requests)
 
     def _speculating(self) -> bool:
-        return any(r.kind is RequestKind.SPEC for r in self.runner.requests.values())
+        return bool(self.speculation.running())
 
     def _fill(self) -> bool:
         """Fill free batch slots: real work, then eager and speculative in policy order."""
@@ -166,13 +166,13 @@ class DecoupledSchedule(Schedule):
         while True:
             progressed = self._submit_real() or progressed
             if not self.admissible():
-                return self.speculation.start(self._live) or progressed
+                return self.speculation.start_all(self._live) or progressed
             if not (self._free() > 0 or self._speculating()):
                 return progressed
             has_spec = not self.speculation.exhausted and bool(self.speculation.candidates(self._live))
             order = self.fill_policy.order(self._fill_state()) if has_spec else EAGER_FIRST
             if order[0] is Filler.SPECULATIVE:
-                progressed = self.speculation.start(self._live) or progressed
+                progressed = self.speculation.start_all(self._live) or progressed
                 if self._free() <= 0:
                     return progressed
             self._admit()  # eager first: its requests preempt running speculation
@@ -185,7 +185,7 @@ class DecoupledSchedule(Schedule):
     def _submit_real(self) -> bool:
         progressed = False
         while self._real:
-            if self._free() <= 0 and not self.speculation.preempt(1):
+            if self._free() <= 0 and not self.speculation.preempt_newest(1):
                 break
             self._submit(self._real.popleft())
             progressed = True
@@ -201,23 +201,14 @@ class DecoupledSchedule(Schedule):
         self._event("admit", problem.id)
         self._replan()
 
-    def _submit(self, request: Request) -> bool:
-        """Send a request, a speculative one within its speculative token cap; False when
-        a speculative one has no budget left (it stalls)."""
-        budget = max_tokens = request.limit - len(request.tokens)
-        speculative = request.kind is RequestKind.SPEC
-        if speculative and self.spec_max_tokens:
-            max_tokens = min(budget, self.spec_max_tokens - len(request.tokens))
-        if max_tokens < 1:
-            if speculative:
-                request.stalled = True
-                return False
-            max_tokens = 1
-        request.capped = max_tokens < budget
-        rid = self.runner.submit(request, max_tokens, request.tokens, speculative=speculative)
+    def _submit(self, request: Request) -> None:
+        """Send a real request (at least one token: its step may be all adopted but its end)."""
+        self.runner.submit(request, max(1, request.limit - len(request.tokens)), request.tokens)
+        self._submitted(request)
+
+    def _submitted(self, request: Request) -> None:
         self.stats.requests[request.kind.value] += 1
-        self._event("submit", request.kind.value, request.beam.uid, rid)
-        return True
+        self._event("submit", request.kind.value, request.beam.uid, request.request_id)
 
     def _replan(self) -> None:
         """The memory policy (M) sees the committed beams of every problem in flight."""
@@ -233,8 +224,7 @@ class DecoupledSchedule(Schedule):
         if self.rejection is not None:
             self.rejection.stepped()
         if self.speculation.guard is not None:
-            spec = sum(1 for r in self.runner.requests.values() if r.kind is RequestKind.SPEC)
-            self.speculation.guard.observe(st, max(0, st.num_running - spec))
+            self.speculation.guard.observe(st, max(0, st.num_running - len(self.speculation.running())))
         self._event("step", st.num_running, st.kv_usage)
         stopped, done = [], []
         for request, d in outputs:
@@ -265,10 +255,8 @@ class DecoupledSchedule(Schedule):
     def _complete(self, request: Request) -> None:
         """A real request has its step: commit it to the beam and queue its score."""
         problem, beam = request.problem, request.beam
-        self.commit(request)
-        problem.waiting.discard(beam.uid)
+        self.complete(request)
         self.speculation.exhausted = False
-        problem.lengths.append(len(request.tokens) - request.adopted)
         if self._next_index(problem, beam) is not None:
             problem.to_score += 1
             self._prm.append((problem, beam))
@@ -276,9 +264,6 @@ class DecoupledSchedule(Schedule):
 
     def _next_index(self, problem: Problem, beam: Beam) -> int | None:
         return next_unscored(self.policy, problem.search, beam)
-
-    def _requests_ahead(self, problem: Problem, beams: list[Beam], iteration: int) -> list[Request]:
-        return self.requests_for(problem.search, beams=beams, iteration=iteration, problem=problem)
 
     # ------------------------------------------------------------------ scoring
 
@@ -292,7 +277,7 @@ class DecoupledSchedule(Schedule):
 
     def scored(self, work: Score, stats: ScoringStats) -> None:
         if work.purpose is Purpose.REJECT:
-            if self._reject(stats.partial):
+            if self.reject_steps(stats.partial, self._decoding, self.runner.stop):
                 self.speculation.exhausted = False
                 self._select_ready()
             self._progressed = True
@@ -322,16 +307,6 @@ class DecoupledSchedule(Schedule):
 
     def _rejection_due(self) -> bool:
         return self.rejection is not None and self.rejection.due(self._decoding())
-
-    def _reject(self, partial: dict[int, float]) -> bool:
-        """Stop the decoding steps that cannot make the cut on the scores just made, against
-        the committed steps scored already (their path scores). True when one was rejected."""
-        gone = False
-        for p in self._live:
-            settled = {b.uid: self.policy.path_score(b) for b in p.search.frontier
-                       if b.uid not in p.waiting and not b.is_finished_path and self._next_index(p, b) is None}
-            gone = bool(self.rejection.cut(p, self._decoding(p), partial, settled, self.runner.stop)) or gone
-        return gone
 
     # ---------------------------------------------------------------- selection
 

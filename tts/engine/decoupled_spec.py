@@ -1,4 +1,5 @@
-"""Speculation in the decoupled schedule: speculative steps, their adoption, and what is wasted.
+"""The decoupled schedule's start rule for speculative steps (`spec_steps.py`: the steps,
+their adoption and what is wasted, shared with the barrier's branches).
 
 For a beam that is generated but not yet through selection, speculation generates the step
 one of its children would generate: a request on the same path with that child's seed
@@ -38,36 +39,26 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from tts.engine.memory_guard import MemoryGuard
-from tts.engine.model_runner import ModelRunner
-from tts.engine.requests import Request, RequestKind, RequestState
+from tts.engine.requests import Request
 from tts.engine.schedule import Problem
 from tts.engine.spec_guard import SpeculationGuard
-from tts.engine.spec_steps import Adoption, Table, drop, preempted, take_over
-from tts.engine.steps import StepCutter
+from tts.engine.spec_steps import Adoption, SpeculativeSteps, Table, drop, take_over
 from tts.search.base import SearchPolicy
-from tts.search.tree import Beam, child_seed
+from tts.search.tree import Beam
 
-class SpeculativeSteps:
-    """The decoupled schedule's speculative steps (module docstring).
 
-    `requests_for(problem, beams, iteration)` makes the requests an iteration would make;
-    `submit(request)` sends one (False: it has no budget left); `event(*fields)` records a
-    trace event.
-    """
+class DecoupledSpeculation(SpeculativeSteps):
+    """The decoupled schedule's speculative steps (module docstring): `start_all` fills free
+    batch slots by the scope's order; real work preempts them (`preempt_newest`). `submitted(request)`
+    counts a request sent."""
 
-    def __init__(self, runner: ModelRunner, cut: StepCutter, policy: SearchPolicy,
-                 requests_for: Callable[[Problem, list[Beam], int], list[Request]],
-                 submit: Callable[[Request], bool], event: Callable[..., None],
-                 survivors: bool, kv_spec_limit: float) -> None:
-        self.runner, self.cut, self.policy = runner, cut, policy
-        self._requests_for, self._submit, self._event = requests_for, submit, event
+    def __init__(self, *args, policy: SearchPolicy, survivors: bool, submitted: Callable[[Request], None],
+                 **kw) -> None:
+        super().__init__(*args, **kw)
+        self.policy, self._submitted = policy, submitted
         self.survivors = survivors
-        self.memory = MemoryGuard(kv_spec_limit)
         self.exhausted = False  # the last scan found no speculation left to start
         self.guard: SpeculationGuard | None = None  # whether speculation pays (`spec_guard.py`)
-
-    # ------------------------------------------------------------ memory
 
     def allowed(self) -> bool:
         """Speculation may start: memory allows (`memory`), and it pays (`guard`, when set)."""
@@ -75,15 +66,19 @@ class SpeculativeSteps:
 
     def relieve_memory(self) -> None:
         """After a generator step: when memory is short, stop speculation for a while."""
-        if self.memory.short() and self.preempt():
+        if self.memory.short() and self.preempt_newest():
             self.memory.preempted()
 
-    # ------------------------------------------------------------ starting it
+    def submit(self, node: Request) -> bool:
+        if not super().submit(node):
+            return False
+        self._submitted(node)
+        return True
 
     def free_slots(self) -> int:
         return self.runner.gen.batch_cap - len(self.runner.requests)
 
-    def start(self, problems: Sequence[Problem]) -> bool:
+    def start_all(self, problems: Sequence[Problem]) -> bool:
         """Fill free batch slots with speculative steps; True when one started."""
         if self.free_slots() <= 0 or self.exhausted or not self.allowed():
             return False
@@ -91,9 +86,7 @@ class SpeculativeSteps:
         for problem, beam, k in self.candidates(problems):
             if self.free_slots() <= 0:
                 return started
-            node = problem.spec.get((beam.uid, child_seed(beam.seed, k))) or self._new(problem, beam, k)
-            if not node.stalled and self._submit(node):
-                started = True
+            started = self.start(problem, beam, k) or started
         self.exhausted = True  # until a step commits, scores arrive, a selection runs or a request stops
         return started
 
@@ -110,50 +103,17 @@ class SpeculativeSteps:
                 beams = sorted(search.frontier, key=lambda b: -self.policy.path_score(b))
                 plan = [(b, 1) for b in beams]
             for k in range(max((c for _, c in plan), default=0)):
-                out += [(problem, beam, k) for beam, c in plan if k < c and self._speculable(problem, beam, k)]
+                out += [(problem, beam, k) for beam, c in plan if k < c and self.speculable(problem, beam, k)]
         return out
 
-    def _speculable(self, problem: Problem, beam: Beam, k: int) -> bool:
-        """The beam has its step, and its child k's speculative step is not started, or
-        was preempted and can resume from its tokens."""
-        if beam.uid in problem.waiting:
-            return False
-        node = problem.spec.get((beam.uid, child_seed(beam.seed, k)))
-        if node is None:
-            return not beam.is_finished_path
-        return not node.state.in_backend and not node.finished and not node.stalled
-
-    def _new(self, problem: Problem, beam: Beam, k: int) -> Request:
-        shadow = beam.fork(child_seed(beam.seed, k))  # child k: same path, its seed
-        node = self._requests_for(problem, [shadow], problem.search.iteration + 1)[0]
-        node.kind, node.stalled = RequestKind.SPEC, node.limit <= 0
-        problem.spec[(beam.uid, shadow.seed)] = node
-        self._event("spec", problem.id, beam.uid, shadow.uid)
-        return node
-
-    # ------------------------------------------------------------ while it runs
-
-    def stopped(self, node: Request) -> None:
-        """A speculative request ended: its step is done, or it reached its cap."""
-        node.stalled = not node.finished
-        self._event("spec_done", node.beam.parent, node.generated)
-
-    def preempt(self, k: int | None = None) -> int:
-        """Stop up to k running speculative requests, newest first. Their tokens are kept
-        to resume from when the generator's sampling is resumable; otherwise (vLLM) the
-        step is wasted and restarts from its path, since a resumed request would sample
-        another step than the child's own request."""
-        spec = [r for r in self.runner.requests.values() if r.kind is RequestKind.SPEC]
-        stop = spec[::-1][:k] if k is not None else spec
-        for node in stop:
+    def preempt_newest(self, k: int | None = None) -> int:
+        """Stop up to k running speculative requests (all: None), newest first
+        (`SpeculativeSteps.preempt`); returns how many."""
+        stop = self.running()[::-1][:k] if k is not None else self.running()
+        if stop:
             self.exhausted = False
-            self._event("preempt", node.beam.parent, len(node.tokens))
-            if preempted(self.runner, node):  # it restarts from its path: a new step
-                del node.problem.spec[(node.beam.parent, node.beam.seed)]
-        self.runner.stop(stop, RequestState.WAITING)
+            self.preempt(stop)
         return len(stop)
-
-    # ------------------------------------------------------------ at selection
 
     def request_for(self, nodes: Table, request: Request) -> Request | None:
         """The request to run for a kept child after selection: it takes over its parent's
@@ -169,15 +129,3 @@ class SpeculativeSteps:
         """A speculative step whose beam selection did not keep: all its tokens are wasted."""
         drop(self.runner, [node])
         self._event("drop", node.beam.parent, node.beam.uid, node.generated)
-
-    # ------------------------------------------------------------ reports
-
-    def paths(self, problems: Sequence[Problem]) -> set[tuple[str, tuple[str, ...]]]:
-        """(problem id, path) of every speculative step held now, for checks and tests."""
-        out = set()
-        for problem in problems:
-            for node in problem.spec.values():
-                if node.tokens:
-                    text = self.runner.gen.decode(node.tokens)
-                    out.add((problem.id, node.beam.step_texts + (text,)))
-        return out

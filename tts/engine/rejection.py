@@ -15,8 +15,8 @@ The disciplines differ only in when the call comes and where the other beams' es
 come from (`cut`'s `others`):
 
 - barrier (`barrier.py`): every step starts with its iteration, so all are ripe together;
-  the call also scores the iteration's finished steps whole, into the score cache (as
-  lookahead steps are), and the iteration's own scoring reads them back;
+  the call also scores the iteration's finished steps whole (committed to their beams as
+  they finish; the iteration's own scoring reads them back from the score cache);
 - decoupled (`decoupled.py`): the LLM round ends when a call is due, the PRM scores its
   queue first (steps already committed: their path scores), then the partial call.
 """
@@ -32,7 +32,6 @@ from tts.engine.messages import Purpose, Score
 from tts.engine.options import AdaptiveOptions
 from tts.engine.requests import Request
 from tts.engine.scoring import ScoreItem
-from tts.engine.steps import completes_path
 from tts.metrics.events import BeamsRejected
 from tts.search.base import ProblemSearch, SearchPolicy, aggregate
 from tts.search.tree import Beam, BeamState
@@ -92,18 +91,18 @@ class EarlyRejection:
 
     def items(self, problem: str, search: ProblemSearch, requests: Sequence[Request]) -> list[ScoreItem]:
         """The partial call's items for one problem: ripe running steps as they stand,
-        finished ones whole (scored into the cache, as lookahead steps are)."""
+        finished ones (committed) whole, where their score is still missing."""
         self.steps_since = 0
         out = []
         for r in requests:
             if r.to_eos or r.rejected or not r.tokens or r.beam.is_finished_path:
-                continue
-            text = self.decode(r.tokens)
+                continue  # (a finished request's beam holds its step: this skips one that completes its path)
             if r.finished:
-                out.append(ScoreItem(r.beam, problem, (), lookahead_step=text, early=True))
+                if r.beam.scores[-1] is None:
+                    out.append(ScoreItem(r.beam, problem, (r.beam.depth - 1,)))
             elif self.ripe(r):
                 self._scored_at[r] = len(r.tokens)
-                out.append(ScoreItem(r.beam, problem, (), partial_step=text))
+                out.append(ScoreItem(r.beam, problem, (), partial_step=self.decode(r.tokens)))
         return out
 
     def cut(self, problem: Problem, decoding: Sequence[Request], partial: dict[int, float],
@@ -149,13 +148,6 @@ class EarlyRejection:
             if above >= keep:
                 out.append(r)
         return out
-
-    def estimate(self, request: Request, score: float) -> float | None:
-        """A finished step's path estimate with its step's `score`; None for a step that
-        completes its path (it does not compete)."""
-        if completes_path(request, self.decode):
-            return None
-        return aggregate(list(request.beam.scores) + [score], self.policy.cfg.aggregation)
 
     def note(self, problem_id: str, gone: Sequence[Request]) -> None:
         """Requests just rejected, with their estimates, counted at the selection (`settle`)."""

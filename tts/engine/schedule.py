@@ -154,12 +154,29 @@ class Schedule(ABC):
         self._live.append(problem)
         return problem
 
-    def commit(self, request: Request) -> None:
-        """A request has its step: it joins the beam's path (several steps where the request
-        was cut into steps; the path's last step where its token budget is spent)."""
-        beam = request.beam
+    def complete(self, request: Request) -> None:
+        """A real request has its step: it joins the beam's path (several steps where the
+        request was cut into steps; the path's last step where its token budget is spent),
+        the beam stops waiting, and the step's new tokens count for the iteration."""
+        beam, problem = request.beam, request.problem
         for step in self.cut.steps(request, self.policy.max_total_tokens - beam.num_tokens):
             beam.append(step)
+        problem.waiting.discard(beam.uid)
+        problem.lengths.append(len(request.tokens) - request.adopted)
+
+    def reject_steps(self, partial: dict[int, float], decoding: Callable[[Problem], list[Request]],
+                     stop: Callable[[list[Request]], None]) -> bool:
+        """Early rejection's cut (`rejection.py`) in every problem in flight, on the partial
+        scores just made, against the beams whose step is committed and scored (their path
+        scores; a step that completes its path does not compete): `decoding(problem)` are
+        its requests still decoding, `stop` stops those rejected. True when one was."""
+        gone = False
+        for p in self._live:
+            settled = {b.uid: self.policy.path_score(b) for b in p.search.frontier
+                       if b.uid not in p.waiting and not b.is_finished_path
+                       and next_unscored(self.policy, p.search, b) is None}
+            gone = bool(self.rejection.cut(p, decoding(p), partial, settled, stop)) or gone
+        return gone
 
     def select(self, problem: Problem) -> dict[int, Beam]:
         """The policy's selection on the problem's frontier, which ends its iteration (its
@@ -213,6 +230,10 @@ class Schedule(ABC):
                                cut_into_steps=not policy.stops_at_boundary, spec_priority=prio, kind=kind,
                                problem=problem))
         return out
+
+    def _requests_ahead(self, problem: Problem, beams: list[Beam], iteration: int) -> list[Request]:
+        """The requests `iteration` would make for `beams` (a speculative step's)."""
+        return self.requests_for(problem.search, beams=beams, iteration=iteration, problem=problem)
 
     def exit_if_settled(self, problem: Problem) -> None:
         """Early exit, after a selection: a search whose answer has settled stops here

@@ -67,8 +67,7 @@ class ScoreCache:
 @dataclass
 class ScoreItem:
     """Score `indices` of `beam`. `lookahead_step` is the text of a next step not yet in
-    the beam (speculative, or with `early` a finished step scored while others decode),
-    scored into the cache only; `partial_step` is the text of a step still decoding,
+    the beam (speculative), scored into the cache only; `partial_step` is the text of a step still decoding,
     scored for `ScoringStats.partial` only (early rejection)."""
 
     beam: Beam
@@ -76,7 +75,6 @@ class ScoreItem:
     indices: tuple[int, ...]
     lookahead_step: str | None = None
     partial_step: str | None = None
-    early: bool = False
 
 
 @dataclass
@@ -182,9 +180,7 @@ class ScoringPhase:
             elif item.partial_step is not None:  # a step still decoding: for early rejection only
                 stats.add(item.beam.problem_id, partial_scored=1)
                 stats.partial[item.beam.uid] = score
-            else:  # the lookahead step (or a finished one scored early): cache only
-                if not item.early:
-                    stats.add(item.beam.problem_id, lookahead=1)
+            else:  # the lookahead step: cache only
+                stats.add(item.beam.problem_id, lookahead=1)
                 assert self.cache is not None and item.lookahead_step is not None
-                self.cache.put(item.beam.problem_id, texts + (item.lookahead_step,), score,
-                               lookahead=not item.early)
+                self.cache.put(item.beam.problem_id, texts + (item.lookahead_step,), score, lookahead=True)

@@ -2,8 +2,9 @@
 of generation.
 
 Once per iteration, when the real requests still decoding are down to the beams selection
-keeps, the finished steps not scored yet are scored whole (into the score cache: the
-iteration's own scoring reads them back, so no score is computed twice). Then every beam
+keeps, the finished steps not scored yet are scored whole (they are committed to their
+beams as they finish; the iteration's own scoring reads them back from the score cache,
+so no score is computed twice). Then every beam
 whose finished step cannot make selection's cut on the scores known stops speculating:
 at least `rejection_cut` other finished steps (distinct paths where selection filters
 duplicates) score strictly above it. Steps that end their path do not compete, and the
@@ -21,14 +22,8 @@ from tts.engine.model_runner import ModelRunner
 from tts.engine.requests import Request
 from tts.engine.schedule import Problem
 from tts.engine.scoring import ScoreCache, ScoreItem
-from tts.engine.steps import completes_path
 from tts.metrics.events import SpeculationPruned
 from tts.search.base import SearchPolicy, aggregate
-
-
-def step_path(request: Request, decode: Callable[[Sequence[int]], str]) -> tuple[str, ...]:
-    """A finished request's path with its new step: the score cache's key for the step."""
-    return request.beam.step_texts + (decode(request.tokens),)
 
 
 class SpeculationPruning:
@@ -57,16 +52,15 @@ class SpeculationPruning:
         return True
 
     def items(self, live: Sequence[Problem]) -> list[ScoreItem]:
-        """The finished steps not scored yet, whole, into the score cache."""
-        decode = self.runner.gen.decode
-        return [ScoreItem(r.beam, p.input.problem, (), lookahead_step=path[-1], early=True)
+        """The finished steps (committed to their beams) not scored yet, whole."""
+        return [ScoreItem(r.beam, p.input.problem, (r.beam.depth - 1,))
                 for p in live for r in self.requests_of(p)
                 if r.finished and not (r.rejected or r.to_eos or r.cut_into_steps) and r.tokens
-                and not self.cache.has(p.id, path := step_path(r, decode))]
+                and r.beam.scores[-1] is None and not self.cache.has(p.id, r.beam.step_texts)]
 
     def prune(self, live: Sequence[Problem]) -> None:
         """Stop the speculation of every beam whose finished step cannot make the cut."""
-        decode, cache = self.runner.gen.decode, self.cache
+        cache = self.cache
         agg, dedup = self.policy.cfg.aggregation, self.policy.cfg.filter_duplicates
         for p in live:
             keep = self.policy.rejection_cut(p.search)
@@ -74,14 +68,13 @@ class SpeculationPruning:
                 continue
             est: dict[int, tuple[float, tuple[str, ...]]] = {}
             for r in self.requests_of(p):
-                if not r.finished or r.rejected or r.to_eos or r.cut_into_steps or completes_path(r, decode):
+                # a step that completes its path (EOS, an answer, the path's budget) does not compete
+                if not r.finished or r.rejected or r.to_eos or r.cut_into_steps or r.beam.is_finished_path:
                     continue
-                if len(r.tokens) >= self.policy.max_total_tokens - r.beam.num_tokens:
-                    continue  # the path's budget ends here: it completes, it does not compete
-                path = step_path(r, decode)
-                score = cache.peek(p.id, path)
+                path = r.beam.step_texts
+                score = r.beam.scores[-1] if r.beam.scores[-1] is not None else cache.peek(p.id, path)
                 if score is not None:
-                    est[r.beam.uid] = (aggregate(list(r.beam.scores) + [score], agg), path)
+                    est[r.beam.uid] = (aggregate(r.beam.scores[:-1] + (score,), agg), path)
             out = set()
             for uid, (mine, path) in est.items():
                 above = {other if dedup else o for o, (e, other) in est.items()

@@ -22,17 +22,31 @@ When selection keeps the parent and gives it child k, child k's request adopts t
 A step no kept child adopts is dropped: its backend request, if it still runs, stops.
 Each of these ends is counted here, once for both disciplines (a `SpeculativeStep` event
 for the run's `SpeculationLog`).
+
+`SpeculativeSteps` holds what both disciplines share of the steps while they run: their
+start (child k's request for the next iteration, within the speculative token cap
+`spec_max_tokens`: a step stopped at the cap is partial, `Request.stalled`), their
+preemption, and the one memory rule (`memory_guard.py`). Which steps start, and when, is
+each discipline's start rule: the barrier's branches (children of the steps finished this
+iteration, by their score's bin) and the decoupled schedule's scope (`decoupled_spec.py`).
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
+from tts.engine.memory_guard import MemoryGuard
 from tts.engine.model_runner import ModelRunner
-from tts.engine.requests import Request, RequestState
+from tts.engine.options import KV_SPEC_LIMIT
+from tts.engine.requests import Request, RequestKind, RequestState
 from tts.engine.steps import StepCutter
 from tts.metrics.events import SpeculationAdopted, SpeculativeStep
-from tts.search.tree import StepEnd
+from tts.search.tree import Beam, StepEnd, child_seed
+
+if TYPE_CHECKING:
+    from tts.engine.schedule import Problem
 
 
 class Adoption(str, enum.Enum):
@@ -50,7 +64,7 @@ def same_step(node: Request, request: Request) -> bool:
             and node.limit >= request.limit and not request.beam.spec_tokens)
 
 
-def _tokens(runner: ModelRunner, node: Request) -> tuple[int, ...]:
+def step_tokens(runner: ModelRunner, node: Request) -> tuple[int, ...]:
     """The step's tokens as the child adopts them: a final EOS kept, so its step ends there."""
     return tuple(node.tokens) + ((runner.gen.eos_token_id,) if node.end is StepEnd.EOS else ())
 
@@ -87,7 +101,7 @@ def adopt(runner: ModelRunner, cut: StepCutter, node: Request, request: Request)
 def _adopt(runner: ModelRunner, cut: StepCutter, node: Request, request: Request) -> tuple[Adoption, int]:
     running = node.state.in_backend
     if same_step(node, request) and (node.finished or (running and not node.capped)):
-        cut.consume(request, _tokens(runner, node) if node.finished else node.tokens)
+        cut.consume(request, step_tokens(runner, node) if node.finished else node.tokens)
         request.adopted = len(request.tokens)
         used = node.generated
         if request.finished or not running:
@@ -102,7 +116,7 @@ def _adopt(runner: ModelRunner, cut: StepCutter, node: Request, request: Request
     if not runner.gen.resumable_sampling:
         return Adoption.DISCARDED, 0
     eos = node.end is StepEnd.EOS
-    request.beam.spec_tokens = _tokens(runner, node)
+    request.beam.spec_tokens = step_tokens(runner, node)
     cut.adopt(request)
     return Adoption.PARTIAL, min(node.generated, request.adopted + (1 if eos and request.end is StepEnd.EOS else 0))
 
@@ -126,3 +140,79 @@ def drop(runner: ModelRunner, nodes: list[Request]) -> None:
         runner.stop(running)
     for node in nodes:
         runner.collector.emit(SpeculativeStep(node.problem_id, "dropped", node.generated))
+
+
+class SpeculativeSteps:
+    """The speculative steps of the problems in flight, as they run (module docstring).
+    `requests_for(problem, beams, iteration)` makes the requests an iteration would make;
+    `event(*fields)` records a trace event."""
+
+    def __init__(self, runner: ModelRunner, cut: StepCutter,
+                 requests_for: Callable[[Problem, list[Beam], int], list[Request]], spec_max_tokens: int,
+                 kv_spec_limit: float = KV_SPEC_LIMIT, event: Callable[..., None] | None = None) -> None:
+        self.runner, self.cut = runner, cut
+        self._requests_for = requests_for
+        self.spec_max_tokens = spec_max_tokens
+        self.memory = MemoryGuard(kv_spec_limit)
+        self._event = event or (lambda *fields: None)
+
+    def running(self) -> list[Request]:
+        """The speculative steps running in the backend, oldest first."""
+        return [r for r in self.runner.requests.values() if r.kind is RequestKind.SPEC]
+
+    def speculable(self, problem: Problem, beam: Beam, k: int) -> bool:
+        """The beam has its step, and its child k's speculative step is not started, or
+        was stopped short and can resume from its tokens."""
+        if beam.uid in problem.waiting:
+            return False
+        node = problem.spec.get((beam.uid, child_seed(beam.seed, k)))
+        if node is None:
+            return not beam.is_finished_path
+        return not node.state.in_backend and not node.finished and not node.stalled
+
+    def start(self, problem: Problem, beam: Beam, k: int) -> bool:
+        """Start child k's speculative step of `beam` (or resume it); False when it has no
+        token budget left."""
+        node = problem.spec.get((beam.uid, child_seed(beam.seed, k)))
+        if node is None:
+            shadow = beam.fork(child_seed(beam.seed, k))  # child k: the same path, its seed
+            node = self._requests_for(problem, [shadow], problem.search.iteration + 1)[0]
+            node.kind, node.stalled = RequestKind.SPEC, node.limit <= 0
+            problem.spec[(beam.uid, shadow.seed)] = node
+            self._event("spec", problem.id, beam.uid, shadow.uid)
+        return not node.stalled and self.submit(node)
+
+    def submit(self, node: Request) -> bool:
+        """Send a speculative step within the cap; False when it has no budget left (it stalls)."""
+        budget = node.limit - len(node.tokens)
+        max_tokens = min(budget, self.spec_max_tokens - len(node.tokens)) if self.spec_max_tokens else budget
+        if max_tokens < 1:
+            node.stalled = True
+            return False
+        node.capped = max_tokens < budget
+        self.runner.submit(node, max_tokens, node.tokens, speculative=True)
+        return True
+
+    def stopped(self, node: Request) -> None:
+        """A speculative request ended: its step is done, or it reached its cap (stalled)."""
+        node.stalled = not node.finished
+        self._event("spec_done", node.beam.parent, node.generated)
+
+    def preempt(self, nodes: Sequence[Request]) -> None:
+        """Stop these running speculative steps. Their tokens are kept to resume from
+        where the generator's sampling is resumable; otherwise (vLLM's own sampler) the step
+        is wasted and leaves its table: it starts again from its path (`preempted`)."""
+        for node in nodes:
+            self._event("preempt", node.beam.parent, len(node.tokens))
+            if preempted(self.runner, node):
+                del node.problem.spec[(node.beam.parent, node.beam.seed)]
+        self.runner.stop(nodes, RequestState.WAITING)
+
+    def paths(self, problems: Sequence[Problem]) -> set[tuple[str, tuple[str, ...]]]:
+        """(problem id, path) of every speculative step held now, for checks and tests."""
+        out = set()
+        for problem in problems:
+            for node in problem.spec.values():
+                if node.tokens:
+                    out.add((problem.id, node.beam.step_texts + (self.runner.gen.decode(node.tokens),)))
+        return out
