@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from tts.backends.base import FinishReason, GenDelta, StepStats
+from tts.backends.base import GenDelta, StepStats
 from tts.engine.memory_guard import MemoryGuard
 from tts.engine.model_runner import ModelRunner
 from tts.engine.options import KV_SPEC_LIMIT
@@ -221,7 +221,7 @@ class IterationGeneration:
                 self._speculating.pop(request, None)
                 request.state = _FINISHED
             return False
-        overflow = self.cut.consume(request, d.new_token_ids, d.finish_reason)
+        overflow = self.cut.take(request, d)
         if not request.finished or request not in self._pending:
             return False
         self._pending.discard(request)
@@ -241,8 +241,7 @@ class IterationGeneration:
     def _take_branch_delta(self, branch: Request, d: GenDelta) -> bool:
         """Apply one delta of a branch; True when its step ended before its request did. A
         branch stopped at its speculative cap holds part of a step (`stalled`)."""
-        finish = None if d.finish_reason is FinishReason.LENGTH and branch.capped else d.finish_reason
-        self.cut.consume(branch, d.new_token_ids, finish)
+        self.cut.take(branch, d)
         if branch.finished or d.finished:
             if d.finished:
                 branch.state = _FINISHED

@@ -41,7 +41,7 @@ import enum
 from collections import deque
 
 from tts import clock
-from tts.backends.base import FinishReason, GenDelta, StepStats
+from tts.backends.base import GenDelta, StepStats
 from tts.config.schema import DecoupledSpecScope
 from tts.engine.decoupled_policy import EAGER_FIRST, Filler, FillPolicy, FillState, make_fill_policy
 from tts.engine.decoupled_spec import DecoupledSpeculation
@@ -230,10 +230,7 @@ class DecoupledSchedule(Schedule):
         for request, d in outputs:
             n = len(d.new_token_ids)
             self.stats.tokens[request.kind.value] += n
-            finish = d.finish_reason
-            if finish is FinishReason.LENGTH and request.capped:
-                finish = None  # the speculative cap, not the step's limit
-            self.cut.consume(request, d.new_token_ids, finish)
+            self.cut.take(request, d)
             if request.finished or d.finished:
                 done.append(request)
                 if not d.finished:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tts.backends.base import FinishReason, Generator
+from tts.backends.base import FinishReason, GenDelta, Generator
 from tts.engine.requests import Request
 from tts.search.tree import Step, StepEnd, has_answer
 
@@ -50,6 +50,13 @@ class StepCutter:
         if finish is not None and job.end is None:
             job.end = StepEnd.EOS if finish is FinishReason.EOS else StepEnd.STEP_LIMIT
         return []
+
+    def take(self, job: Request, d: GenDelta) -> list[int]:
+        """`consume` one generator delta of the job's request. A request stopped at a
+        speculative cap below its step's limit (`Request.capped`) has not ended its step
+        there: it holds part of it. Returns the tokens past the step's end."""
+        finish = None if d.finish_reason is FinishReason.LENGTH and job.capped else d.finish_reason
+        return self.consume(job, d.new_token_ids, finish)
 
     def adopt(self, job: Request) -> None:
         """Start the job from its beam's speculative tokens; they may hold the whole step.
