@@ -43,7 +43,7 @@ from tts.engine.model_runner import ModelRunner
 from tts.engine.options import KV_SPEC_LIMIT
 from tts.engine.requests import Request, RequestKind, RequestState
 from tts.engine.schedule import Problem
-from tts.engine.spec_steps import Adoption, SpeculativeSteps, drop, step_tokens, take_over
+from tts.engine.spec_steps import SpeculativeSteps, step_tokens
 from tts.engine.steps import StepCutter, completes_path
 from tts.search.tree import Beam
 
@@ -180,9 +180,8 @@ class IterationGeneration:
 
     def _drop_tables(self) -> None:
         """Drop the branches still in the tables (no kept child took them over)."""
-        drop(self.runner, [node for p in self._tables.values() for node in p.spec.values()])
         for p in self._tables.values():
-            p.spec = {}
+            self.steps.drop_table(p)
         self._tables = {}
 
     def _stop(self, stops: list[tuple[Request, RequestState]]) -> None:
@@ -195,23 +194,17 @@ class IterationGeneration:
     # ------------------------------------------------------------ real requests
 
     def _start(self, requests: Sequence[Request]) -> None:
-        """Send each request: a child adopts its branch (`spec_steps.adopt`), a request
-        starts from its beam's speculative tokens, and one that may speculate by running on
-        asks for `spec_max_tokens` more than its step."""
-        for request in requests:
-            taken = take_over(self.runner, self.cut, request.problem.spec, request)
-            if taken is not None and taken[0] is Adoption.PROMOTED:
-                self._pending.add(request)
-                continue
-            self.cut.adopt(request)  # the beam's speculative tokens may hold the whole step
-            if request.finished:
-                self.complete(request)
-            else:
-                budget = request.limit - len(request.tokens)
-                run_on = self.speculative and not self.spec_branches and request.spec_priority > 0 and not request.to_eos
-                self.runner.submit(request, budget + (self.spec_max_tokens if run_on else 0), request.tokens)
-                self._pending.add(request)
-        self._drop_tables()  # branches of children selection did not choose
+        """Send each request: a kept child takes over its branch, or starts from its beam's
+        speculative tokens (`SpeculativeSteps.take_over_all`); one that may speculate by
+        running on asks for `spec_max_tokens` more than its step."""
+        running, to_send = self.steps.take_over_all(requests, self.complete)
+        self._pending.update(running)
+        self._drop_tables()  # branches of problems that ended
+        for request in to_send:
+            budget = request.limit - len(request.tokens)
+            run_on = self.speculative and not self.spec_branches and request.spec_priority > 0 and not request.to_eos
+            self.runner.submit(request, budget + (self.spec_max_tokens if run_on else 0), request.tokens)
+            self._pending.add(request)
 
     def _take_delta(self, request: Request, d: GenDelta) -> bool:
         """Apply one delta of a real request; True when it finished the request's step."""

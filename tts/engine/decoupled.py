@@ -320,7 +320,6 @@ class DecoupledSchedule(Schedule):
     def _select(self, problem: Problem) -> None:
         search = problem.search
         self.select(problem)
-        nodes, problem.spec = problem.spec, {}
         self.speculation.exhausted = False
         self._event("select", problem.id, search.iteration, [(b.uid, b.parent) for b in search.frontier])
         if not search.frontier:
@@ -333,19 +332,8 @@ class DecoupledSchedule(Schedule):
         else:
             requests = self.order(self.requests_for(search, problem=problem))
             problem.waiting = {r.beam.uid for r in requests}
-            finished = []
-            for request in requests:
-                run = self.speculation.request_for(nodes, request)
-                if run is None:
-                    continue  # the running speculative request became this one
-                if run.finished:
-                    finished.append(run)
-                else:
-                    self._real.append(run)
-            for request in finished:
-                self._complete(request)
-        for node in nodes.values():
-            self.speculation.drop(node)
+            self._real.extend(self.speculation.take_over_all(requests, self._complete)[1])
+        self.speculation.drop_table(problem)  # (the search ended: nobody takes them over)
         self._replan()
 
     # ------------------------------------------------------------------ reports

@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from tts.engine.requests import Request
 from tts.engine.schedule import Problem
 from tts.engine.spec_guard import SpeculationGuard
-from tts.engine.spec_steps import Adoption, SpeculativeSteps, Table, drop, take_over
+from tts.engine.spec_steps import SpeculativeSteps
 from tts.search.base import SearchPolicy
 from tts.search.tree import Beam
 
@@ -114,18 +114,3 @@ class DecoupledSpeculation(SpeculativeSteps):
             self.exhausted = False
             self.preempt(stop)
         return len(stop)
-
-    def request_for(self, nodes: Table, request: Request) -> Request | None:
-        """The request to run for a kept child after selection: it takes over its parent's
-        speculative step for its seed, if `nodes` holds one (`spec_steps.take_over`). None:
-        the running speculative request became the child's."""
-        taken = take_over(self.runner, self.cut, nodes, request)
-        if taken is None:
-            return request
-        self._event("adopt", request.beam.parent, request.beam.uid, taken[0].value, taken[1])
-        return None if taken[0] is Adoption.PROMOTED else request
-
-    def drop(self, node: Request) -> None:
-        """A speculative step whose beam selection did not keep: all its tokens are wasted."""
-        drop(self.runner, [node])
-        self._event("drop", node.beam.parent, node.beam.uid, node.generated)

@@ -208,6 +208,39 @@ class SpeculativeSteps:
                 del node.problem.spec[(node.beam.parent, node.beam.seed)]
         self.runner.stop(nodes, RequestState.WAITING)
 
+    def take_over_all(self, requests: Sequence[Request], complete: Callable[[Request], None],
+                      ) -> tuple[list[Request], list[Request]]:
+        """After a selection: each kept child's request, in order, takes over its parent's
+        speculative step for its seed where its problem's table holds one (`take_over`), and
+        starts from its beam's speculative tokens (run-on's, `StepCutter.adopt`); one whose
+        step is then whole is committed (`complete`). Every other step of those tables is
+        dropped. Returns the requests running on a step's backend request (promoted), and
+        those still to send."""
+        running, to_send = [], []
+        for request in requests:
+            taken = take_over(self.runner, self.cut, request.problem.spec, request)
+            if taken is not None:
+                self._event("adopt", request.beam.parent, request.beam.uid, taken[0].value, taken[1])
+                if taken[0] is Adoption.PROMOTED:
+                    running.append(request)
+                    continue
+            self.cut.adopt(request)
+            if request.finished:
+                complete(request)
+            else:
+                to_send.append(request)
+        for problem in {id(r.problem): r.problem for r in requests}.values():
+            self.drop_table(problem)
+        return running, to_send
+
+    def drop_table(self, problem: Problem) -> None:
+        """Drop the problem's speculative steps (no kept child took them over): all their
+        tokens are wasted."""
+        for node in problem.spec.values():
+            self._event("drop", node.beam.parent, node.beam.uid, node.generated)
+        drop(self.runner, list(problem.spec.values()))
+        problem.spec = {}
+
     def paths(self, problems: Sequence[Problem]) -> set[tuple[str, tuple[str, ...]]]:
         """(problem id, path) of every speculative step held now, for checks and tests."""
         out = set()
