@@ -120,10 +120,8 @@ class BarrierSchedule(Schedule):
         a step's score is in the score cache, its beam takes it from there)."""
         if self.cache is not None:
             for r in self._requests:
-                beam = r.beam
-                if r.finished and beam.scores and beam.scores[-1] is None:
-                    if (s := self.cache.peek(beam.problem_id, beam.step_texts)) is not None:
-                        beam.set_score(beam.depth - 1, s)
+                if r.finished:
+                    self.cache.fill_last(r.beam)
         self.reject_steps(partial, lambda p: [r for r in self._requests_of(p) if not (r.finished or r.rejected)],
                           self.generation.reject)
 

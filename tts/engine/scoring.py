@@ -47,6 +47,13 @@ class ScoreCache:
         """The step's score if known (not counted as a hit or a miss)."""
         return self._scores.get((problem_id, path))
 
+    def fill_last(self, beam: Beam) -> float | None:
+        """The beam's last step's score: where the beam has none yet and the cache knows it
+        (an earlier call scored that path), the beam takes it (not counted as a hit)."""
+        if beam.scores[-1] is None and (score := self.peek(beam.problem_id, beam.step_texts)) is not None:
+            beam.set_score(beam.depth - 1, score)
+        return beam.scores[-1]
+
     def has(self, problem_id: str, path: tuple[str, ...]) -> bool:
         """Whether the step's score is known (not counted as a hit or a miss)."""
         return (problem_id, path) in self._scores

@@ -71,10 +71,8 @@ class SpeculationPruning:
                 # a step that completes its path (EOS, an answer, the path's budget) does not compete
                 if not r.finished or r.rejected or r.to_eos or r.cut_into_steps or r.beam.is_finished_path:
                     continue
-                path = r.beam.step_texts
-                score = r.beam.scores[-1] if r.beam.scores[-1] is not None else cache.peek(p.id, path)
-                if score is not None:
-                    est[r.beam.uid] = (aggregate(r.beam.scores[:-1] + (score,), agg), path)
+                if cache.fill_last(r.beam) is not None:
+                    est[r.beam.uid] = (aggregate(r.beam.scores, agg), r.beam.step_texts)
             out = set()
             for uid, (mine, path) in est.items():
                 above = {other if dedup else o for o, (e, other) in est.items()

@@ -229,7 +229,7 @@ class SpeculativeSteps:
                 complete(request)
             else:
                 to_send.append(request)
-        for problem in {id(r.problem): r.problem for r in requests}.values():
+        for problem in dict.fromkeys(r.problem for r in requests):
             self.drop_table(problem)
         return running, to_send
 
