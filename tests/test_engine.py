@@ -197,14 +197,19 @@ def test_spec_prune_stops_only_the_speculation_of_beams_selection_prunes(monkeyp
     speculative tokens are generated, and no score is computed twice."""
     from tts.engine.barrier_generation import IterationGeneration
 
-    stopped = []
-    original = IterationGeneration.stop_speculating
+    stopped, iteration = [], []
+    original, begin = IterationGeneration.stop_speculating, IterationGeneration.begin
 
     def spy(self, beams):
-        stopped.extend(r.beam for r in self._requests if r.beam.uid in beams)
+        stopped.extend(r.beam for r in iteration if r.beam.uid in beams)
         return original(self, beams)
 
+    def spy_begin(self, requests):
+        iteration[:] = requests
+        return begin(self, requests)
+
     monkeypatch.setattr(IterationGeneration, "stop_speculating", spy)
+    monkeypatch.setattr(IterationGeneration, "begin", spy_begin)
     common = dict(n=8, m=4, iters=5, problems=("a", "b"), speculative=True, ordering="prefix_aware",
                   spec_truncate_ratio=0.0, spec_truncate_std=0.0, spec_branches=branches)
     base, *_ = run(answering, n=8, m=4, iters=5, problems=("a", "b"))
@@ -285,10 +290,10 @@ def test_engine_cuts_duplicates_at_the_speculative_next_step(monkeypatch):
     speculative next step (up to and including its "\\n\\n"), not all its run-on: with
     R = 1 a duplicate keeps exactly that step, and child 0 keeps everything."""
     from tts.backends.fake import decode
-    from tts.engine import barrier
+    from tts.engine import spec_runon
 
     seen = []
-    real = barrier.inherit_speculation
+    real = spec_runon.inherit_speculation
 
     def spy(children, parents, ratio, std, rng, step_lens=None, own_min=0):
         out = real(children, parents, ratio, std, rng, step_lens, own_min)
@@ -296,7 +301,7 @@ def test_engine_cuts_duplicates_at_the_speculative_next_step(monkeypatch):
                      [(c.parent, c.seed == parents[c.parent].seed, c.spec_tokens) for c in children]))
         return out
 
-    monkeypatch.setattr(barrier, "inherit_speculation", spy)
+    monkeypatch.setattr(spec_runon, "inherit_speculation", spy)
     run(endless, n=4, m=2, iters=4, eos_at_depth_limit=False, speculative=True,
         spec_truncate_ratio=1.0, spec_truncate_std=0.0, spec_own_min_tokens=0)  # the paper's rule
     past_the_step = 0
@@ -423,8 +428,8 @@ def test_no_speculation_past_a_step_that_completes_the_path():
         generation = Generation(gen, spec_branches=branches)
         generation.run(list(jobs.values()))
         assert gen.decode(jobs[11].tokens) == steps[11]  # its own step is whole
-        assert not jobs[11].spec and not generation.phase.branches_of(jobs[11]), branches
-        assert jobs[12].spec or generation.phase.branches_of(jobs[12]), branches  # the short plain step speculated
+        assert not jobs[11].spec and not generation.phase.steps.of(jobs[11]), branches
+        assert jobs[12].spec or generation.phase.steps.of(jobs[12]), branches  # the short plain step speculated
         assert generation.metrics.spec_generated > 0
         generation.phase.release()
         assert gen.num_unfinished() == 0
@@ -497,8 +502,8 @@ def test_branches_follow_the_bins_and_child_seeds():
     generation = Generation(gen, spec_branches=True)
     phase = generation.phase
     generation.run([slow, fast])
-    assert not fast.spec and [b.beam.seed for b in phase.branches_of(fast)] == [child_seed(10, k) for k in range(3)]
-    steps = phase.branch_steps(fast)
+    assert not fast.spec and [b.beam.seed for b in phase.steps.of(fast)] == [child_seed(10, k) for k in range(3)]
+    steps = phase.steps.steps_of(fast)
     assert {gen.decode(t) for t in steps.values()} == {"b\n\n"}  # child 0 (seed 10): whole, stopped at its end
     running = {seed: branch for (parent, seed), branch in generation.problem.spec.items()
                if parent == fast.beam.uid and branch.state.in_backend}
@@ -506,7 +511,7 @@ def test_branches_follow_the_bins_and_child_seeds():
     for seed, branch in running.items():
         text = gen.decode(branch.tokens)
         assert text and ("b" * (1 + seed % 5) + "\n\n").startswith(text)  # a prefix of child k's step
-    assert not phase.branches_of(slow)  # priority 0: no branches
+    assert not phase.steps.of(slow)  # priority 0: no branches
     assert gen.num_unfinished() == 2
     # selection keeps child 1 only: it runs on its branch's request, the other is stopped
     assert fast.beam.step_texts == (gen.decode(fast.tokens),)  # its step, committed as it finished
@@ -582,7 +587,7 @@ def test_preempted_branch_resumes_where_sampling_is_resumable():
 
         def step():
             deltas, st = orig()
-            branch = next(iter(generation.phase.branches_of(parent)), None)
+            branch = next(iter(generation.phase.steps.of(parent)), None)
             running = branch is not None and branch.request_id in {d.request_id for d in deltas}
             if running and "waits" not in seen and len(branch.tokens) == 2:
                 seen["waits"] = 0  # three tokens in with this step, real work starts waiting
@@ -595,7 +600,7 @@ def test_preempted_branch_resumes_where_sampling_is_resumable():
 
         gen.step = step
         generation.run([parent, straggler])
-        (branch,) = generation.phase.branches_of(parent)  # priority 1: child 0's branch
+        (branch,) = generation.phase.steps.of(parent)  # priority 1: child 0's branch
         assert seen["before"] == 2 + WAIT_STEPS and straggler.finished
         assert branch.finished and branch.beam.seed == child_seed(10, 0)
         assert gen.decode(branch.tokens) == "b" * (6 + branch.beam.seed % 5) + "\n\n"  # child 0's own step
@@ -604,7 +609,7 @@ def test_preempted_branch_resumes_where_sampling_is_resumable():
         assert generation.collector.speculation.wasted == redone
         steps = generation.collector.speculation.steps  # counted as the decoupled schedule counts
         assert steps["preempted"] == 1 and steps["reset"] == (mode == "stream")
-        assert generation.phase.branch_steps(parent) == {branch.beam.seed: tuple(branch.tokens)}
+        assert generation.phase.steps.steps_of(parent) == {branch.beam.seed: tuple(branch.tokens)}
         assert gen.num_unfinished() == 0
 
 

@@ -175,7 +175,7 @@ class OptimConfig:
     spec_prune: bool = False
     decoupled_policy: DecoupledPolicy = DecoupledPolicy.eager_first
     verifier_batch_size: int = 0  # decoupled: PRM items per call; 0 = no cap
-    # decoupled: what speculation generates ahead of selection (see tts/engine/decoupled_spec.py)
+    # decoupled: what speculation generates ahead of selection (see tts/engine/spec_scope.py)
     decoupled_spec_scope: DecoupledSpecScope = DecoupledSpecScope.survivors
     # decoupled: start no speculation while the run's cost model says it does not pay
     decoupled_spec_guard: bool = True

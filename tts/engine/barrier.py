@@ -20,11 +20,11 @@ from tts.engine.barrier_generation import IterationGeneration
 from tts.engine.requests import Request
 from tts.engine.messages import Generate, Purpose, Score
 from tts.engine.schedule import Problem, Schedule, ScheduleParts
-from tts.engine.lookahead import Lookahead, next_runs_to_eos, spec_step_len
+from tts.engine.lookahead import Lookahead, next_runs_to_eos
 from tts.engine.scoring import ScoreItem, ScoringStats
 from tts.engine.spec_prune import SpeculationPruning
-from tts.engine.speculation import inherit_speculation, spec_priorities
-from tts.metrics.events import ModelTime, SpeculationAdopted
+from tts.engine.speculation import spec_priorities
+from tts.metrics.events import ModelTime
 from tts.search.base import ProblemSearch
 from tts.search.tree import BeamState
 
@@ -181,31 +181,25 @@ class BarrierSchedule(Schedule):
         return spec_priorities(prev, max(1, self.policy.cfg.beam_width))
 
     def _apply_generation(self) -> None:
+        """Each beam's speculative tokens: what its request ran on, or child 0's branch,
+        which doubles as the lookahead step."""
+        steps = self.generation.steps
         for request in self._requests:
-            if request.rejected:
-                continue  # no step: its beam leaves the frontier
-            if self.generation.spec_branches:  # child 0's branch doubles as the lookahead step
-                request.beam.spec_tokens = self.generation.branch_steps(request).get(request.beam.seed, ())
-            else:
-                request.beam.spec_tokens = tuple(request.spec)
-        for p in self._live:
-            if not self.generation.spec_branches:  # (a branch is counted as its child adopts it)
-                used: dict[int | None, int] = {}
-                for r in self._requests_of(p):  # run-on: siblings share one parent's speculative tokens: count them once
-                    used[r.beam.parent] = max(used.get(r.beam.parent, 0), r.adopted)
-                self.emit(SpeculationAdopted(p.id, sum(used.values())))
+            if not request.rejected:  # (a rejected beam has no step: it leaves the frontier)
+                request.beam.spec_tokens = steps.spec_tokens(request)
+        if not self.generation.spec_branches:  # (a branch is counted as its child adopts it)
+            for p in self._live:
+                steps.count_used(p, self._requests_of(p))
 
     # ------------------------------------------------------------ selection
 
     def _select(self, p: Problem) -> None:
         search = p.search
         parents = self.select(p)
-        branches = self.generation.spec_branches  # children adopt their branches as they start
-        if self.opts.speculative and not branches:
-            step_lens = {uid: spec_step_len(self.cut, self.policy, b, search) for uid, b in parents.items()
-                         if b.spec_tokens}
-            inherit_speculation(search.frontier, parents, self.opts.spec_truncate_ratio,
-                                self.opts.spec_truncate_std, p.rng, step_lens, self.opts.spec_own_min_tokens)
+        if self.opts.speculative and not self.generation.spec_branches:  # (a child takes its branch over as it starts)
+            opts = self.opts
+            self.generation.steps.hand_down(p, parents, self.policy, opts.spec_truncate_ratio,
+                                            opts.spec_truncate_std, opts.spec_own_min_tokens)
         for beam in parents.values():
             if beam.state is not BeamState.ACTIVE:
                 beam.spec_tokens = ()  # handed down; the tokens live on in the children

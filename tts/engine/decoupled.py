@@ -25,7 +25,7 @@ The LLM fills its batch (the generator's `batch_cap`) in this order:
    far, `optim.decoupled_spec_scope`).
 
 Speculative steps, their adoption by the children that selection keeps, their dropping
-(counted as wasted) and preemption are in `decoupled_spec.py`; early rejection's call
+(counted as wasted) and preemption are in `spec_scope.py`; early rejection's call
 (`rejection.py`) ends an LLM round, after the PRM's queue; the run's counters and the step-log
 summary in `decoupled_stats.py`. The memory policy (M,
 `ScheduleParts.replan`) sees the committed beams of every problem in flight after each
@@ -44,7 +44,7 @@ from tts import clock
 from tts.backends.base import GenDelta, StepStats
 from tts.config.schema import DecoupledSpecScope
 from tts.engine.decoupled_policy import EAGER_FIRST, Filler, FillPolicy, FillState, make_fill_policy
-from tts.engine.decoupled_spec import DecoupledSpeculation
+from tts.engine.spec_scope import ScopedSteps
 from tts.engine.decoupled_stats import DecoupledStats
 from tts.engine.requests import Request, RequestKind, RequestState
 from tts.engine.decoupled_problem import LLMRound, PRMCall
@@ -80,7 +80,7 @@ class DecoupledSchedule(Schedule):
         # speculative tokens per beam: `spec_max_tokens`, 0 meaning one step's limit
         self.spec_max_tokens = max(0, self.opts.spec_max_tokens) or self.policy.step_max_tokens
         survivors = DecoupledSpecScope(own.spec_scope) is DecoupledSpecScope.survivors
-        self.speculation = DecoupledSpeculation(
+        self.speculation = ScopedSteps(
             self.runner, self.cut, self._requests_ahead, self.spec_max_tokens, self.opts.kv_spec_limit,
             self._event, policy=self.policy, survivors=survivors, submitted=self._submitted)
         if own.spec_guard:

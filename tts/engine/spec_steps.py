@@ -4,7 +4,7 @@ selection has chosen child k, and how the kept child adopts it.
 A speculative step is a request on its parent's path with child k's seed (`child_seed`),
 kept by (parent uid, child seed) until selection runs: the barrier's branches
 (`barrier_generation.py`) and the decoupled schedule's speculative steps
-(`decoupled_spec.py`) are such steps, each discipline deciding only when one starts.
+(`spec_scope.py`) are such steps, each discipline deciding only when one starts.
 When selection keeps the parent and gives it child k, child k's request adopts the step
 (`adopt`):
 
@@ -28,7 +28,7 @@ start (child k's request for the next iteration, within the speculative token ca
 `spec_max_tokens`: a step stopped at the cap is partial, `Request.stalled`), their
 preemption, and the one memory rule (`memory_guard.py`). Which steps start, and when, is
 each discipline's start rule: the barrier's branches (children of the steps finished this
-iteration, by their score's bin) and the decoupled schedule's scope (`decoupled_spec.py`).
+iteration, by their score's bin) and the decoupled schedule's scope (`spec_scope.py`).
 """
 
 from __future__ import annotations
@@ -159,6 +159,10 @@ class SpeculativeSteps:
     def running(self) -> list[Request]:
         """The speculative steps running in the backend, oldest first."""
         return [r for r in self.runner.requests.values() if r.kind is RequestKind.SPEC]
+
+    def of(self, request: Request) -> list[Request]:
+        """The speculative steps held for the children of a request's beam, child 0 first."""
+        return [b for (uid, _), b in request.problem.spec.items() if uid == request.beam.uid]
 
     def speculable(self, problem: Problem, beam: Beam, k: int) -> bool:
         """The beam has its step, and its child k's speculative step is not started, or

@@ -47,7 +47,7 @@ from tts.search.base import SearchPolicy
 from tts.search.tree import Beam
 
 
-class DecoupledSpeculation(SpeculativeSteps):
+class ScopedSteps(SpeculativeSteps):
     """The decoupled schedule's speculative steps (module docstring): `start_all` fills free
     batch slots by the scope's order; real work preempts them (`preempt_newest`). `submitted(request)`
     counts a request sent."""
