@@ -205,7 +205,7 @@ def test_kept_beams_speculative_step_is_reused_without_a_request():
     submitted = {e[2] for e in events(eng, "submit")}
     for _, _, child, _, used in whole:
         assert child not in submitted and used > 0
-    d = eng.schedule.stats
+    d = eng.collector.work
     assert len(gen.calls) == sum(d.requests.values())  # every request the engine counted
     real = d.requests["fresh"] + d.requests["eager"]
     spec = eng.collector.speculation

@@ -27,7 +27,7 @@ The LLM fills its batch (the generator's `batch_cap`) in this order:
 Speculative steps, their adoption by the children that selection keeps, their dropping
 (counted as wasted) and preemption are in `spec_scope.py`; early rejection's call
 (`rejection.py`) ends an LLM round, after the PRM's queue; the run's counters and the step-log
-summary in `decoupled_stats.py`. The memory policy (M,
+summary in `tts/metrics/work.py`. The memory policy (M,
 `ScheduleParts.replan`) sees the committed beams of every problem in flight after each
 admission and selection.
 
@@ -45,7 +45,6 @@ from tts.backends.base import GenDelta, StepStats
 from tts.config.schema import DecoupledSpecScope
 from tts.engine.decoupled_policy import EAGER_FIRST, Filler, FillPolicy, FillState, make_fill_policy
 from tts.engine.spec_scope import ScopedSteps
-from tts.engine.decoupled_stats import DecoupledStats
 from tts.engine.requests import Request, RequestKind, RequestState
 from tts.engine.decoupled_problem import LLMRound, PRMCall
 from tts.engine.messages import Generate, Purpose, Score
@@ -53,6 +52,7 @@ from tts.engine.schedule import Problem, Schedule, ScheduleParts, next_unscored
 from tts.engine.spec_guard import SpeculationGuard
 from tts.engine.scoring import ScoreItem, ScoringStats
 from tts.metrics.events import ModelTime
+from tts.metrics.work import DecoupledLog
 from tts.search.tree import Beam
 
 
@@ -75,14 +75,14 @@ class DecoupledSchedule(Schedule):
         self.fill_policy: FillPolicy = make_fill_policy(own.fill_policy)
         self.prm_cap = max(0, own.verifier_batch_size)
         self.round_steps = max(1, own.round_steps or self.policy.step_max_tokens)
-        self.stats = DecoupledStats()
+        self.stats = DecoupledLog()  # (its generation and PRM calls: `collector.work`)
         self.trace: list[tuple] | None = None
         # speculative tokens per beam: `spec_max_tokens`, 0 meaning one step's limit
         self.spec_max_tokens = max(0, self.opts.spec_max_tokens) or self.policy.step_max_tokens
         survivors = DecoupledSpecScope(own.spec_scope) is DecoupledSpecScope.survivors
         self.speculation = ScopedSteps(
             self.runner, self.cut, self._requests_ahead, self.spec_max_tokens, self.opts.kv_spec_limit,
-            self._event, policy=self.policy, survivors=survivors, submitted=self._submitted)
+            self._event, policy=self.policy, survivors=survivors)
         if own.spec_guard:
             self.speculation.guard = SpeculationGuard(self.collector.speculation)
         self._real: deque[Request] = deque()  # real requests waiting for a batch slot
@@ -204,10 +204,6 @@ class DecoupledSchedule(Schedule):
     def _submit(self, request: Request) -> None:
         """Send a real request (at least one token: its step may be all adopted but its end)."""
         self.runner.submit(request, max(1, request.limit - len(request.tokens)), request.tokens)
-        self._submitted(request)
-
-    def _submitted(self, request: Request) -> None:
-        self.stats.requests[request.kind.value] += 1
         self._event("submit", request.kind.value, request.beam.uid, request.request_id)
 
     def _replan(self) -> None:
@@ -218,7 +214,6 @@ class DecoupledSchedule(Schedule):
 
     def generated(self, outputs: list[tuple[Request, GenDelta]], st: StepStats) -> None:
         self.fill_policy.observe(st)
-        self.stats.llm_steps += 1
         self._util = 0.8 * self._util + 0.2 * min(1.0, st.num_running / max(1, st.batch_cap))
         self.speculation.memory.observe(st)
         if self.rejection is not None:
@@ -228,8 +223,6 @@ class DecoupledSchedule(Schedule):
         self._event("step", st.num_running, st.kv_usage)
         stopped, done = [], []
         for request, d in outputs:
-            n = len(d.new_token_ids)
-            self.stats.tokens[request.kind.value] += n
             self.cut.take(request, d)
             if request.finished or d.finished:
                 done.append(request)
@@ -280,9 +273,6 @@ class DecoupledSchedule(Schedule):
             self._progressed = True
             return
         call = self._call
-        self.stats.prm_calls += 1
-        self.stats.prm_items.append(len(call.batch))
-        self.stats.prm_computed += stats.computed
         requeue = []
         for (problem, beam), item, b0 in zip(call.batch, work.items, call.before):
             self._event("prm", problem.id, beam.uid, item.indices[0], b0, beam.last_scored, beam.step_texts)
@@ -347,7 +337,9 @@ class DecoupledSchedule(Schedule):
         return self.speculation.paths(self._live)
 
     def step_logs(self) -> dict[str, dict]:
-        out = self.stats.summary(self.collector.logs["generator"], self.fill_policy, self.prm_cap)
+        fill = (self.fill_policy.name, self.fill_policy.decisions)
+        out = self.stats.summary(self.collector.work, self.collector.logs["generator"],
+                                 [k.value for k in RequestKind], fill, self.prm_cap, Purpose.SELECT.value)
         out.update(self.collector.speculation.summary())
         if self.speculation.guard is not None:
             out.update(self.speculation.guard.summary())

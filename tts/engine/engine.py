@@ -121,7 +121,8 @@ class Engine:
         if work is None:
             return False
         if isinstance(work, Score):
-            self.schedule.scored(work, self.runner.score(work.items, self._order_items, work.charge))
+            scored = self.runner.score(work.items, self._order_items, work.charge, work.purpose.value)
+            self.schedule.scored(work, scored)
         else:
             self.schedule.generated(*self.runner.step())
         return True

@@ -63,7 +63,7 @@ class ModelRunner:
             n = len(d.new_token_ids)
             request.generated += n
             self.collector.emit(TokensGenerated(request.problem_id, n, request.state is RequestState.SPECULATIVE,
-                                                d.num_prompt_tokens, d.num_cached_tokens or 0))
+                                                d.num_prompt_tokens, d.num_cached_tokens or 0, request.kind.value))
             if d.finished:
                 del self.requests[d.request_id]
             out.append((request, d))
@@ -84,12 +84,12 @@ class ModelRunner:
         self.stop(list(self.requests.values()))
 
     def score(self, items: Sequence[ScoreItem], order: Callable[[list[ScoreItem]], list[ScoreItem]],
-              charge: Iterable[str]) -> ScoringStats:
-        """One verifier call; its wall time is charged to the problems in `charge`."""
+              charge: Iterable[str], purpose: str = "select") -> ScoringStats:
+        """One verifier call for `purpose`; its wall time is charged to the problems in `charge`."""
         scored = self.scoring.run(items, order=order)
         for batch in scored.batches:
             for s in batch.step_stats:
                 self.collector.emit(StepDone("verifier", s))
         self.collector.emit(ModelTime("verifier", tuple(charge), scored.wall_s))
-        self.collector.emit(ScoresMade(scored.by_problem, tuple(scored.batches)))
+        self.collector.emit(ScoresMade(scored.by_problem, tuple(scored.batches), purpose, len(items)))
         return scored

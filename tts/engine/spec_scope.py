@@ -37,7 +37,7 @@ speculation starts while the run's own cost model says it does not pay (`spec_gu
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from tts.engine.requests import Request
 from tts.engine.schedule import Problem
@@ -49,13 +49,11 @@ from tts.search.tree import Beam
 
 class ScopedSteps(SpeculativeSteps):
     """The decoupled schedule's speculative steps (module docstring): `start_all` fills free
-    batch slots by the scope's order; real work preempts them (`preempt_newest`). `submitted(request)`
-    counts a request sent."""
+    batch slots by the scope's order; real work preempts them (`preempt_newest`)."""
 
-    def __init__(self, *args, policy: SearchPolicy, survivors: bool, submitted: Callable[[Request], None],
-                 **kw) -> None:
+    def __init__(self, *args, policy: SearchPolicy, survivors: bool, **kw) -> None:
         super().__init__(*args, **kw)
-        self.policy, self._submitted = policy, submitted
+        self.policy = policy
         self.survivors = survivors
         self.exhausted = False  # the last scan found no speculation left to start
         self.guard: SpeculationGuard | None = None  # whether speculation pays (`spec_guard.py`)
@@ -72,7 +70,7 @@ class ScopedSteps(SpeculativeSteps):
     def submit(self, node: Request) -> bool:
         if not super().submit(node):
             return False
-        self._submitted(node)
+        self._event("submit", node.kind.value, node.beam.uid, node.request_id)
         return True
 
     def free_slots(self) -> int:

@@ -14,6 +14,7 @@ from tts.metrics.events import (BeamsRejected, Event, IterationDone, ModelTime, 
                                 ScoresMade, SearchSettled, SpeculationAdopted, SpeculationPruned, SpeculativeStep,
                                 StepDone, TokensGenerated)
 from tts.metrics.measures import ProblemMetrics, SpeculationLog, StepLog, split_exactly
+from tts.metrics.work import WorkLog
 class MetricsCollector:
     """Per-problem metrics and per-model step logs, from the engine's events."""
 
@@ -21,6 +22,7 @@ class MetricsCollector:
         self.problems: dict[str, ProblemMetrics] = {}
         self.logs = {"generator": StepLog(), "verifier": StepLog()}
         self.speculation = SpeculationLog()  # the run's, both disciplines
+        self.work = WorkLog()  # generation by request kind, verifier calls by purpose
         # progress display: (problem id, iterations done) after each of a problem's iterations
         self.on_iteration: Callable[[str, int], None] | None = None
 
@@ -34,10 +36,12 @@ class MetricsCollector:
 
     def _request(self, e: RequestAdded) -> None:
         self.problems[e.problem_id].gen_requests += 1
+        self.work.requests[e.kind] += 1
 
     def _tokens(self, e: TokensGenerated) -> None:
         m = self.problems[e.problem_id]
         m.gen_tokens += e.tokens
+        self.work.tokens[e.kind] += e.tokens
         if e.speculative:
             m.spec_generated += e.tokens
             self.speculation.generated += e.tokens
@@ -57,6 +61,9 @@ class MetricsCollector:
 
     def _scores(self, e: ScoresMade) -> None:
         weights = {pid: c["computed"] for pid, c in e.by_problem.items()}
+        self.work.calls[e.purpose] += 1
+        self.work.items[e.purpose].append(e.items)
+        self.work.computed[e.purpose] += sum(weights.values())
         shares = [(split_exactly(b.prompt_tokens, weights), split_exactly(b.cached_tokens, weights),
                    split_exactly(b.num_requests, weights)) for b in e.batches]
         for pid, counts in e.by_problem.items():

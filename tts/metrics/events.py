@@ -24,13 +24,15 @@ class RequestAdded:
 
 @dataclass(frozen=True)
 class TokensGenerated:
-    """One request's tokens from one generator step (the prompt's, on its first)."""
+    """One request's tokens from one generator step (the prompt's, on its first); `kind`:
+    the request's (`RequestKind`)."""
 
     problem_id: str
     tokens: int
     speculative: bool
     prompt_tokens: int | None = None
     cached_tokens: int = 0
+    kind: str = "fresh"
 
 
 @dataclass(frozen=True)
@@ -52,11 +54,13 @@ class ModelTime:
 
 @dataclass(frozen=True)
 class ScoresMade:
-    """One verifier call: its counters per problem (`requested`, `computed`, `lookahead`),
-    and its backend batches."""
+    """One verifier call for `purpose` (`Purpose`) on `items` beams: its counters per
+    problem (`requested`, `computed`, `lookahead`), and its backend batches."""
 
     by_problem: Mapping[str, Counter]
     batches: Sequence[ScoreBatchStats]
+    purpose: str = "select"
+    items: int = 0
 
 
 @dataclass(frozen=True)
