@@ -165,10 +165,8 @@ class BarrierSchedule(Schedule):
         return tuple(p.id for p in self._live)
 
     def _select_all(self) -> None:
-        for p in self._live:
+        for p in list(self._live):
             self._select(p)
-        self._finished = [p for p in self._live if p.search.done]
-        self._live = [p for p in self._live if not p.search.done]
         self._stage = _Stage.SELECTED
 
     def _spec_priorities(self, search: ProblemSearch) -> list[int] | None:
@@ -194,7 +192,6 @@ class BarrierSchedule(Schedule):
     # ------------------------------------------------------------ selection
 
     def _select(self, p: Problem) -> None:
-        search = p.search
         parents = self.select(p)
         if self.opts.speculative and not self.generation.spec_branches:  # (a child takes its branch over as it starts)
             opts = self.opts
@@ -203,5 +200,3 @@ class BarrierSchedule(Schedule):
         for beam in parents.values():
             if beam.state is not BeamState.ACTIVE:
                 beam.spec_tokens = ()  # handed down; the tokens live on in the children
-        if not search.frontier:
-            search.done = True

@@ -312,10 +312,7 @@ class DecoupledSchedule(Schedule):
         self.select(problem)
         self.speculation.exhausted = False
         self._event("select", problem.id, search.iteration, [(b.uid, b.parent) for b in search.frontier])
-        if not search.frontier:
-            search.done = True
-            self._live.remove(problem)
-            self._finished.append(problem)
+        if search.done:
             if self._round is not None and problem.id in self._round.touched:  # its share of the round so far
                 del self._round.touched[problem.id]
                 self.emit(ModelTime("generator", (problem.id,), clock.now() - self._round.start))

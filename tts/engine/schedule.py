@@ -181,8 +181,9 @@ class Schedule(ABC):
     def select(self, problem: Problem) -> dict[int, Beam]:
         """The policy's selection on the problem's frontier, which ends its iteration (its
         steps' generated tokens, `problem.lengths`, are reported, and its early rejections
-        counted) and starts the next, unless early exit stops the search here; returns the
-        frontier it selected from, by beam uid."""
+        counted) and starts the next, unless early exit stops the search here; a search left
+        without a frontier is done (the problem leaves those in flight). Returns the frontier
+        it selected from, by beam uid."""
         search = problem.search
         self.emit(IterationDone(problem.id, tuple(problem.lengths)))
         parents = {b.uid: b for b in search.frontier}
@@ -194,6 +195,10 @@ class Schedule(ABC):
                 self.emit(rejected)
         problem.lengths = []
         self.exit_if_settled(problem)
+        if not search.frontier:
+            search.done = True
+            self._live.remove(problem)
+            self._finished.append(problem)
         return parents
 
     def start_problem(self, p: ProblemInput) -> Problem:
