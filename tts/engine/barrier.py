@@ -3,8 +3,9 @@
 With every optimisation off this is the baseline loop of search-and-learn (all beams of
 an iteration run to their step end, the slowest beam sets the pace, then all new steps
 are verified). The FlashTTS switches change how the loop runs, never what the policy
-decides: request order (P), speculative extension (S, `barrier_generation.py`),
-lookahead verification (`lookahead.py`), and the memory split (M, `ScheduleParts.replan`).
+decides: request order (P), speculative extension (S, `barrier_generation.py` with
+a start rule, `spec_runon.py` or `spec_branches.py`), lookahead verification
+(`lookahead.py`), and the memory split (M, `ScheduleParts.replan`).
 
 Lookahead's scopes are in `lookahead.py`; speculation pruning, a scoring call added in the
 middle of generation, in `spec_prune.py`.

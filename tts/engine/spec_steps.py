@@ -3,8 +3,8 @@ selection has chosen child k, and how the kept child adopts it.
 
 A speculative step is a request on its parent's path with child k's seed (`child_seed`),
 kept by (parent uid, child seed) until selection runs: the barrier's branches
-(`barrier_generation.py`) and the decoupled schedule's speculative steps
-(`spec_scope.py`) are such steps, each discipline deciding only when one starts.
+(`spec_branches.py`) and the decoupled schedule's speculative steps (`spec_scope.py`) are
+such steps, each start rule deciding only which start, and when.
 When selection keeps the parent and gives it child k, child k's request adopts the step
 (`adopt`):
 
@@ -27,8 +27,10 @@ for the run's `SpeculationLog`).
 start (child k's request for the next iteration, within the speculative token cap
 `spec_max_tokens`: a step stopped at the cap is partial, `Request.stalled`), their
 preemption, and the one memory rule (`memory_guard.py`). Which steps start, and when, is
-each discipline's start rule: the barrier's branches (children of the steps finished this
-iteration, by their score's bin) and the decoupled schedule's scope (`spec_scope.py`).
+a named start rule's, each a `SpeculativeSteps`: the barrier's branches (children of the
+steps finished this iteration, by their score's bin, `spec_branches.py`) and run-on (the
+paper's: a finished request runs on, its tokens handed down, `spec_runon.py`); the
+decoupled schedule's scope (`spec_scope.py`), with its cost guard (`spec_guard.py`).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ duplicates start ahead yet diverge within it; a duplicate always samples at leas
 `spec_own_min_tokens` of its own step, or a draw near 1 would make it child 0's clone. (Run-on speculation may run past the next
 step while stragglers finish; a fraction of all those tokens would often hold child 0's
 whole next step, and the duplicates would start as copies of child 0.) With
-speculative branches (`IterationGeneration(spec_branches=True)`) each child adopts its own
+speculative branches (`spec_branches.py`) each child adopts its own
 branch instead (`spec_steps.py`): exactly the step it would have generated.
 """
 
