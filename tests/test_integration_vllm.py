@@ -187,7 +187,7 @@ def test_decoupled_engine_on_real_vllm(backends):
     spec = engine.collector.speculation
     assert spec.generated > 0 and spec.generated == spec.used + spec.wasted
     assert engine.gen.num_unfinished() == 0  # no request left behind
-    assert engine.step_logs()["decoupled"]["llm_steps"] == d.llm_steps > 0
+    assert engine.step_logs()["decoupled"]["llm_steps"] == engine.collector.logs["generator"].steps > 0
 
 
 # run_bench builds and closes its own engines, which tears down vLLM's global groups under
