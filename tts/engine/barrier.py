@@ -7,6 +7,10 @@ decides: request order (P), speculative extension (S, `barrier_generation.py` wi
 a start rule, `spec_runon.py` or `spec_branches.py`), lookahead verification
 (`lookahead.py`), and the memory split (M, `ScheduleParts.replan`).
 
+It is a gate over the shared frontier (`schedule.py`): each step committed joins the
+verifier's queue, and once the iteration's generation ends the whole queue goes into one
+call, so every problem in flight is ready for its selection at once.
+
 Lookahead's scopes are in `lookahead.py`; speculation pruning, a scoring call added in the
 middle of generation, in `spec_prune.py`.
 """
@@ -27,7 +31,7 @@ from tts.engine.spec_prune import SpeculationPruning
 from tts.engine.speculation import spec_priorities
 from tts.metrics.events import ModelTime
 from tts.search.base import ProblemSearch
-from tts.search.tree import BeamState
+from tts.search.tree import Beam, BeamState
 
 
 class _Stage(enum.Enum):
@@ -53,6 +57,7 @@ class BarrierSchedule(Schedule):
         self._generation_started = 0.0
         self._verifier_wall = 0.0  # early rejection's calls within the generation phase
         self._ahead: list[ScoreItem] | None = None  # the second call's items, when due
+        self._batch: list[tuple[Problem, Beam]] = []  # the iteration's beams in its verifier call
         # speculation pruning: a scoring call in the middle of generation (`spec_prune.py`)
         self.pruning = (SpeculationPruning(self.policy, self.runner, self.cache, self.generation,
                                            self._requests_of, self.emit)
@@ -85,8 +90,7 @@ class BarrierSchedule(Schedule):
                     self.pruning.prune(self._live)  # their scores are known already
                 return Generate()
             self._end_generation()
-            items = [self.lookahead.item(p, beam) for p in self._live for beam in p.search.frontier]
-            return Score([i for i in items if i.indices or i.lookahead_step], self._charge())
+            return Score([self.lookahead.item(p, beam) for p, beam in self._batch], self._charge())
         assert self._ahead is not None
         items, self._ahead = self._ahead, None
         return Score(items, self._charge(), Purpose.LOOKAHEAD)
@@ -106,12 +110,15 @@ class BarrierSchedule(Schedule):
             if self.pruning is not None:
                 self.pruning.prune(self._live)
             return
-        if work.purpose is Purpose.SELECT and self.lookahead.kept:
-            ahead = self.lookahead.ahead(self._live)
-            if ahead:  # the second call: the next step scores them
-                self._ahead = ahead
+        if work.purpose is Purpose.SELECT:
+            self.scores_made(self._batch)
+            if self.lookahead.kept and (ahead := self.lookahead.ahead(self._live)):
+                self._ahead = ahead  # the second call: the next step scores them
                 return
-        self._select_all()
+        self.select_ready()  # the gate: every live beam of every problem is scored
+        if any(p.to_score or not p.waiting for p in self._live):  # (a selected one waits for its steps)
+            raise RuntimeError("barrier schedule: a problem in flight missed its selection")
+        self._stage = _Stage.SELECTED
 
     # ------------------------------------------------------------ early rejection
 
@@ -137,8 +144,6 @@ class BarrierSchedule(Schedule):
 
     def _begin_iteration(self) -> None:
         requests = [r for p in self._live for r in self.requests_for(p.search, self._spec_priorities(p.search), problem=p)]
-        for p in self._live:
-            p.waiting = {b.uid for b in p.search.frontier}
         self.replan([r.beam for r in requests])
         self._requests = self.order(requests)
         if self.rejection is not None:
@@ -155,6 +160,9 @@ class BarrierSchedule(Schedule):
         wall = clock.now() - self._generation_started - self._verifier_wall
         self.emit(ModelTime("generator", self._charge(), wall))
         self._apply_generation()
+        # the iteration's one verifier call: every committed beam, in frontier order
+        at = {b.uid: i for i, b in enumerate(b for p in self._live for b in p.search.frontier)}
+        self._batch = sorted(self.take_queued(), key=lambda pb: at[pb[1].uid])
         self._stage = _Stage.SCORING
 
     def _requests_of(self, p: Problem) -> list[Request]:
@@ -164,11 +172,6 @@ class BarrierSchedule(Schedule):
     def _charge(self) -> tuple[str, ...]:
         """Every problem in flight waits for each model call of the iteration."""
         return tuple(p.id for p in self._live)
-
-    def _select_all(self) -> None:
-        for p in list(self._live):
-            self._select(p)
-        self._stage = _Stage.SELECTED
 
     def _spec_priorities(self, search: ProblemSearch) -> list[int] | None:
         """Speculative extension (S): each beam's branch count from its previous score's bin."""
@@ -192,8 +195,8 @@ class BarrierSchedule(Schedule):
 
     # ------------------------------------------------------------ selection
 
-    def _select(self, p: Problem) -> None:
-        parents = self.select(p)
+    def selected(self, p: Problem, parents: dict[int, Beam]) -> None:
+        """Run-on speculation's tokens are handed down to the children selection kept."""
         if self.opts.speculative and not self.generation.spec_branches:  # (a child takes its branch over as it starts)
             opts = self.opts
             self.generation.steps.hand_down(p, parents, self.policy, opts.spec_truncate_ratio,

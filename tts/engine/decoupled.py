@@ -86,7 +86,6 @@ class DecoupledSchedule(Schedule):
         if own.spec_guard:
             self.speculation.guard = SpeculationGuard(self.collector.speculation)
         self._real: deque[Request] = deque()  # real requests waiting for a batch slot
-        self._prm: deque[tuple[Problem, Beam]] = deque()
         self._util = 0.0  # moving average of the generator's batch utilisation
         self._turn = _Turn.LLM
         self._round: LLMRound | None = None
@@ -114,7 +113,7 @@ class DecoupledSchedule(Schedule):
                 self._close_round()
             self._turn = _Turn.LLM
             rejecting = self._rejection_due()
-            if self._prm:
+            if self.prm_queue:
                 if rejecting:
                     self._turn = _Turn.PRM  # the partial call follows the queue's
                 return Score(*self._prm_batch())
@@ -142,9 +141,9 @@ class DecoupledSchedule(Schedule):
         """Whether the PRM should run now."""
         if self._rejection_due():
             return True  # early rejection's partial call, after the queue's
-        if not self._prm:
+        if not self.prm_queue:
             return False  # nothing to score: keep the LLM busy
-        if self.prm_cap and len(self._prm) >= self.prm_cap:
+        if self.prm_cap and len(self.prm_queue) >= self.prm_cap:
             return True
         if any(not p.waiting and p.to_score for p in self._live):
             return True  # a selection waits only for the PRM
@@ -193,9 +192,7 @@ class DecoupledSchedule(Schedule):
 
     def _admit(self) -> None:
         problem = self.admit(cold=not self._live and not self.runner.requests)  # nothing in flight
-        requests = self.order(self.requests_for(problem.search, kind=RequestKind.EAGER, problem=problem))
-        problem.waiting = {r.beam.uid for r in requests}
-        self._real.extend(requests)
+        self._real.extend(self.order(self.requests_for(problem.search, kind=RequestKind.EAGER, problem=problem)))
         self.stats.problems_started += 1
         self.stats.max_live = max(self.stats.max_live, len(self._live))
         self._event("admit", problem.id)
@@ -236,7 +233,7 @@ class DecoupledSchedule(Schedule):
             else:
                 self._complete(request)
         self.speculation.relieve_memory()
-        self._select_ready()
+        self.select_ready()
         if self._round is not None:
             self._round.steps += 1
             if self._round_over(self._round.steps):
@@ -247,9 +244,6 @@ class DecoupledSchedule(Schedule):
         problem, beam = request.problem, request.beam
         self.complete(request)
         self.speculation.exhausted = False
-        if self._next_index(problem, beam) is not None:
-            problem.to_score += 1
-            self._prm.append((problem, beam))
         self._event("commit", request.kind.value, problem.id, beam.uid, beam.step_texts)
 
     def _next_index(self, problem: Problem, beam: Beam) -> int | None:
@@ -259,8 +253,7 @@ class DecoupledSchedule(Schedule):
 
     def _prm_batch(self) -> tuple[list[ScoreItem], tuple[str, ...]]:
         """At most `verifier_batch_size` queued beams, each for its shallowest unscored step."""
-        n = min(len(self._prm), self.prm_cap or len(self._prm))
-        batch = [self._prm.popleft() for _ in range(n)]
+        batch = self.take_queued(self.prm_cap)
         items = [ScoreItem(beam, p.input.problem, (self._next_index(p, beam),)) for p, beam in batch]
         self._call = PRMCall(batch, [beam.last_scored for _, beam in batch])
         return items, tuple(dict.fromkeys(p.id for p, _ in batch))
@@ -269,21 +262,16 @@ class DecoupledSchedule(Schedule):
         if work.purpose is Purpose.REJECT:
             if self.reject_steps(stats.partial, self._decoding, self.runner.stop):
                 self.speculation.exhausted = False
-                self._select_ready()
+                self.select_ready()
             self._progressed = True
             return
         call = self._call
-        requeue = []
         for (problem, beam), item, b0 in zip(call.batch, work.items, call.before):
             self._event("prm", problem.id, beam.uid, item.indices[0], b0, beam.last_scored, beam.step_texts)
-            if self._next_index(problem, beam) is not None:
-                requeue.append((problem, beam))
-            else:
-                problem.to_score -= 1
-        self._prm.extendleft(reversed(requeue))
+        self.scores_made(call.batch)
         self.speculation.exhausted = False  # new scores change which beams look like survivors
         self._progressed = True
-        self._select_ready()
+        self.select_ready()
 
     # ---------------------------------------------------------- early rejection
 
@@ -297,19 +285,10 @@ class DecoupledSchedule(Schedule):
 
     # ---------------------------------------------------------------- selection
 
-    def _select_ready(self) -> None:
-        """Run the selection of every problem whose frontier is generated and scored."""
-        again = True
-        while again:
-            again = False
-            for problem in list(self._live):
-                if not problem.waiting and not problem.to_score and not problem.search.done:
-                    self._select(problem)
-                    again = True
-
-    def _select(self, problem: Problem) -> None:
+    def selected(self, problem: Problem, parents: dict[int, Beam]) -> None:
+        """The children that selection kept take their speculative steps over (the rest
+        queue as real requests); the problem's other speculative steps are dropped."""
         search = problem.search
-        self.select(problem)
         self.speculation.exhausted = False
         self._event("select", problem.id, search.iteration, [(b.uid, b.parent) for b in search.frontier])
         if search.done:
@@ -318,7 +297,6 @@ class DecoupledSchedule(Schedule):
                 self.emit(ModelTime("generator", (problem.id,), clock.now() - self._round.start))
         else:
             requests = self.order(self.requests_for(search, problem=problem))
-            problem.waiting = {r.beam.uid for r in requests}
             self._real.extend(self.speculation.take_over_all(requests, self._complete)[1])
         self.speculation.drop_table(problem)  # (the search ended: nobody takes them over)
         self._replan()

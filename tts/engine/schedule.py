@@ -4,8 +4,15 @@ A `Schedule` decides what the engine's next step runs (`next`: one generator ste
 verifier call, or nothing left) and takes its results (`generated`, `scored`). It gets
 what it works with as `ScheduleParts` (the model runner, the step rule, the score cache,
 the request order, the metrics, the memory policy's re-plan hook, its typed options) and
-holds no reference to the engine. The per-problem work every discipline shares is here
-too: a problem's start, the requests of a frontier, the request order (P).
+holds no reference to the engine.
+
+The per-problem frontier every discipline shares is here too: admit a problem
+(`admit`), commit a step to its beam and queue the beam's score (`complete`), take queued
+beams for a verifier call and requeue those still missing a score (`take_queued`,
+`scores_made`), select every problem whose frontier is generated and scored
+(`select_ready`, the discipline's `selected` hook then hands its speculation down), and
+the requests of a frontier in the request order (P). A discipline is the gate over it:
+when a verifier call runs, on which queued beams, with which items.
 """
 
 from __future__ import annotations
@@ -94,6 +101,7 @@ class Schedule(ABC):
         self._queue: deque[ProblemInput] = deque()  # problems not started yet
         self._live: list[Problem] = []  # problems in flight, oldest first
         self._finished: list[Problem] = []
+        self.prm_queue: deque[tuple[Problem, Beam]] = deque()  # committed beams missing a score
         adaptive = parts.opts.adaptive
         self.settling = AnswerSettling(adaptive, self.policy) if adaptive.early_exit else None
         self.rejection = early_rejection(adaptive, self.policy, self.runner)
@@ -109,6 +117,11 @@ class Schedule(ABC):
     @abstractmethod
     def scored(self, work: Score, stats: ScoringStats) -> None:
         """Take the result of the verifier call `work` asked for (the beams' scores are set)."""
+
+    @abstractmethod
+    def selected(self, problem: Problem, parents: dict[int, Beam]) -> None:
+        """After `select_ready` selected the problem (its new frontier waits for its steps):
+        hand its speculation down, queue its next requests."""
 
     def add(self, problems: Iterable[ProblemInput]) -> None:
         """Queue problems to run."""
@@ -151,18 +164,50 @@ class Schedule(ABC):
         if cold:
             self.fresh_caches()
         problem = self.start_problem(self._queue.popleft())
+        problem.waiting = {b.uid for b in problem.search.frontier}
         self._live.append(problem)
         return problem
 
     def complete(self, request: Request) -> None:
         """A real request has its step: it joins the beam's path (several steps where the
         request was cut into steps; the path's last step where its token budget is spent),
-        the beam stops waiting, and the step's new tokens count for the iteration."""
+        the beam stops waiting, the step's new tokens count for the iteration, and the beam
+        joins the verifier's queue where the policy needs a step of it scored."""
         beam, problem = request.beam, request.problem
         for step in self.cut.steps(request, self.policy.max_total_tokens - beam.num_tokens):
             beam.append(step)
         problem.waiting.discard(beam.uid)
         problem.lengths.append(len(request.tokens) - request.adopted)
+        if next_unscored(self.policy, problem.search, beam) is not None:
+            problem.to_score += 1
+            self.prm_queue.append((problem, beam))
+
+    def take_queued(self, cap: int = 0) -> list[tuple[Problem, Beam]]:
+        """The `cap` oldest beams of the verifier's queue (0: all), out of it."""
+        n = min(len(self.prm_queue), cap or len(self.prm_queue))
+        return [self.prm_queue.popleft() for _ in range(n)]
+
+    def scores_made(self, batch: list[tuple[Problem, Beam]]) -> None:
+        """A verifier call on `batch` returned: a beam still missing a score the policy
+        needs goes back to the queue's front, in order; the others leave it."""
+        requeue = []
+        for problem, beam in batch:
+            if next_unscored(self.policy, problem.search, beam) is not None:
+                requeue.append((problem, beam))
+            else:
+                problem.to_score -= 1
+        self.prm_queue.extendleft(reversed(requeue))
+
+    def select_ready(self) -> None:
+        """Select every problem whose frontier is generated and scored, oldest first (a
+        selection may make another ready: until none is), then the discipline's `selected`."""
+        again = True
+        while again:
+            again = False
+            for problem in list(self._live):
+                if not problem.waiting and not problem.to_score and not problem.search.done:
+                    self.selected(problem, self.select(problem))
+                    again = True
 
     def reject_steps(self, partial: dict[int, float], decoding: Callable[[Problem], list[Request]],
                      stop: Callable[[list[Request]], None]) -> bool:
@@ -181,9 +226,9 @@ class Schedule(ABC):
     def select(self, problem: Problem) -> dict[int, Beam]:
         """The policy's selection on the problem's frontier, which ends its iteration (its
         steps' generated tokens, `problem.lengths`, are reported, and its early rejections
-        counted) and starts the next, unless early exit stops the search here; a search left
-        without a frontier is done (the problem leaves those in flight). Returns the frontier
-        it selected from, by beam uid."""
+        counted) and starts the next, unless early exit stops the search here: its new
+        frontier waits for its steps; a search left without a frontier is done (the problem
+        leaves those in flight). Returns the frontier it selected from, by beam uid."""
         search = problem.search
         self.emit(IterationDone(problem.id, tuple(problem.lengths)))
         parents = {b.uid: b for b in search.frontier}
@@ -195,6 +240,7 @@ class Schedule(ABC):
                 self.emit(rejected)
         problem.lengths = []
         self.exit_if_settled(problem)
+        problem.waiting = {b.uid for b in search.frontier}
         if not search.frontier:
             search.done = True
             self._live.remove(problem)
