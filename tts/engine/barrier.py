@@ -7,9 +7,10 @@ decides: request order (P), speculative extension (S, `barrier_generation.py` wi
 a start rule, `spec_runon.py` or `spec_branches.py`), lookahead verification
 (`lookahead.py`), and the memory split (M, `ScheduleParts.replan`).
 
-It is a gate over the shared frontier (`schedule.py`): each step committed joins the
-verifier's queue, and once the iteration's generation ends the whole queue goes into one
-call, so every problem in flight is ready for its selection at once.
+It is a gate over the shared frontier (`schedule.py`): a committed step's beam joins the
+verifier's queue where the policy needs a step of it scored, and once the iteration's
+generation ends the whole queue goes into one call, so every problem in flight is ready
+for its selection at once.
 
 Lookahead's scopes are in `lookahead.py`; speculation pruning, a scoring call added in the
 middle of generation, in `spec_prune.py`.
@@ -196,7 +197,8 @@ class BarrierSchedule(Schedule):
     # ------------------------------------------------------------ selection
 
     def selected(self, p: Problem, parents: dict[int, Beam]) -> None:
-        """Run-on speculation's tokens are handed down to the children selection kept."""
+        """Run-on speculation's tokens are handed down to the children selection kept; the
+        parents no longer in the frontier let theirs go (either start rule)."""
         if self.opts.speculative and not self.generation.spec_branches:  # (a child takes its branch over as it starts)
             opts = self.opts
             self.generation.steps.hand_down(p, parents, self.policy, opts.spec_truncate_ratio,

@@ -120,8 +120,9 @@ class Schedule(ABC):
 
     @abstractmethod
     def selected(self, problem: Problem, parents: dict[int, Beam]) -> None:
-        """After `select_ready` selected the problem (its new frontier waits for its steps):
-        hand its speculation down, queue its next requests."""
+        """After `select_ready` selected the problem (its new frontier waits for its steps,
+        or its search ended): hand its speculation down, and (decoupled) queue its next
+        requests."""
 
     def add(self, problems: Iterable[ProblemInput]) -> None:
         """Queue problems to run."""
