@@ -338,3 +338,21 @@ def test_a_bf16_trace_replays_each_variant_from_its_own_recording(tmp_path):
     assert served["baseline"]["drawn_tokens"] == 0 and served["baseline"]["borrowed_tokens"] == 0
     assert served["baseline"]["recorded"] == served["baseline"]["requests"]
     assert "baseline: drew 0 tokens (0.0% of its tokens), borrowed 0" in summary["against_recorded_md"]
+
+
+def test_the_replays_host_time_is_the_recorded_runs_also_with_problems_in_flight():
+    """The host time a replay adds per step and iteration sums to the recorded run's wall
+    time less its model steps, with one problem in flight and with several (whose problems
+    each count the generator phases they shared)."""
+    from tts.replay.setup import host_parts
+
+    def summary(gen_s, ver_s):  # 16 problems, 30 iterations each; 420 s and 170 s of steps in 600 s
+        return {"num_problems": 16, "wall_s": 600.0, "iterations_mean": 30.0,
+                "generator_s_mean": gen_s / 16, "verifier_s_mean": ver_s / 16,
+                "generator": {"cost": {"steps": 11000, "wall_s": 420.0}},
+                "verifier": {"cost": {"steps": 140, "wall_s": 170.0}}}
+
+    for gen_s, ver_s in ((426.0, 172.0), (1600.0, 670.0)):  # one in flight; four
+        gen, ver, between = host_parts(summary(gen_s, ver_s))
+        assert gen * 11000 + ver * 140 + between * 16 * 30 == pytest.approx(600.0 - 420.0 - 170.0)
+    assert host_parts(summary(426.0, 172.0)) == pytest.approx((6 / 11000, 2 / 140, 2 / 480))

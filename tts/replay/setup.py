@@ -212,15 +212,26 @@ class ReplayBackends:
 
 def host_parts(v: dict) -> tuple[float, float, float]:
     """(host s per generator step, per verifier step, per iteration) of a recorded variant's
-    summary (`ReplayBackends.host_parts`)."""
+    summary (`ReplayBackends.host_parts`).
+
+    The host time is the variant's wall time inside neither model's steps. The problems'
+    generator and verifier times say how it divides: with one problem in flight they add
+    up to the wall time, but with several each problem counts the phases it shared, so
+    their sum can exceed the wall time many times over: then the parts are scaled to the
+    host time the run measured."""
     n = v.get("num_problems") or 0
     gen_steps = (v.get("generator") or {}).get("cost") or {}
     ver_steps = (v.get("verifier") or {}).get("cost") or {}
+    wall = v.get("wall_s") or 0.0
     gen_time, ver_time = (v.get("generator_s_mean") or 0.0) * n, (v.get("verifier_s_mean") or 0.0) * n
     iterations = (v.get("iterations_mean") or 0.0) * n
     inside_gen = max(0.0, gen_time - gen_steps.get("wall_s", 0.0))
     inside_ver = max(0.0, ver_time - ver_steps.get("wall_s", 0.0))
-    between = max(0.0, (v.get("wall_s") or 0.0) - gen_time - ver_time)
+    between = max(0.0, wall - gen_time - ver_time)
+    host = max(0.0, wall - gen_steps.get("wall_s", 0.0) - ver_steps.get("wall_s", 0.0))
+    parts = inside_gen + inside_ver + between
+    if gen_time + ver_time > wall and parts > 0:  # problems overlapped
+        inside_gen, inside_ver, between = (x * host / parts for x in (inside_gen, inside_ver, between))
     return (inside_gen / gen_steps["steps"] if gen_steps.get("steps") else 0.0,
             inside_ver / ver_steps["steps"] if ver_steps.get("steps") else 0.0,
             between / iterations if iterations else 0.0)
