@@ -29,6 +29,9 @@ from tts.replay.trace import TRACE, read_trace
 from tts.results.store import RunStore
 
 GROUPS = ("device", "generator", "verifier", "memory")
+# Groups a replay keeps from the recorded run: the trace's tree is theirs. `logger` is
+# accepted and changes nothing: a replay never logs to W&B.
+KEPT_GROUPS = ("dataset", "optim", "search", "prompts")
 # What a generator= / verifier= choice takes from its group: the model and how it runs. The
 # recorded run's step limits, path budget and temperature stay: the trace's tree is theirs.
 MODEL_KEYS = {"generator": ("model", "dtype", "tensor_parallel_size"),
@@ -86,6 +89,13 @@ def replay_config(saved: dict, overrides: list[str]) -> tuple[DictConfig, Replay
         key, value = o.split("=", 1)
         if key in GROUPS:
             groups.append(o)
+        elif key == "logger":
+            continue
+        elif key in KEPT_GROUPS:
+            raise ConfigError(f"{o}: a replay keeps the recorded run's {key} (the trace's tree is "
+                              f"its); group choices a replay takes: {', '.join(GROUPS)} "
+                              f"(and logger, which changes nothing: a replay never logs); "
+                              f"one key of {key} goes as {key}.KEY=VALUE")
         elif key.startswith("replay."):
             name = key.removeprefix("replay.")
             if name not in {f.name for f in dataclasses.fields(ReplayOptions)}:
