@@ -31,7 +31,7 @@ from tts.results.store import RunStore
 GROUPS = ("device", "generator", "verifier", "memory")
 # Groups a replay keeps from the recorded run: the trace's tree is theirs. `logger` is
 # accepted and changes nothing: a replay never logs to W&B.
-KEPT_GROUPS = ("dataset", "optim", "search", "prompts")
+KEPT_GROUPS = ("dataset", "optim", "search")
 # What a generator= / verifier= choice takes from its group: the model and how it runs. The
 # recorded run's step limits, path budget and temperature stay: the trace's tree is theirs.
 MODEL_KEYS = {"generator": ("model", "dtype", "tensor_parallel_size"),
