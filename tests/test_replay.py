@@ -92,6 +92,8 @@ def test_bad_replay_overrides_name_the_field_and_the_choices(tmp_path):
     with pytest.raises(ConfigError, match="search=beam: a replay keeps the recorded run's search.*device, generator"):
         run_replay(path, ["search=beam"])
     assert run_replay(path, ["logger=none"]).exists()  # a replay never logs: accepted, nothing changes
+    with pytest.raises(ConfigError, match="(?s)logger/bogus.*none"):
+        run_replay(path, ["logger=bogus"])
 
 
 def test_cost_from_prices_a_trace_with_another_runs_fitted_step_models(tmp_path):

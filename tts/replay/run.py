@@ -89,8 +89,8 @@ def replay_config(saved: dict, overrides: list[str]) -> tuple[DictConfig, Replay
         key, value = o.split("=", 1)
         if key in GROUPS:
             groups.append(o)
-        elif key == "logger":
-            continue
+        elif key == "logger":  # a replay never logs, but a wrong choice is still named
+            compose("config", [o])
         elif key in KEPT_GROUPS:
             raise ConfigError(f"{o}: a replay keeps the recorded run's {key} (the trace's tree is "
                               f"its); group choices a replay takes: {', '.join(GROUPS)} "
