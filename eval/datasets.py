@@ -108,6 +108,8 @@ def load_problems(
     spec = DATASETS[name]
     if path is not None:
         rows = read_jsonl(path)
+        if not rows:
+            raise ValueError(f"{path}: no problems in the file (empty, or only blank lines)")
         return [
             _to_problem(name, index, row, f"{path}: line {line}")
             for index, (line, row) in enumerate(rows)

@@ -170,3 +170,47 @@ def test_the_main_job_compares_and_an_engine_on_the_command_line_runs_alone():
     assert list(chosen.bench.compare) == ["baseline", "P"]
     tweaked = compose_jobs("main", ["optim.spec_truncate_ratio=0.5"], False, False)[0].cfg
     assert list(tweaked.bench.compare) == ["baseline", "PMS"]  # optim.* goes on top of every variant
+
+
+def test_an_empty_dataset_file_fails_before_any_progress_bar(tmp_path):
+    """An empty JSONL file is named as such (not "the subset selects no problems"), and the
+    run stops before the progress bars are drawn or any engine starts."""
+    empty = tmp_path / "math500.jsonl"
+    empty.write_text("\n\n")
+    result = runner.invoke(app, ["bench", "generator=fake", "verifier=fake", "logger=none", "dataset=math500",
+                                 f"dataset.path={empty}", f"bench.results_dir={tmp_path}"])
+    assert result.exit_code == 2
+    assert f"{empty}: no problems in the file (empty, or only blank lines)" in result.output.replace("\n", "")
+    assert "━" not in result.output and "baseline" not in result.output
+    assert not list(tmp_path.glob("*/records.jsonl"))
+
+
+def test_bars_count_only_the_problems_that_run(tmp_path, monkeypatch):
+    """The progress bars' totals are the problems whose prompts fit (a skipped one is not
+    counted), times the seeds; a resume counts its finished ones as done."""
+    from tts import cli_support, problems
+
+    real = problems.fit_prompts
+
+    def skip_the_first(cfg, selected):
+        kept, skipped = real(cfg, selected)
+        return kept[1:], skipped + [{"problem_id": kept[0].id, "prompt_tokens": 9999, "limit": 512,
+                                     "reason": "too long (test)"}]
+
+    monkeypatch.setattr("tts.runner.fit_prompts", skip_the_first)
+    plans = []
+    real_search = cli_support._run_search
+
+    def spy(fn, cfg, term, on_folder):
+        def recording(*a, on_plan, **k):
+            return fn(*a, on_plan=lambda runs: (plans.append(runs), on_plan(runs)), **k)
+        return real_search(recording, cfg, term, on_folder)
+
+    monkeypatch.setattr(cli_support, "_run_search", spy)
+    args = ["bench", "generator=fake", "verifier=fake", "logger=none", "dataset.first_k=3", "search.n=4",
+            "search.beam_width=2", "bench.seeds=[0,1]", "bench.compare=[baseline,P]",
+            f"bench.results_dir={tmp_path}", "bench.run_name=r"]
+    assert runner.invoke(app, args).exit_code == 0
+    assert plans == [{"baseline": (4, 0), "P": (4, 0)}]  # 2 problems that fit x 2 seeds
+    assert runner.invoke(app, args + ["--resume", "bench.seeds=[0,1,2]"]).exit_code == 0
+    assert plans[1] == {"baseline": (6, 4), "P": (6, 4)}

@@ -239,9 +239,9 @@ def test_timeout_must_be_whole_seconds(timeout_s: object) -> None:
 def test_run_batch_timeout_replaces_pool_and_keeps_other_results() -> None:
     pool = get_pool()
     start = time.monotonic()
-    results = run_batch(time.sleep, [(0,), (30,), (0,)], timeout_s=1)
+    results = run_batch(time.sleep, [(0,), (600,), (0,)], timeout_s=1)
     assert results[0] is None and results[1] is TIMEOUT and results[2] is None
-    assert time.monotonic() - start < 15
+    assert time.monotonic() - start < 300  # the stuck task was not waited out (a new pool starts slowly)
     assert get_pool() is not pool
 
 

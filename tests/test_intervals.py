@@ -239,7 +239,7 @@ def test_seeds_run_every_problem_under_each_and_pair_by_problem_and_seed(tmp_pat
     with its seed; the pairs are (problem, seed); a resume that adds a seed runs only it."""
     path = bench(tmp_path, "dataset.first_k=2", "bench.seeds=[0]", name="s")
     assert [(r["variant"], r["seed"]) for r in RunStore(path).records()] == \
-        [("baseline", 0)] * 2 + [("PMS", 0)] * 2
+        [("baseline", 0), ("PMS", 0), ("PMS", 0), ("baseline", 0)]  # interleaved: A B, B A
     bench(tmp_path, "dataset.first_k=2", "bench.seeds=[0,1]", "bench.resume=true", name="s")
     records = RunStore(path).records()
     keys = [(r["variant"], r["problem_id"], r["seed"]) for r in records]

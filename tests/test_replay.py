@@ -113,8 +113,15 @@ def test_cost_from_prices_a_trace_with_another_runs_fitted_step_models(tmp_path)
     from tts.results.host import simulated_line
 
     assert f"fitted step cost of run {other.name} (measured on " in simulated_line(summary["host"])
-    with pytest.raises(ConfigError, match="replay.cost_from: .*no summary.json"):
+    with pytest.raises(ConfigError, match="replay.cost_from: .*/nothing: no such run folder$"):
         run_replay(path, [f"replay.cost_from={tmp_path / 'nothing'}"])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match=r"replay.cost_from: .*/empty: not a run folder \(no records.jsonl"):
+        run_replay(path, [f"replay.cost_from={tmp_path / 'empty'}"])
+    (tmp_path / "killed").mkdir()
+    (tmp_path / "killed" / "records.jsonl").write_text((other / "records.jsonl").read_text())
+    with pytest.raises(ConfigError, match="replay.cost_from: .*/killed: no summary.json .the run did not finish"):
+        run_replay(path, [f"replay.cost_from={tmp_path / 'killed'}"])
     with pytest.raises(ConfigError, match="replay.cost_from: .*roofline"):
         run_replay(path, [f"replay.cost_from={other}", "replay.cost=roofline"])
     summary_path = other / "summary.json"  # a pricing run in bf16: the replay's models run in bf16 too

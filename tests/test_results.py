@@ -1,6 +1,7 @@
 """The results folder: records as problems finish, resume, a killed run, re-grading."""
 
 import json
+import re
 
 import pytest
 
@@ -12,9 +13,9 @@ FAKE = ["generator=fake", "verifier=fake", "logger=none", "dataset.first_k=3", "
         "search.beam_width=2", "search.max_iterations=4"]
 
 
-def bench(tmp_path, *extra, name="run"):
+def bench(tmp_path, *extra, name="run", progress=None):
     cfg = compose("config", FAKE + [f"bench.results_dir={tmp_path}", f"bench.run_name={name}", *extra])
-    return run_bench(cfg)
+    return run_bench(cfg, progress=progress)
 
 
 def test_run_folder_has_config_records_summary_plots(tmp_path):
@@ -230,8 +231,9 @@ def test_regrade_rebuilds_summary(tmp_path):
 
 def test_a_run_killed_in_a_later_variant_keeps_the_summary_of_the_finished_ones(tmp_path):
     """A run that goes on across sessions of `--resume` writes its summary as each variant
-    ends: killed during the third, it has the first two's tables with their ratios, and says
-    which variants it still has to run; the resume's summary holds them all."""
+    of the first round ends: killed during the third's first problem, it has the first two's
+    tables with their ratios, and says what it still has to run; the resume's summary holds
+    them all."""
     from tts.results.headline import headline
 
     class Killed(Exception):
@@ -247,9 +249,11 @@ def test_a_run_killed_in_a_later_variant_keeps_the_summary_of_the_finished_ones(
         run_bench(cfg, progress=kill_in_pms)
     path = tmp_path / "run"
     summary = json.loads((path / "summary.json").read_text())
-    assert list(summary["variants"]) == ["baseline", "P"] and summary["pending"] == ["PMS"]
-    assert summary["variants"]["P"]["num_problems"] == 3 and summary["ratios"]
-    assert summary["host"]["cores"] and (path / "summary.md").read_text().startswith("incomplete: PMS not run yet")
+    assert list(summary["variants"]) == ["baseline", "P"]
+    assert summary["pending"] == ["PMS", "rounds 2-3 of 3 (2 problems)"]  # one problem a round
+    assert summary["variants"]["P"]["num_problems"] == 1 and summary["ratios"]
+    assert summary["host"]["cores"] and (path / "summary.md").read_text().startswith(
+        "incomplete: PMS, rounds 2-3 of 3 (2 problems) not run yet")
     assert headline(summary, RunStore(path).saved_config())[1].startswith("incomplete: PMS")
     bench(tmp_path, "bench.resume=true", "bench.compare=[baseline,P,PMS]")
     summary = json.loads((path / "summary.json").read_text())
@@ -258,7 +262,8 @@ def test_a_run_killed_in_a_later_variant_keeps_the_summary_of_the_finished_ones(
 
 
 def test_chunks_run_every_variant_before_the_next_and_records_carry_their_host(tmp_path):
-    """`bench.chunk`: every variant runs a chunk's problems before the next chunk starts, so
+    """`bench.chunk`: every variant runs a chunk's problems before the next chunk starts, in
+    the listed order and then reversed (`bench.order=interleaved`), so
     a run resumed on another machine keeps each problem's variants on one host. Killed in
     the second chunk, the summary holds the first chunk's pairs and names what is left;
     every record says where it ran, and the resume finishes the chunk order."""
@@ -278,13 +283,14 @@ def test_chunks_run_every_variant_before_the_next_and_records_carry_their_host(t
     with pytest.raises(Killed):
         run_bench(compose("config", args), progress=kill_in_second_chunk)
     ids = ["embedded-1-0", "embedded-2-1", "embedded-3-2", "embedded-4-3"]
-    assert seen == [("baseline", ids[0]), ("baseline", ids[1]), ("P", ids[0]), ("P", ids[1]), ("baseline", ids[2])]
+    # interleaved (the default): the second chunk runs the variants in reverse order
+    assert seen == [("baseline", ids[0]), ("baseline", ids[1]), ("P", ids[0]), ("P", ids[1]), ("P", ids[2])]
     path = tmp_path / "run"
     summary = json.loads((path / "summary.json").read_text())
     assert [summary["variants"][v]["num_problems"] for v in ("baseline", "P")] == [2, 2]
     assert summary["pending"] == ["chunk 2 of 2 (2 problems)"] and summary["ratios"]
     run_bench(compose("config", args + ["bench.resume=true"]), progress=kill_in_second_chunk)
-    assert seen[5:] == [("baseline", ids[3]), ("P", ids[2]), ("P", ids[3])]
+    assert seen[5:] == [("P", ids[3]), ("baseline", ids[2]), ("baseline", ids[3])]
     summary = json.loads((path / "summary.json").read_text())
     assert summary["pending"] == [] and summary["variants"]["P"]["num_problems"] == 4
     records = RunStore(path).records()
@@ -396,18 +402,101 @@ def test_wandb_mode_comes_from_config_then_env(monkeypatch, tmp_path):
     assert RunLogger(False, "online", "p", None, [], tmp_path, {}, "n").mode == "online"
 
 
-def test_throughput_is_over_the_variant_wall_time(tmp_path):
+def test_throughput_is_over_the_variant_wall_time_less_its_tails(tmp_path):
     """With problems in flight together, per-problem latencies overlap: problems/min and
-    tokens/s come from the variant's wall clock, which the records carry."""
+    tokens/s come from the variant's wall clock, which the records carry, less the empty
+    slots of the tail where fewer than bench.concurrency were left in flight."""
+    from tts.metrics.cost_model import tail_forfeit
+
     path = bench(tmp_path, "bench.concurrency=3")
     records = RunStore(path).records()
     walls = [r["variant_wall_s"] for r in records]
     assert walls == sorted(walls) and walls[0] > 0
     s = json.loads((path / "summary.json").read_text())["variants"]["baseline"]
     assert s["wall_s"] == walls[-1]
-    assert s["problems_per_min"] == pytest.approx(60 * 3 / walls[-1])
-    assert s["tokens_per_s"] == pytest.approx(sum(r["metrics"]["gen_tokens"] for r in records) / walls[-1])
+    tail, forfeit = tail_forfeit([(r["variant_wall_s"] - r["metrics"]["latency_s"], r["variant_wall_s"])
+                                  for r in records], 3)
+    assert (s["tail_s"], s["tail_forfeit_s"]) == (tail, forfeit) and 0 < forfeit < tail <= walls[-1]
+    tokens = sum(r["metrics"]["gen_tokens"] for r in records)
+    assert s["problems_per_min"] == pytest.approx(60 * 3 / (walls[-1] - forfeit))
+    assert s["tokens_per_s"] == pytest.approx(tokens / (walls[-1] - forfeit))
+    assert s["problems_per_min_wall"] == pytest.approx(60 * 3 / walls[-1])
+    assert s["tokens_per_s_wall"] == pytest.approx(tokens / walls[-1])
     assert walls[-1] < sum(r["metrics"]["latency_s"] for r in records)  # overlapping latencies
+
+
+def _slots(latencies: list[float], concurrency: int, chunk: int) -> list[tuple[float, float]]:
+    """(start, end) of each problem when `concurrency` slots take them in order, a chunk at a
+    time (the next chunk starts when the last one's last problem ends)."""
+    spans, t0 = [], 0.0
+    for c in range(0, len(latencies), chunk):
+        free = [t0] * concurrency
+        for lat in latencies[c:c + chunk]:
+            start = min(free)
+            free[free.index(start)] = start + lat
+            spans.append((start, start + lat))
+        t0 = max(free)
+    return spans
+
+
+def test_a_variant_whose_problems_vary_is_not_slower_for_its_tails(tmp_path):
+    """Two variants of equal throughput: with two slots, one's problems take 10 s each, the
+    other's 5 s and 15 s in turn. Over a chunk of four, the first fills its slots to the end
+    (40 s for 8 problems); the second waits 10 s on its last 15 s problem with one slot
+    empty (50 s). Their problems/min ratio is 1, the true one; over the wall time it would
+    read 0.8, the tails'."""
+    from tts.results.summary import write_summary
+
+    path = bench(tmp_path, "bench.compare=[baseline,baseline@vary]", "bench.concurrency=2", "bench.chunk=4",
+                 "dataset.first_k=8")
+    store = RunStore(path)
+    records = store.records()
+    timings = {"baseline": [10.0] * 8, "baseline@vary": [5.0, 15.0] * 4}
+    for name, latencies in timings.items():
+        mine = sorted((r for r in records if r["variant"] == name), key=lambda r: r["problem_id"])
+        for r, lat, (_, end) in zip(mine, latencies, _slots(latencies, 2, 4)):
+            r["metrics"]["latency_s"], r["variant_wall_s"] = lat, end
+    (path / RECORDS).write_text("".join(json.dumps(r) + "\n" for r in records))
+    summary, _ = write_summary(store, list(timings), {}, plots=False)
+    even, vary = summary["variants"]["baseline"], summary["variants"]["baseline@vary"]
+    assert (even["wall_s"], vary["wall_s"]) == (40.0, 50.0)
+    assert (even.get("tail_forfeit_s", 0.0), vary["tail_forfeit_s"]) == (0.0, 10.0)
+    assert even["problems_per_min"] == vary["problems_per_min"] == pytest.approx(12.0)
+    assert vary["problems_per_min_wall"] == pytest.approx(9.6)
+    row = next(r for r in summary["ratios"] if r.get("key") == "problems_per_min")
+    assert row["baseline@vary/baseline"] == pytest.approx(1.0)
+    low, high = row["baseline@vary/baseline_ci"]
+    assert low <= 1.0 <= high
+
+
+def test_variants_interleave_one_problem_at_a_time_in_turn_and_a_copy_is_a_control(tmp_path):
+    """At concurrency 1 without chunks, the variants take turns problem by problem, the order
+    reversed each round (A B, B A, ...); `NAME@COPY` runs a preset again under its own name
+    (an A/A control): on the fake backend it grows the same trees. `sequential` keeps the
+    listed order over all problems."""
+    seen = []
+    path = bench(tmp_path, "bench.compare=[baseline,baseline@copy]", "dataset.first_k=3",
+                 progress=lambda v, r: seen.append((v, r["problem_id"][-1])))
+    assert seen == [("baseline", "0"), ("baseline@copy", "0"), ("baseline@copy", "1"), ("baseline", "1"),
+                    ("baseline", "2"), ("baseline@copy", "2")]
+    summary = json.loads((path / "summary.json").read_text())
+    assert summary["variants"]["baseline@copy"]["same_candidates"] == 1.0
+    seen.clear()
+    bench(tmp_path, "bench.compare=[baseline,P]", "dataset.first_k=2", "bench.order=sequential", name="seq",
+          progress=lambda v, r: seen.append((v, r["problem_id"][-1])))
+    assert seen == [("baseline", "0"), ("baseline", "1"), ("P", "0"), ("P", "1")]
+
+
+@pytest.mark.parametrize("compare, says", [
+    ("[baseline,baseline]", "baseline listed twice; to run a preset again (an A/A control) give the copy its "
+                            "own name: baseline@copy"),
+    ("[baseline,baseline@a-b]", "'baseline@a-b': after @ comes the copy's name"),
+    ("[baseline,nope@copy]", "unknown optim preset 'nope'")])
+def test_a_copy_needs_its_own_name(tmp_path, compare, says):
+    from tts.config.compose import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        bench(tmp_path, f"bench.compare={compare}")
 
 
 def test_hit_rates_are_unknown_without_the_count_or_anything_made_ahead():
@@ -542,5 +631,5 @@ def test_a_verifier_vllm_cannot_serve_from_the_cache_says_so_instead_of_a_zero_h
     assert all(v["ver_cache_hit_rate"] is None and v["ver_cache_hit_rate_note"] == NOT_CACHED
                for v in summary["variants"].values())  # no number, and the reason beside it
     row = next(r for r in summary["ratios"] if r["metric"] == "verifier prefix-cache hit rate")
-    assert row["P"] == NOT_CACHED and "P/baseline" not in row
+    assert row["P"] is None and row["P_note"] == NOT_CACHED and "P/baseline" not in row  # a number field
     assert f"| verifier prefix-cache hit rate | {NOT_CACHED} | {NOT_CACHED} | - |" in summary["ratio_table_md"]

@@ -218,7 +218,9 @@ def test_a_bound_above_the_measured_time_says_the_cost_model_does_not_fit(monkey
     assert "does not fit" in s["bound_fit_note"] and "r2 0.29" in s["bound_fit_note"]
     rows = summary_mod.ratio_table({"baseline": s}, "baseline")
     share = next(r for r in rows if r.get("key") == "bound_share" or r["metric"].startswith("latency bound / latency"))
-    assert share["baseline"] == s["bound_fit_note"]  # the table says why there is no share
+    # the table says why there is no share; the number field holds none
+    assert share["baseline"] is None and share["baseline_note"] == s["bound_fit_note"]
+    assert f"| {share['metric']} | {s['bound_fit_note']} |" in summary_mod.format_table(rows, ["baseline"], "baseline")
 
 
 def test_the_headline_is_short_and_the_full_tables_are_kept(tmp_path):
@@ -242,3 +244,27 @@ def test_the_headline_is_short_and_the_full_tables_are_kept(tmp_path):
     assert "| metric | baseline | PMS | PMS/baseline |" in full and "| precise_goodput |" in full
     report = CliRunner().invoke(app, ["report", str(tmp_path / "h"), "--out", str(tmp_path / "rep")])
     assert report.exit_code == 0 and "| metric | baseline | PMS | PMS/baseline |" in report.output
+
+
+def test_a_search_variant_differs_by_design_not_by_numerics(tmp_path):
+    """Greedy (temperature 0) and best-of-N sample otherwise than the beam search on purpose:
+    their tree line says so, and no sampling drift is counted for them (a request with the
+    baseline's prompt and seed samples other tokens at another temperature by design)."""
+    import json
+
+    from tts.config.compose import compose
+    from tts.runner import run_bench
+
+    path = run_bench(compose("config", ["generator=fake", "verifier=fake", "logger=none", "dataset.first_k=3",
+                                        "search.n=4", "search.beam_width=2", "search.max_iterations=4",
+                                        "bench.search_variants=[greedy]", "generator.dtype=bfloat16",
+                                        f"bench.results_dir={tmp_path}", "bench.run_name=r"]))
+    summary = json.loads((path / "summary.json").read_text())
+    assert summary["variants"]["greedy"]["same_candidates"] < 1.0
+    assert "sampling_drift" not in summary["variants"]["greedy"]["tree"]
+    [line] = summary["tree_lines"]
+    assert line.startswith("greedy grew a different tree") and "numerics" not in line
+    assert line.endswith("another search by design (bench.search_variants: greedy: algorithm self_consistency, "
+                         "n 1, temperature 0.0), not a schedule of the same one")
+    assert "by design" not in (tree_line("PMS", summary["variants"]["greedy"]["tree"],
+                                         summary["variants"]["baseline"]["tree"], 0.5, "vllm") or "")

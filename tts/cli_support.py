@@ -166,49 +166,49 @@ def _with_progress(fn, cfg: DictConfig, quiet=None) -> Path:
 
 def _run_search(fn, cfg: DictConfig, term: Console, on_folder) -> Path:
     """One progress bar per variant (problems, tokens/s, elapsed and ETA, and the search
-    iteration a long problem is at), each started when the variant before it has finished
-    or its first problem does (`bench.chunk` runs the variants by turns). A variant's tok/s
-    is over its own time: one variant runs at a time, so the time since the last record
-    (any variant's) is the one this record's variant took."""
+    iteration a long problem is at), drawn once the run knows what it will run (`on_plan`:
+    the problems whose prompts fit, times the seeds; a resume's finished ones count as done),
+    so a dataset that selects nothing fails before any bar. The variants take turns
+    (`bench.order`), each bar's clock running while its variant runs. A variant's tok/s is
+    over its own time: one variant runs at a time, so the time since the last record (any
+    variant's) is the one this record's variant took."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from tts.config.compose import validate
-    from tts.problems import load_problems_for
-    from tts.assembly.variants import run_variants
+    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                   TextColumn("{task.fields[at]}"), console=term)
+    tasks: dict[str, int] = {}
+    tokens: dict[str, int] = {}
+    busy: dict[str, float] = {}
+    last = [time.perf_counter()]  # when the last record (of any variant) came
 
-    conf = validate(cfg)
-    total = len(load_problems_for(conf)) * len(conf.bench.run_seeds)  # each problem once per seed
-    names = [name for name, _, _ in run_variants(conf)]
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                  TextColumn("{task.fields[at]}"), console=term) as bar:
-        tasks = {name: bar.add_task(name, total=total, rate="", at="", start=False) for name in names}
-        tokens, busy = dict.fromkeys(names, 0), dict.fromkeys(names, 0.0)
-        started: dict[str, float] = {}
-        last = [time.perf_counter()]  # when the last record (of any variant) came
+    def plan(runs: dict[str, tuple[int, int]]) -> None:
+        for name, (total, done) in runs.items():
+            tasks[name] = bar.add_task(name, total=total, completed=done, rate="", at="", start=False)
+            tokens[name], busy[name] = 0, 0.0
+        bar.start()
+        last[0] = time.perf_counter()
 
-        def start(name: str) -> None:
-            if name not in started:
-                started[name] = time.perf_counter()
-                bar.start_task(tasks[name])
+    def start(name: str) -> None:
+        if not bar.tasks[tasks[name]].started:
+            bar.start_task(tasks[name])
 
-        def tick(variant: str, record: dict) -> None:
-            start(variant)  # a no-op but after a resume skipped the variants before it
-            tokens[variant] += record["metrics"]["gen_tokens"]
-            now = time.perf_counter()
-            busy[variant], last[0] = busy[variant] + now - last[0], now
-            rate = tokens[variant] / max(1e-9, busy[variant])
-            bar.update(tasks[variant], advance=1, rate=f"{rate:.0f} tok/s", at="")
-            later = names[names.index(variant) + 1:]
-            if bar.tasks[tasks[variant]].finished and later:
-                start(later[0])
+    def tick(variant: str, record: dict) -> None:
+        start(variant)
+        tokens[variant] += record["metrics"]["gen_tokens"]
+        now = time.perf_counter()
+        busy[variant], last[0] = busy[variant] + now - last[0], now
+        rate = tokens[variant] / max(1e-9, busy[variant])
+        bar.update(tasks[variant], advance=1, rate=f"{rate:.0f} tok/s", at="")
 
-        def iteration(variant: str, problem_id: str, done: int) -> None:
-            bar.update(tasks[variant], at=f"{problem_id}: iteration {done + 1}")
+    def iteration(variant: str, problem_id: str, done: int) -> None:
+        start(variant)
+        bar.update(tasks[variant], at=f"{problem_id}: iteration {done + 1}")
 
-        start(names[0])
-
-        return fn(cfg, progress=tick, on_folder=on_folder, on_iteration=iteration)
+    try:
+        return fn(cfg, progress=tick, on_folder=on_folder, on_iteration=iteration, on_plan=plan)
+    finally:
+        bar.stop()
 
 
 def print_summary(path: Path, log: Path | None = None, full: bool = False) -> None:

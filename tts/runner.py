@@ -1,7 +1,9 @@
 """`tts bench`: run one or more engine variants over a problem set and record everything.
 
-Variants (`bench.compare`, else the configured `optim`) run one after another in this
-process, over the same problems with the same seeds, sharing the loaded models. Each
+Variants (`bench.compare`, else the configured `optim`) take turns in this process, over
+the same problems with the same seeds, sharing the loaded models: round by round
+(`rounds`), in the listed order and then reversed (`in_turn`, `bench.order`), so that a
+machine's drift over a long run does not land on the later variants. Each
 problem runs once per seed of `bench.seeds` (default `[bench.seed]`); a record carries its
 seed, so records and a resume are keyed by (variant, problem, seed).
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,7 +27,7 @@ from tts.backends.factory import Backends
 from tts.backends.vllm.thrash import attach_counters, detach_counters
 from tts.config.compose import ConfigError, to_yaml, validate
 from tts.config.limits import check_context
-from tts.config.schema import BackendKind, BenchMode, Config
+from tts.config.schema import BackendKind, BenchMode, Config, VariantOrder
 from tts.engine.engine import ProblemInput
 from tts.kv_budget import kv_budget
 from tts.metrics.measures import KV_BLOCKS, merge_step_logs
@@ -40,12 +43,15 @@ log = logging.getLogger(__name__)
 
 def run_bench(cfg_node: DictConfig, progress: Callable | None = None,
               on_folder: Callable[[Path], None] | None = None,
-              on_iteration: Callable[[str, str, int], None] | None = None) -> Path:
+              on_iteration: Callable[[str, str, int], None] | None = None,
+              on_plan: Callable[[dict[str, tuple[int, int]]], None] | None = None) -> Path:
     """Run the configured benchmark; returns the results folder. `progress(variant, record)`
     is called as each problem finishes, `on_iteration(variant, problem id, iterations)`
     after each of a problem's search iterations. `on_folder(path)` is called once the
     folder exists, before any model loads (the CLI sends library output to a log file
-    there)."""
+    there); `on_plan({variant: (runs, done)})` once the problems that will run are known
+    (those whose prompts fit, times the seeds; `done`: those a resume keeps), before any
+    engine starts (the CLI draws its progress bars then)."""
     cfg: Config = validate(cfg_node)
     check_context(cfg)  # before any download or model load
     if cfg.bench.mode is BenchMode.ceiling:  # times raw vLLM only: no device profile to measure
@@ -65,13 +71,14 @@ def run_bench(cfg_node: DictConfig, progress: Callable | None = None,
     for s in skipped:
         log.warning("skipped %s: %s", s["problem_id"], s["reason"])
     return run_problems(cfg, cfg_node, problems, Backends(cfg), None, progress, on_folder, on_iteration,
-                        measure_raw=cfg.bench.raw_generator, skipped=skipped)
+                        measure_raw=cfg.bench.raw_generator, skipped=skipped, on_plan=on_plan)
 
 
 def run_problems(cfg: Config, cfg_node: DictConfig, problems: list, backends, host: dict | None,
                  progress: Callable | None = None, on_folder: Callable[[Path], None] | None = None,
                  on_iteration: Callable[[str, str, int], None] | None = None, record_trace: bool = True,
-                 measure_raw: bool = False, skipped: list[dict] | None = None) -> Path:
+                 measure_raw: bool = False, skipped: list[dict] | None = None,
+                 on_plan: Callable[[dict[str, tuple[int, int]]], None] | None = None) -> Path:
     """Run every variant over `problems` on `backends` (`Backends`, or a replay's), writing
     the run folder; `host` None is this machine's (`run_host`). With `measure_raw`, raw
     vLLM's generator tok/s is timed first (`bench.raw_generator`). `skipped`: the problems
@@ -83,10 +90,13 @@ def run_problems(cfg: Config, cfg_node: DictConfig, problems: list, backends, ho
         on_folder(store.path)
     if skipped is not None:
         store.write_skipped(skipped)
+    done = store.done_keys(cfg.bench.seed) if cfg.bench.resume else set()
+    if on_plan:
+        runs = [(p.id, seed) for p in problems for seed in cfg.bench.run_seeds]
+        on_plan({name: (len(runs), sum((name, *run) in done for run in runs)) for name, _, _ in variants})
     if measure_raw and store.raw_generator() is None:  # a resumed run keeps its measurement
         store.write_raw_generator(_raw_generator(cfg, problems[0].problem))
     host = host or run_host(cfg)
-    done = store.done_keys(cfg.bench.seed) if cfg.bench.resume else set()
     logger = RunLogger(cfg.logger.wandb, cfg.logger.mode, cfg.logger.project, cfg.logger.entity,
                        list(cfg.logger.tags), store.path,
                        OmegaConf.to_container(cfg_node, resolve=True), store.path.name)
@@ -95,10 +105,12 @@ def run_problems(cfg: Config, cfg_node: DictConfig, problems: list, backends, ho
     trace = TraceRecorder(store.path / TRACE, {"generator": cfg.generator.model, "verifier": cfg.verifier.model,
                                                "adapter": cfg.verifier.adapter.value, "sampler": host.get("sampler")})
     names = [n for n, _, _ in variants]
-    chunks = chunked(problems, cfg.bench.chunk)
+    chunks = rounds(problems, cfg.bench)
+    interim = Interim(store, step_logs, host, every_round=cfg.bench.chunk > 0)
     try:
         for c, part in enumerate(chunks):
-            for i, (name, optim, search) in enumerate(variants):
+            turn = in_turn(variants, c, cfg.bench.order)
+            for i, (name, optim, search) in enumerate(turn):
                 todo = {seed: [p for p in part if (name, p.id, seed) not in done] for seed in cfg.bench.run_seeds}
                 if any(todo.values()):
                     backends.start_variant(name)
@@ -112,12 +124,13 @@ def run_problems(cfg: Config, cfg_node: DictConfig, problems: list, backends, ho
                     seeded = dataclasses.replace(cfg, bench=dataclasses.replace(cfg.bench, seed=seed))
                     _run_variant(name, build_engine(seeded, optim, backends, search), mine, store, step_logs,
                                  logger, progress, trace if record_trace else None, on_iteration, seed, host)
-                # as each variant of the first chunk ends (its problems are the run's so far),
-                # then as each later chunk ends: a table compares like numbers of problems.
-                # The run's last variant is left to the summary below
-                last, final = i + 1 == len(names), i + 1 == len(names) and c + 1 == len(chunks)
-                if any(todo.values()) and (c == 0 or last) and not final:
-                    _interim_summary(store, names[:i + 1], step_logs, host, names[i + 1:] + chunks_left(chunks, c))
+                # as each variant of the first round ends (its problems are the run's so far),
+                # then as each later round ends: a table compares like numbers of problems.
+                # The run's last round is left to the summary below
+                if any(todo.values()) and c + 1 < len(chunks) and (c == 0 or i + 1 == len(turn)):
+                    ran = names if c else [n for n, _, _ in turn[:i + 1]]
+                    left = chunks_left(chunks, c, "chunk" if cfg.bench.chunk else "round")
+                    interim.write(ran, [n for n, _, _ in turn[i + 1:]] * (c == 0) + left, first_round=c == 0)
     finally:
         backends.close()
     summary, plots = write_summary(store, names, step_logs, host, pending=[])
@@ -157,13 +170,56 @@ def chunked(problems: list, size: int) -> list[list]:
     return [problems[i:i + size] for i in range(0, len(problems), size)] if size else [problems]
 
 
-def chunks_left(chunks: list[list], c: int) -> list[str]:
-    """The chunks after chunk `c` (numbered from 0), in words; none when it is the last."""
+def rounds(problems: list, bench) -> list[list]:
+    """The run's rounds: every variant runs a round's problems before the next round starts.
+    A round is a chunk (`bench.chunk`); without chunks, the variants interleave one problem
+    at a time at concurrency 1 (a problem starts on cold caches then, so its record is the
+    same whichever variant ran before), and take the whole selection as one round with
+    problems in flight together (rounds that short would be all ramp and tail: set
+    `bench.chunk` to interleave a throughput run)."""
+    if bench.chunk:
+        return chunked(problems, bench.chunk)
+    if bench.order is VariantOrder.interleaved and bench.concurrency == 1:
+        return chunked(problems, 1)
+    return [problems]
+
+
+def in_turn(variants: list, r: int, order: VariantOrder) -> list:
+    """The variants in the order they run in round `r`: as listed, and with `interleaved`
+    reversed in every odd round (A B C, C B A, A B C ...). Over two rounds each variant's
+    mean position is the same, so a drift of the machine's speed that is linear over them
+    weighs on every variant alike; and a variant runs twice in a row at each turn, which
+    spares an engine rebuild where two variants' engines differ."""
+    return variants[::-1] if order is VariantOrder.interleaved and r % 2 else list(variants)
+
+
+def chunks_left(chunks: list[list], c: int, noun: str = "chunk") -> list[str]:
+    """The chunks (or rounds) after the `c`-th (numbered from 0), in words; none when it is
+    the last."""
     left = chunks[c + 1:]
     if not left:
         return []
-    which = f"chunk {c + 2}" if len(left) == 1 else f"chunks {c + 2}-{len(chunks)}"
+    which = f"{noun} {c + 2}" if len(left) == 1 else f"{noun}s {c + 2}-{len(chunks)}"
     return [f"{which} of {len(chunks)} ({sum(map(len, left))} problems)"]
+
+
+class Interim:
+    """The summaries written while a run goes on (`_interim_summary`): after every variant of
+    the first round, then at a round's end, each chunk's (`every_round`) or, with rounds of
+    one problem, at most once a minute of real time (a summary's intervals take a second or
+    two; a run of many short rounds would spend its time on them)."""
+
+    EVERY_S = 60.0
+
+    def __init__(self, store: RunStore, step_logs: dict[str, dict], host: dict, every_round: bool) -> None:
+        self.store, self.step_logs, self.host, self.every_round = store, step_logs, host, every_round
+        self.last = time.monotonic()
+
+    def write(self, names: list[str], pending: list[str], first_round: bool = False) -> None:
+        now = time.monotonic()
+        if first_round or self.every_round or now - self.last >= self.EVERY_S:
+            _interim_summary(self.store, names, self.step_logs, self.host, pending)
+            self.last = time.monotonic()
 
 
 def _interim_summary(store: RunStore, names: list[str], step_logs: dict[str, dict], host: dict,

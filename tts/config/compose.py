@@ -78,15 +78,25 @@ def optim_overrides(overrides: list[str]) -> list[str]:
 def preset_optims(names: list[str], overrides: list[str]) -> list:
     """(name, OptimConfig) of each `conf/optim` preset in `names` with `overrides`
     (`KEY=VALUE`) on top; a ConfigError names an unknown preset (with the choices) or the
-    variant an override breaks."""
+    variant an override breaks. `NAME@COPY` is preset NAME run again as variant
+    `NAME@COPY`: listed beside NAME, an A/A control whose ratio to it shows what the run's
+    timing alone (drift, order, noise) puts on a ratio."""
     from tts.config.schema import OptimConfig
 
     out = []
+    if len(set(names)) < len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise ConfigError(f"bench.compare: {', '.join(twice)} listed twice; to run a preset again (an A/A "
+                          f"control) give the copy its own name: {twice[0].partition('@')[0]}@copy")
     for name in names:
-        path = CONF_DIR / "optim" / f"{name}.yaml"
+        preset, at, label = name.partition("@")
+        if at and not label.replace("_", "").isalnum():
+            raise ConfigError(f"bench.compare: {name!r}: after @ comes the copy's name (letters, digits, _)")
+        path = CONF_DIR / "optim" / f"{preset}.yaml"
         if not path.exists():
             valid = sorted(p.stem for p in (CONF_DIR / "optim").glob("*.yaml"))
-            raise ConfigError(f"bench.compare: unknown optim preset {name!r}; valid choices: {', '.join(valid)}")
+            raise ConfigError(f"bench.compare: unknown optim preset {preset!r}; valid choices: {', '.join(valid)} "
+                              "(NAME@COPY runs NAME again under its own name, an A/A control)")
         try:
             merged = OmegaConf.merge(OmegaConf.structured(OptimConfig), OmegaConf.load(path),
                                      OmegaConf.from_dotlist(overrides))

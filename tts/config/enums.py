@@ -61,6 +61,11 @@ class BenchMode(str, enum.Enum):
     ceiling = "ceiling"  # time the generator path against raw vLLM (tts.benchmarks.ceiling)
 
 
+class VariantOrder(str, enum.Enum):
+    interleaved = "interleaved"  # every variant a round of problems, the order reversed each round (A B, B A)
+    sequential = "sequential"  # every variant in the listed order, a chunk at a time
+
+
 class EngineKind(str, enum.Enum):
     baseline = "baseline"
     flash = "flash"

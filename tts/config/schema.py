@@ -14,7 +14,7 @@ from hydra.core.config_store import ConfigStore
 
 from tts.config.enums import (  # noqa: F401 - the schema's choices, importable from here
     Adapter, Aggregation, Algorithm, BackendKind, BenchMode, DatasetName, DecoupledPolicy, DecoupledSpecScope,
-    EngineKind, LookaheadScope, Sampler)
+    EngineKind, LookaheadScope, Sampler, VariantOrder)
 
 
 def _require(cond: bool, field_name: str, msg: str) -> None:
@@ -307,6 +307,12 @@ class BenchConfig:
     # problems per chunk, each run by every variant before the next (0: one chunk): a run of
     # many `--resume`s on changing machines keeps each problem's variants on one host
     chunk: int = 0
+    # how the variants take turns (tts.runner.rounds): `interleaved` runs them round by round
+    # (a round is a chunk; without chunks, one problem at concurrency 1 and every problem
+    # above it) in the listed order, then reversed (A B, B A, A B ...), so a machine that
+    # drifts over hours (thermal, a neighbour) weighs on every variant alike instead of on
+    # the later ones; `sequential` keeps the listed order in every chunk
+    order: VariantOrder = VariantOrder.interleaved
 
     def __post_init__(self) -> None:
         _require(self.concurrency >= 1, "bench.concurrency", "must be >= 1")

@@ -175,6 +175,10 @@ class RunStore:
 
     def summary(self) -> dict:
         path = self.path / SUMMARY
+        if not self.path.is_dir():
+            raise FileNotFoundError(f"{self.path}: no such run folder")
+        if not path.exists() and not (self.path / RECORDS).exists():
+            raise FileNotFoundError(f"{self.path}: not a run folder (no {RECORDS}, no {SUMMARY})")
         if not path.exists():
             raise FileNotFoundError(f"{self.path}: no {SUMMARY} (the run did not finish; `tts eval {self.path}` "
                                     "rebuilds it from the records)")

@@ -25,6 +25,7 @@ RATIO_METRICS = [
     ("verifier_s_mean", "verifier time (s)", False),
     ("tokens_per_s", "throughput (tok/s)", True),
     ("problems_per_min", "problems/min", True),
+    ("problems_per_min_wall", "problems/min over the wall time (tails in)", True),
     ("total_gen_tokens", "generated tokens", False),
     ("acc_majority", "accuracy (majority)", True),
     ("acc_weighted", "accuracy (weighted)", True),
@@ -61,22 +62,38 @@ RATIO_METRICS = [
     ("above_residual_s", "- step time the cost model does not explain (s)", False),
     ("spec_wasted_s", "wasted speculative tokens, inside the bound (s)", False),
     ("tail_s", "tails (one a chunk or seed): fewer problems in flight than bench.concurrency (s)", False),
-    ("tail_forfeit_s", "the tails' empty share, above the problems/min ceiling (s)", False),
+    ("tail_forfeit_s", "the tails' empty share, left out of problems/min and tok/s (s)", False),
 ]
 
 
-def variant_summary(records: list[dict], step_log: dict | None, wall_s: float | None) -> dict:
+def variant_summary(records: list[dict], step_log: dict | None, wall_s: float | None,
+                    concurrency: int = 1) -> dict:
     """Per-variant metrics. With the variant's wall time (`wall_s`, all its problems, in flight
     together or not) throughput is generated tokens and problems over that wall time; without
     it (an old run folder) over the sum of the problems' latencies, which is the same thing
-    only when problems ran one at a time."""
+    only when problems ran one at a time.
+
+    With `concurrency` problems in flight, each pass (a chunk, a seed) ends in a tail where
+    fewer are left (`tail_forfeit`): its empty slots are left out of the rates. Problems/min
+    and tokens/s are over the wall time less the tails' empty share (`tail_forfeit_s`), which
+    is the sum of the problems' latencies over the slots; the wall-time rates, tails in, are
+    kept beside them (`problems_per_min_wall`, `tokens_per_s_wall`). A variant whose problems
+    take alike finishes a pass together and a variant whose problems vary waits on its
+    longest: over the wall time that difference would read as throughput."""
     s = summarize_problems([r["metrics"] for r in records])
     s.update(accuracy_summary(records))
     total = sum(r["metrics"]["latency_s"] for r in records)
     span = wall_s or total
     if wall_s:
         s["wall_s"] = wall_s
-        s["tokens_per_s"] = s["total_gen_tokens"] / wall_s
+        if concurrency > 1 and all(r.get("variant_wall_s") for r in records):
+            spans = [(r["variant_wall_s"] - r["metrics"]["latency_s"], r["variant_wall_s"]) for r in records]
+            s["tail_s"], s["tail_forfeit_s"] = tail_forfeit(spans, concurrency)
+            if 0 < s["tail_forfeit_s"] < wall_s:
+                s["problems_per_min_wall"] = 60.0 * len(records) / wall_s
+                s["tokens_per_s_wall"] = s["total_gen_tokens"] / wall_s
+                span = wall_s - s["tail_forfeit_s"]
+        s["tokens_per_s"] = s["total_gen_tokens"] / span
     s["problems_per_min"] = 60.0 * len(records) / span if records and span else 0.0
     if step_log:
         for model, log in step_log.items():
@@ -161,9 +178,6 @@ def add_bounds(summary: dict, records: list[dict], models: dict[str, CostModel |
         summary.update({f"above_{k}": v for k, v in parts.items()})
     if gen is not None:  # inside the bound, but bought nothing
         summary["spec_wasted_s"] = gen.per_decode_seq_s * summary.get("spec_wasted", 0)
-    if concurrency > 1 and all(r.get("variant_wall_s") for r in records):
-        spans = [(r["variant_wall_s"] - r["metrics"]["latency_s"], r["variant_wall_s"]) for r in records]
-        summary["tail_s"], summary["tail_forfeit_s"] = tail_forfeit(spans, concurrency)
 
 
 ACCURACY_LABELS = {"acc_majority": "majority", "acc_weighted": "weighted", "acc_prm_max": "PRM-max",
@@ -252,10 +266,12 @@ def ratio_table(summaries: dict[str, dict], baseline: str, records: dict[str, li
         row = {"metric": label, "key": key, "higher_is_better": higher}
         for name, s in summaries.items():
             value = s.get(key)
-            if key in ("bound_share", "tree_bound_share") and s.get("bound_fit_note"):
-                value = s["bound_fit_note"]  # no bound: the cost model does not fit this run
-            elif value is None and s.get(f"{key}_note"):
-                value = s[f"{key}_note"]  # why there is no number
+            # no number, and why beside it (`<variant>_note`; the Markdown table prints it):
+            # a cell of a number field holds a number or null
+            note = s.get("bound_fit_note") if key in ("bound_share", "tree_bound_share") else None
+            note = note or (s.get(f"{key}_note") if value is None else None)
+            if note:  # no bound (the cost model does not fit the run), or no such number
+                value, row[f"{name}_note"] = None, note
             row[name] = value
             if name != baseline and isinstance(value, (int, float)) and isinstance(base.get(key), (int, float)) \
                     and base[key]:
@@ -300,7 +316,7 @@ def format_table(rows: list[dict], names: list[str], baseline: str) -> str:
     cols = names + [f"{n}/{baseline}" for n in names if n != baseline]
     lines = ["| metric | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for row in rows:
-        cells = [_fmt(row.get(c)) + _interval_text(row, c) for c in cols]
+        cells = [row.get(f"{c}_note") or _fmt(row.get(c)) + _interval_text(row, c) for c in cols]
         lines.append(f"| {row['metric']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -359,13 +375,14 @@ def write_summary(store: RunStore, names: list[str], step_logs: dict[str, dict],
     except (FileNotFoundError, ValueError):
         pass
     old = previous.get("variants", {})
+    concurrency = int((store.saved_config().get("bench") or {}).get("concurrency") or 1)
     by_variant = {name: [r for r in records if r.get("variant", "") == name] for name in names}
     summaries = {}
     for name, mine in by_variant.items():
         log = step_logs.get(name) or {k: v for k, v in old.get(name, {}).items() if k in ("generator", "verifier", KV_BLOCKS)}
-        summaries[name] = variant_summary(mine, log or None, variant_wall(mine, name) or None) | diversity(mine)
+        summaries[name] = variant_summary(mine, log or None, variant_wall(mine, name) or None,
+                                          concurrency) | diversity(mine)
     models = cost_models(summaries)  # on every variant's steps: bounds need them all first
-    concurrency = int((store.saved_config().get("bench") or {}).get("concurrency") or 1)
     raw = store.raw_generator()
     for name, mine in by_variant.items():
         add_bounds(summaries[name], mine, models, concurrency)

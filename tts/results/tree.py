@@ -51,7 +51,8 @@ def diversity(records: list[dict]) -> dict:
 
 
 def tree_line(name: str, mine: dict, base: dict, same_share: float | None, sampler: str,
-              base_name: str = "baseline", drift: dict | None = None, kept_by: str | None = None) -> str | None:
+              base_name: str = "baseline", drift: dict | None = None, kept_by: str | None = None,
+              search: str | None = None) -> str | None:
     """One plain line when `name`'s tree is not the first variant's (some problem's final
     candidates differ), with the ratios that say how; None when the trees are the same.
     `drift` (`tree.sampling_drift`): of the requests both sent with one prompt and seed
@@ -72,6 +73,8 @@ def tree_line(name: str, mine: dict, base: dict, same_share: float | None, sampl
                f"{KEEPS_TREE.get(sampler, KEEPS_TREE['vllm'])} keeps the {base_name}'s tree")
     line = (f"{name} grew a different tree ({', '.join(parts)}; the same final candidates on "
             f"{same_share:.0%} of problems)")
+    if search is not None:
+        return f"{line}: another search by design (bench.search_variants: {search}), not a schedule of the same one"
     if drift and drift["differed"]:
         return (f"{line}: {drift['differed']} of the {drift['shared']} requests it sent as the {base_name} did (same "
                 f"prompt, same seed) sampled other tokens, so numerics alone move trees here (the "
@@ -126,13 +129,16 @@ def describe(summary: dict, by_variant: dict[str, list[dict]], config: dict, tra
     sampler = str((summary.get("host") or {}).get("sampler") or "vllm")
     for name in names:
         variants[name]["tree"] = tree_stats(by_variant[name])
-    moved = [name for name in names[1:] if (same := variants[name].get("same_candidates")) is not None and same < 1.0]
+    # a search variant samples otherwise on purpose (greedy: temperature 0): no drift to count
+    by_design = set((config.get("bench") or {}).get("search_variants") or [])
+    moved = [name for name in names[1:] if (same := variants[name].get("same_candidates")) is not None
+             and same < 1.0 and name not in by_design]
     if moved and trace is not None and trace.exists():
         _add_drift(variants, names[0], moved, trace)
     kept_by = next((name for name in names[1:] if variants[name].get("same_candidates") == 1.0), None)
     summary["tree_lines"] = [line for name in names[1:] if (line := tree_line(
         name, variants[name]["tree"], variants[names[0]]["tree"], variants[name].get("same_candidates"), sampler,
-        names[0], variants[name]["tree"].get("sampling_drift"), kept_by))]
+        names[0], variants[name]["tree"].get("sampling_drift"), kept_by, _search_of(name, by_design)))]
     summary["verifier_lines"] = {}
     for name in names:
         problems = [[(c.get("score"), ok) for c, ok in zip(r["candidates"], r["candidate_correct"])]
@@ -147,6 +153,20 @@ def describe(summary: dict, by_variant: dict[str, list[dict]], config: dict, tra
                    "at_chance_why": why}
         variants[name]["verifier_quality"] = quality
         summary["verifier_lines"][name] = verifier_line(quality)
+
+
+def _search_of(name: str, by_design: set[str]) -> str | None:
+    """A search variant's preset in words (`greedy`: "greedy, temperature 0"), else None."""
+    if name not in by_design:
+        return None
+    from omegaconf import OmegaConf
+
+    from tts.config.compose import CONF_DIR
+
+    preset = CONF_DIR / "search" / f"{name.partition('@')[0]}.yaml"
+    settings = OmegaConf.to_container(OmegaConf.load(preset)) if preset.exists() else {}
+    said = ", ".join(f"{k} {v}" for k, v in settings.items() if k in ("algorithm", "n", "temperature"))
+    return f"{name}: {said}" if said else name
 
 
 def _add_drift(variants: dict, base: str, moved: list[str], trace: Path) -> None:
