@@ -633,3 +633,34 @@ def test_a_verifier_vllm_cannot_serve_from_the_cache_says_so_instead_of_a_zero_h
     row = next(r for r in summary["ratios"] if r["metric"] == "verifier prefix-cache hit rate")
     assert row["P"] is None and row["P_note"] == NOT_CACHED and "P/baseline" not in row  # a number field
     assert f"| verifier prefix-cache hit rate | {NOT_CACHED} | {NOT_CACHED} | - |" in summary["ratio_table_md"]
+
+
+def test_a_warm_up_problem_runs_first_and_leaves_no_trace(tmp_path, monkeypatch):
+    """`bench.warmup=1`: the first variant runs the first problem once before the first
+    round, on the engines the run keeps; no record, trace entry or step statistic comes of
+    it. A resume with nothing left to run warms nothing up."""
+    from tts.engine.engine import Engine
+    from tts.replay.trace import TRACE, read_trace
+
+    ran = []
+    real = Engine.run
+
+    def counting(self, problems):
+        for outcome in real(self, problems):
+            ran.append(outcome.problem.id)
+            yield outcome
+
+    monkeypatch.setattr(Engine, "run", counting)
+    path = bench(tmp_path, "bench.compare=[baseline,P]", "dataset.first_k=2", "bench.warmup=1")
+    assert ran == ["embedded-1-0"] * 3 + ["embedded-2-1"] * 2  # the warm-up, then A B, B A
+    records = RunStore(path).records()
+    assert [(r["variant"], r["problem_id"]) for r in records] == [
+        ("baseline", "embedded-1-0"), ("P", "embedded-1-0"), ("P", "embedded-2-1"), ("baseline", "embedded-2-1")]
+    unwarmed = bench(tmp_path, "bench.compare=[baseline,P]", "dataset.first_k=2", "bench.warmup=0", name="cold")
+    steps = lambda p: json.loads((p / "step_logs.json").read_text())["baseline"]["generator"]["steps"]  # noqa: E731
+    assert steps(path) == steps(unwarmed)  # its steps are not the variant's
+    trace = read_trace(path / TRACE)
+    assert trace.drift("baseline", "P") == read_trace(unwarmed / TRACE).drift("baseline", "P")
+    ran.clear()
+    bench(tmp_path, "bench.compare=[baseline,P]", "dataset.first_k=2", "bench.resume=true")
+    assert ran == []

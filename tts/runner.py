@@ -71,19 +71,23 @@ def run_bench(cfg_node: DictConfig, progress: Callable | None = None,
     for s in skipped:
         log.warning("skipped %s: %s", s["problem_id"], s["reason"])
     return run_problems(cfg, cfg_node, problems, Backends(cfg), None, progress, on_folder, on_iteration,
-                        measure_raw=cfg.bench.raw_generator, skipped=skipped, on_plan=on_plan)
+                        measure_raw=cfg.bench.raw_generator, skipped=skipped, on_plan=on_plan,
+                        warmup=cfg.bench.warmup)
 
 
 def run_problems(cfg: Config, cfg_node: DictConfig, problems: list, backends, host: dict | None,
                  progress: Callable | None = None, on_folder: Callable[[Path], None] | None = None,
                  on_iteration: Callable[[str, str, int], None] | None = None, record_trace: bool = True,
                  measure_raw: bool = False, skipped: list[dict] | None = None,
-                 on_plan: Callable[[dict[str, tuple[int, int]]], None] | None = None) -> Path:
+                 on_plan: Callable[[dict[str, tuple[int, int]]], None] | None = None,
+                 warmup: int = 0) -> Path:
     """Run every variant over `problems` on `backends` (`Backends`, or a replay's), writing
     the run folder; `host` None is this machine's (`run_host`). With `measure_raw`, raw
     vLLM's generator tok/s is timed first (`bench.raw_generator`). `skipped`: the problems
     left out because their prompts do not fit (`tts.problems.fit_prompts`), written to the
-    folder and counted in the summary. Returns the folder."""
+    folder and counted in the summary. `warmup`: problems the first variant runs once,
+    unrecorded, before the first round (`bench.warmup`; a replay's simulated clock needs
+    none). Returns the folder."""
     variants = run_variants(cfg)
     store = _open_store(cfg, cfg_node, [n for n, _, _ in variants])
     if on_folder:
@@ -108,6 +112,8 @@ def run_problems(cfg: Config, cfg_node: DictConfig, problems: list, backends, ho
     chunks = rounds(problems, cfg.bench)
     interim = Interim(store, step_logs, host, every_round=cfg.bench.chunk > 0)
     try:
+        if warmup and any((n, p.id, seed) not in done for n in names for p in problems for seed in cfg.bench.run_seeds):
+            _warm_up(cfg, variants[0], backends, problems[:warmup])
         for c, part in enumerate(chunks):
             turn = in_turn(variants, c, cfg.bench.order)
             for i, (name, optim, search) in enumerate(turn):
@@ -137,6 +143,17 @@ def run_problems(cfg: Config, cfg_node: DictConfig, problems: list, backends, ho
     logger.log_summary(summary, {"records": _table_rows(store.records())}, plots)
     logger.finish()
     return store.path
+
+
+def _warm_up(cfg: Config, variant: tuple, backends, problems: list) -> None:
+    """Run `problems` once on `variant`'s engines and forget them: nothing is recorded,
+    traced or timed. The engines are kept (`Backends`), so the first timed problem finds
+    the kernels and buffers a first run builds, as every later one does."""
+    name, optim, search = variant
+    log.info("warm-up: %s on %d problem(s), not recorded", name, len(problems))
+    backends.start_variant(name)
+    for _ in build_engine(cfg, optim, backends, search).run([ProblemInput(p.id, p.problem) for p in problems]):
+        pass
 
 
 def _raw_generator(cfg: Config, problem: str) -> dict:

@@ -313,10 +313,15 @@ class BenchConfig:
     # drifts over hours (thermal, a neighbour) weighs on every variant alike instead of on
     # the later ones; `sequential` keeps the listed order in every chunk
     order: VariantOrder = VariantOrder.interleaved
+    # problems the first variant runs once, unrecorded and untimed, before the first round:
+    # a process's first problem pays one-time costs (kernels built for each new shape,
+    # allocator growth) that would otherwise land on the first variant alone. 0: none
+    warmup: int = 1
 
     def __post_init__(self) -> None:
         _require(self.concurrency >= 1, "bench.concurrency", "must be >= 1")
         _require(self.chunk >= 0, "bench.chunk", "must be >= 0 (0: no chunks)")
+        _require(self.warmup >= 0, "bench.warmup", "must be >= 0 (0: no warm-up)")
         _require(len(set(self.seeds)) == len(self.seeds), "bench.seeds", f"repeats a seed: {list(self.seeds)}")
 
     @property
