@@ -185,3 +185,18 @@ def test_the_runs_tails_count_only_fewer_in_flight_after_each_passs_last_start()
     # two chunks of the example back to back, the second starting as the first ends
     assert tail_forfeit(spans + [(s + 10.0, e + 10.0) for s, e in spans], 2) == (8.0, 4.0)
     assert tail_forfeit(spans, 1) == (0.0, 0.0) and tail_forfeit([], 4) == (0.0, 0.0)
+
+
+def test_the_busy_rate_counts_full_slot_time_and_credits_each_problem_its_share():
+    from tts.metrics.cost_model import busy_rate
+
+    # two slots: a (0-4) and b (0-6) fill them, c (4-10) takes a's: both full until b ends
+    # at 6. a and b ran wholly in full-slot time, c a third of its span
+    spans = [(0.0, 4.0), (0.0, 6.0), (4.0, 10.0)]
+    busy, done = busy_rate(spans, 2)
+    assert busy == 6.0 and done == pytest.approx(2 + 1 / 3)
+    # with four slots none was ever full; one slot has no tails to leave out
+    assert busy_rate(spans, 4) == (0.0, 0.0) and busy_rate(spans, 1) == (0.0, 0.0)
+    # two passes back to back count twice
+    busy, done = busy_rate(spans + [(s + 10.0, e + 10.0) for s, e in spans], 2)
+    assert busy == 12.0 and done == pytest.approx(2 * (2 + 1 / 3))

@@ -463,6 +463,10 @@ def test_a_variant_whose_problems_vary_is_not_slower_for_its_tails(tmp_path):
     assert (even.get("tail_forfeit_s", 0.0), vary["tail_forfeit_s"]) == (0.0, 10.0)
     assert even["problems_per_min"] == vary["problems_per_min"] == pytest.approx(12.0)
     assert vary["problems_per_min_wall"] == pytest.approx(9.6)
+    # the cross-check over full-slot time only: 15 s of each chunk, 3 problems and a third
+    # of the 15 s one done in them (it credits that one evenly, though it ran alone at the end)
+    assert even["problems_per_min_busy"] == pytest.approx(12.0)
+    assert vary["problems_per_min_busy"] == pytest.approx(60 * (3 + 1 / 3) / 15)
     row = next(r for r in summary["ratios"] if r.get("key") == "problems_per_min")
     assert row["baseline@vary/baseline"] == pytest.approx(1.0)
     low, high = row["baseline@vary/baseline_ci"]

@@ -169,9 +169,9 @@ def _run_search(fn, cfg: DictConfig, term: Console, on_folder) -> Path:
     iteration a long problem is at), drawn once the run knows what it will run (`on_plan`:
     the problems whose prompts fit, times the seeds; a resume's finished ones count as done),
     so a dataset that selects nothing fails before any bar. The variants take turns
-    (`bench.order`), each bar's clock running while its variant runs. A variant's tok/s is
-    over its own time: one variant runs at a time, so the time since the last record (any
-    variant's) is the one this record's variant took."""
+    (`bench.order`). A variant's tok/s is over its own clock (`variant_wall_s`, which leaves
+    out engine builds, the warm-up and the other variants' turns), from its first problem
+    in this process."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -179,15 +179,13 @@ def _run_search(fn, cfg: DictConfig, term: Console, on_folder) -> Path:
                    TextColumn("{task.fields[at]}"), console=term)
     tasks: dict[str, int] = {}
     tokens: dict[str, int] = {}
-    busy: dict[str, float] = {}
-    last = [time.perf_counter()]  # when the last record (of any variant) came
+    since: dict[str, float] = {}  # the variant's clock when its first problem here started
 
     def plan(runs: dict[str, tuple[int, int]]) -> None:
         for name, (total, done) in runs.items():
             tasks[name] = bar.add_task(name, total=total, completed=done, rate="", at="", start=False)
-            tokens[name], busy[name] = 0, 0.0
+            tokens[name] = 0
         bar.start()
-        last[0] = time.perf_counter()
 
     def start(name: str) -> None:
         if not bar.tasks[tasks[name]].started:
@@ -195,10 +193,11 @@ def _run_search(fn, cfg: DictConfig, term: Console, on_folder) -> Path:
 
     def tick(variant: str, record: dict) -> None:
         start(variant)
-        tokens[variant] += record["metrics"]["gen_tokens"]
-        now = time.perf_counter()
-        busy[variant], last[0] = busy[variant] + now - last[0], now
-        rate = tokens[variant] / max(1e-9, busy[variant])
+        m = record["metrics"]
+        tokens[variant] += m["gen_tokens"]
+        wall = record.get("variant_wall_s") or 0.0
+        since.setdefault(variant, wall - m["latency_s"])
+        rate = tokens[variant] / max(1e-9, wall - since[variant])
         bar.update(tasks[variant], advance=1, rate=f"{rate:.0f} tok/s", at="")
 
     def iteration(variant: str, problem_id: str, done: int) -> None:

@@ -177,18 +177,8 @@ def tail_forfeit(spans: list[tuple[float, float]], concurrency: int) -> tuple[fl
     of admission could shorten it, and a problem's length is not known when it starts."""
     if concurrency <= 1 or not spans:
         return 0.0, 0.0
-    # at one instant an end comes before a start: a chunk's first problems start as its
-    # predecessor's last one ends
-    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
-    passes, current, live = [], [], 0
-    for event in events:
-        current.append(event)
-        live += event[1]
-        if live == 0:
-            passes.append(current)
-            current = []
     tail = forfeit = 0.0
-    for events in passes:
+    for events in _passes(spans):
         last_start = max(t for t, d in events if d > 0)
         live, t0 = 0, events[0][0]
         for t, d in events:
@@ -197,6 +187,45 @@ def tail_forfeit(spans: list[tuple[float, float]], concurrency: int) -> tuple[fl
                 forfeit += (t - t0) * (concurrency - live) / concurrency
             t0, live = t, live + d
     return tail, forfeit
+
+
+def _passes(spans: list[tuple[float, float]]) -> list[list[tuple[float, int]]]:
+    """The problems' start (+1) and end (-1) events, split into passes: a pass ends where
+    none is left in flight. At one instant an end comes before a start: a chunk's first
+    problems start as its predecessor's last one ends."""
+    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
+    passes, current, live = [], [], 0
+    for event in events:
+        current.append(event)
+        live += event[1]
+        if live == 0:
+            passes.append(current)
+            current = []
+    return passes
+
+
+def busy_rate(spans: list[tuple[float, float]], concurrency: int) -> tuple[float, float]:
+    """(seconds during which every one of `concurrency` slots held a problem, the problems
+    done in them): each problem is credited with the share of its span that lay in that
+    time, as if it progressed evenly. A cross-check of the rate over the wall time less the
+    tails' empty share (`tail_forfeit`): that one counts a tail problem's whole latency at
+    full slots, though it ran with fewer beside it and so faster; this one counts only
+    full-slot time, but credits a problem that ended in a tail evenly over its span. Where
+    the two agree, neither bias matters. (0, 0) with one slot, or no full-slot time."""
+    if concurrency <= 1 or not spans:
+        return 0.0, 0.0
+    busy = done = 0.0
+    for events in _passes(spans):
+        live, t0, full = 0, events[0][0], []
+        for t, d in events:
+            if live >= concurrency and t > t0:
+                full.append((t0, t))
+            t0, live = t, live + d
+        busy += sum(b - a for a, b in full)
+        for s, e in spans:
+            if e > s:
+                done += sum(max(0.0, min(e, b) - max(s, a)) for a, b in full) / (e - s)
+    return busy, done
 
 
 def above_bound(wall_s: float, work: Work, models: dict[str, CostModel | None],

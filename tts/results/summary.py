@@ -8,8 +8,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tts.metrics.measures import KV_BLOCKS, summarize_problems
-from tts.metrics.cost_model import (COST, CostModel, CostSums, above_bound, fit, tail_forfeit, work_bounds,
-                                     work_of)
+from tts.metrics.cost_model import (COST, CostModel, CostSums, above_bound, busy_rate, fit, tail_forfeit,
+                                     work_bounds, work_of)
 from tts.results.host import run_hosts
 from tts.results.pressure import PRESSURE_ROWS, add_pool_counts
 from tts.results.records import accuracy_summary, pair_key, paired_accuracy
@@ -26,6 +26,7 @@ RATIO_METRICS = [
     ("tokens_per_s", "throughput (tok/s)", True),
     ("problems_per_min", "problems/min", True),
     ("problems_per_min_wall", "problems/min over the wall time (tails in)", True),
+    ("problems_per_min_busy", "problems/min while every slot was busy (cross-check)", True),
     ("total_gen_tokens", "generated tokens", False),
     ("acc_majority", "accuracy (majority)", True),
     ("acc_weighted", "accuracy (weighted)", True),
@@ -89,6 +90,9 @@ def variant_summary(records: list[dict], step_log: dict | None, wall_s: float | 
         if concurrency > 1 and all(r.get("variant_wall_s") for r in records):
             spans = [(r["variant_wall_s"] - r["metrics"]["latency_s"], r["variant_wall_s"]) for r in records]
             s["tail_s"], s["tail_forfeit_s"] = tail_forfeit(spans, concurrency)
+            busy, done = busy_rate(spans, concurrency)
+            if busy > 0:  # the cross-check: over the time every slot was busy
+                s["problems_per_min_busy"] = 60.0 * done / busy
             if 0 < s["tail_forfeit_s"] < wall_s:
                 s["problems_per_min_wall"] = 60.0 * len(records) / wall_s
                 s["tokens_per_s_wall"] = s["total_gen_tokens"] / wall_s
