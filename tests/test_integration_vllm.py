@@ -11,6 +11,7 @@ the prefix cache. `test_bf16_search_is_a_valid_search` runs bf16 explicitly.
 """
 
 import json
+import shutil
 import statistics
 
 import pytest
@@ -27,7 +28,7 @@ pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not is_present("smollm2-135m-instruct"),
                                  reason="default model not pulled (tts models pull smollm2-135m-instruct)")]
 
-TINY = ["logger=none", "search.n=4", "search.beam_width=2", "search.max_iterations=2",
+TINY = ["logger=none", "bench.warmup=0", "search.n=4", "search.beam_width=2", "search.max_iterations=2",
         "generator.step_max_tokens=12", "generator.max_total_tokens=36", "memory.kv_cache_gib=0.25",
         "memory.generator_max_num_seqs=8", "memory.verifier_max_num_seqs=8"]
 EXACT = ["generator.dtype=float32", "verifier.dtype=float32"]
@@ -329,7 +330,9 @@ def test_killed_and_resumed_run_repeats_the_uninterrupted_records(tmp_path):
     the first time."""
     args = TINY + EXACT + ["dataset.first_k=2", "search.max_iterations=3", f"bench.results_dir={tmp_path}"]
     whole = RunStore(run_bench(compose("config", args + ["bench.run_name=whole"]))).records()
-    killed = run_bench(compose("config", args + ["bench.run_name=killed"]))
+    killed = shutil.copytree(tmp_path / "whole", tmp_path / "killed")  # the same run, killed in problem 2
+    config = killed / "config.yaml"
+    config.write_text(config.read_text().replace("run_name: whole", "run_name: killed"))
     lines = (killed / "records.jsonl").read_text().splitlines(keepends=True)
     (killed / "records.jsonl").write_text(lines[0] + lines[1][: len(lines[1]) // 2])  # torn mid-write
     resumed = RunStore(run_bench(compose("config", args + ["bench.run_name=killed", "bench.resume=true"]))).records()
