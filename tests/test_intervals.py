@@ -227,7 +227,7 @@ def test_a_statistic_that_fails_costs_only_itself(tmp_path, monkeypatch):
 
     path = bench(tmp_path, "dataset.first_k=2")
     monkeypatch.setattr(summary_module, "paired_accuracy", broken)
-    monkeypatch.setattr(summary_module, "_add_intervals", broken)
+    monkeypatch.setattr("tts.results.ratios._add_intervals", broken)
     summary, _ = summary_module.write_summary(RunStore(path), ["baseline", "PMS"], {})
     assert "precise goodput (tok/s)" in summary["ratio_table_md"]
     assert [e.split(":")[0] for e in summary["statistics_errors"]] == ["paired accuracy", "speed intervals"]

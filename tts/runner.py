@@ -109,40 +109,47 @@ def run_problems(cfg: Config, cfg_node: DictConfig, problems: list, backends, ho
     trace = TraceRecorder(store.path / TRACE, {"generator": cfg.generator.model, "verifier": cfg.verifier.model,
                                                "adapter": cfg.verifier.adapter.value, "sampler": host.get("sampler")})
     names = [n for n, _, _ in variants]
-    chunks = rounds(problems, cfg.bench)
     interim = Interim(store, step_logs, host, every_round=cfg.bench.chunk > 0)
+    run_one = functools.partial(_run_variant, store=store, step_logs=step_logs, logger=logger, progress=progress,
+                                trace=trace if record_trace else None, on_iteration=on_iteration, host=host)
     try:
         if warmup and any((n, p.id, seed) not in done for n in names for p in problems for seed in cfg.bench.run_seeds):
             _warm_up(cfg, variants[0], backends, problems[:warmup])
-        for c, part in enumerate(chunks):
-            turn = in_turn(variants, c, cfg.bench.order)
-            for i, (name, optim, search) in enumerate(turn):
-                todo = {seed: [p for p in part if (name, p.id, seed) not in done] for seed in cfg.bench.run_seeds}
-                if any(todo.values()):
-                    backends.start_variant(name)
-                for seed, mine in todo.items():
-                    if not mine:
-                        continue
-                    # one pass per seed, each on its own engine (the seed is the engine's, and
-                    # each pass starts on cold caches like the first). The engine lives in this
-                    # call only: the next one's engines are built once nothing holds this one's
-                    # (Backends.get frees replaced ones)
-                    seeded = dataclasses.replace(cfg, bench=dataclasses.replace(cfg.bench, seed=seed))
-                    _run_variant(name, build_engine(seeded, optim, backends, search), mine, store, step_logs,
-                                 logger, progress, trace if record_trace else None, on_iteration, seed, host)
-                # as each variant of the first round ends (its problems are the run's so far),
-                # then as each later round ends: a table compares like numbers of problems.
-                # The run's last round is left to the summary below
-                if any(todo.values()) and c + 1 < len(chunks) and (c == 0 or i + 1 == len(turn)):
-                    ran = names if c else [n for n, _, _ in turn[:i + 1]]
-                    left = chunks_left(chunks, c, "chunk" if cfg.bench.chunk else "round")
-                    interim.write(ran, [n for n, _, _ in turn[i + 1:]] * (c == 0) + left, first_round=c == 0)
+        _run_rounds(cfg, variants, rounds(problems, cfg.bench), done, backends, run_one, interim)
     finally:
         backends.close()
     summary, plots = write_summary(store, names, step_logs, host, pending=[])
     logger.log_summary(summary, {"records": _table_rows(store.records())}, plots)
     logger.finish()
     return store.path
+
+
+def _run_rounds(cfg: Config, variants: list, chunks: list[list], done: set, backends, run_one: Callable,
+                interim: Interim) -> None:
+    """Every variant over each round's problems (`rounds`), in its turn (`in_turn`), skipping
+    what `done` holds; `run_one(name, engine, problems, seed=...)` runs and records one
+    pass. Interim summaries as each variant of the first round ends, then as later rounds end:
+    a table compares like numbers of problems (the run's last round is left to its summary)."""
+    names = [n for n, _, _ in variants]
+    for c, part in enumerate(chunks):
+        turn = in_turn(variants, c, cfg.bench.order)
+        for i, (name, optim, search) in enumerate(turn):
+            todo = {seed: [p for p in part if (name, p.id, seed) not in done] for seed in cfg.bench.run_seeds}
+            if any(todo.values()):
+                backends.start_variant(name)
+            for seed, mine in todo.items():
+                if not mine:
+                    continue
+                # one pass per seed, each on its own engine (the seed is the engine's, and each
+                # pass starts on cold caches like the first). The engine lives in this call
+                # only: the next one's engines are built once nothing holds this one's
+                # (Backends.get frees replaced ones)
+                seeded = dataclasses.replace(cfg, bench=dataclasses.replace(cfg.bench, seed=seed))
+                run_one(name, build_engine(seeded, optim, backends, search), mine, seed=seed)
+            if any(todo.values()) and c + 1 < len(chunks) and (c == 0 or i + 1 == len(turn)):
+                ran = names if c else [n for n, _, _ in turn[:i + 1]]
+                left = chunks_left(chunks, c, "chunk" if cfg.bench.chunk else "round")
+                interim.write(ran, [n for n, _, _ in turn[i + 1:]] * (c == 0) + left, first_round=c == 0)
 
 
 def _warm_up(cfg: Config, variant: tuple, backends, problems: list) -> None:
@@ -252,7 +259,7 @@ def _interim_summary(store: RunStore, names: list[str], step_logs: dict[str, dic
         log.warning("interim summary after %s not written: %s", names[-1], err)
 
 
-def _run_variant(name: str, engine, todo: list, store: RunStore, step_logs: dict[str, dict],
+def _run_variant(name: str, engine, todo: list, *, store: RunStore, step_logs: dict[str, dict],
                  logger: RunLogger, progress: Callable | None, trace: TraceRecorder | None,
                  on_iteration: Callable[[str, str, int], None] | None = None, seed: int = 0,
                  host: dict | None = None) -> None:

@@ -89,7 +89,7 @@ class Backends:
                  if key is not None and getattr(self, slot) is not None and getattr(self, slot)[0] != key]
         for slot in stale:
             self._drop(slot)
-        if stale:
+        if stale and self._real():
             release_memory()
         if self._gen is None:
             self._gen = (gen_key, self._make_generator(gen_spec))
@@ -168,7 +168,13 @@ class Backends:
     def close(self) -> None:
         self._drop("_gen")
         self._drop("_ver")
-        release_memory()
+        if self._real():
+            release_memory()
+
+    def _real(self) -> bool:
+        """Whether an engine here holds memory worth collecting (a fake one holds none, and
+        a full collection costs a fifth of a second in a process that imported torch)."""
+        return BackendKind.vllm in (self.cfg.generator.backend, self.cfg.verifier.backend)
 
 
 def release_memory() -> None:

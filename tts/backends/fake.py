@@ -113,6 +113,12 @@ class _Running:
     produced: str = ""  # text generated so far
     reported_prompt: bool = False
     batch: int | None = None  # the size of the batch it was first scheduled in (batch-dependent sampling)
+    prompt: str | None = None  # the request's prompt as text, decoded once
+
+    def prompt_text(self) -> str:
+        if self.prompt is None:
+            self.prompt = decode(self.request.prompt_token_ids)
+        return self.prompt
 
 
 class FakeGenerator(Generator):
@@ -201,7 +207,7 @@ class FakeGenerator(Generator):
                 self.calls.append(req.request_id)
                 run.reported_prompt = True
                 run.batch = len(running) if self.batch_dependent else None
-            tok = self._next_token(decode(req.prompt_token_ids), run.produced, req.seed, run.batch)
+            tok = self._next_token(run.prompt_text(), run.produced, req.seed, run.batch)
             run.produced += decode([tok])
             finish = (FinishReason.EOS if tok == EOS_ID else
                       FinishReason.LENGTH if len(run.produced) >= req.max_tokens else None)

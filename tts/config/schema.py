@@ -279,43 +279,33 @@ class BenchConfig:
     mode: BenchMode = BenchMode.search
     concurrency: int = 1  # problems in flight; 1 = latency mode, more = throughput mode
     seed: int = 0
-    # every problem runs once under each of these seeds, for every variant, and the
-    # variants are paired by (problem, seed): the speed intervals resample over both.
-    # Empty: [seed]. A record carries its seed; a resume may add seeds.
+    # every problem runs under each seed, every variant, paired by (problem, seed); empty:
+    # [seed]. A record carries its seed; a resume may add seeds.
     seeds: list[int] = field(default_factory=list)
     run_name: str | None = None  # folder name under results/; null: generated
     results_dir: str = "results"
     resume: bool = False
-    compare: list[str] = field(default_factory=list)  # optim presets to run side by side
-    # `optim.KEY=VALUE` applied on top of every `compare` preset; filled from the command
-    # line's `optim.*` overrides when `compare` is set (see tts.config.compose)
+    compare: list[str] = field(default_factory=list)  # optim presets side by side (NAME@COPY: again, A/A)
+    # `optim.KEY=VALUE` on top of every `compare` preset: the command line's `optim.*`
     optim_overrides: list[str] = field(default_factory=list)
     # more variants: the baseline engine with each `conf/search` preset at this run's
     # search.n (e.g. [best_of_n, self_consistency]), on the same problems and seeds: what the
     # tree search adds over sampling N paths, in the same accuracy table and paired tests
     search_variants: list[str] = field(default_factory=list)
-    # a problem that starts with none in flight (every problem at concurrency 1) starts on
-    # empty prefix caches, so its record does not depend on what ran before it, in bf16 too:
-    # a resumed run, or one problem re-run alone, repeats the uninterrupted run's record.
-    # Costs the re-prefill of the shared system prompt once per problem.
+    # a problem that starts with none in flight starts on empty prefix caches: its record does
+    # not depend on what ran before it (a resume repeats it). Costs a system-prompt prefill
     fresh_cache_per_problem: bool = True
-    # before the variants, time raw vLLM (`LLM.generate`) at the run's sequences in flight
-    # (search.n x bench.concurrency) on this host, generator.step_max_tokens new tokens each,
-    # `ceiling.repeats` repeats, and one sequence's decode rate (a path's tokens come one step
-    # after another): each variant's generator phase and goodput are reported against them
+    # before the variants, time raw vLLM at the run's sequences in flight (search.n x
+    # bench.concurrency) and one sequence's decode rate: each variant's generator phase and
+    # goodput are reported against them (tts.benchmarks.ceiling.raw_generator)
     raw_generator: bool = False
-    # problems per chunk, each run by every variant before the next (0: one chunk): a run of
-    # many `--resume`s on changing machines keeps each problem's variants on one host
+    # problems per chunk, each run by every variant before the next (0: one chunk)
     chunk: int = 0
-    # how the variants take turns (tts.runner.rounds): `interleaved` runs them round by round
-    # (a round is a chunk; without chunks, one problem at concurrency 1 and every problem
-    # above it) in the listed order, then reversed (A B, B A, A B ...), so a machine that
-    # drifts over hours (thermal, a neighbour) weighs on every variant alike instead of on
-    # the later ones; `sequential` keeps the listed order in every chunk
+    # variants take turns round by round (a chunk; else one problem at concurrency 1), the
+    # order reversed each round, so drift lands on none (tts.runner.rounds, in_turn)
     order: VariantOrder = VariantOrder.interleaved
-    # problems the first variant runs once, unrecorded and untimed, before the first round:
-    # a process's first problem pays one-time costs (kernels built for each new shape,
-    # allocator growth) that would otherwise land on the first variant alone. 0: none
+    # problems the first variant runs once, unrecorded, before the first round: one-time
+    # costs (kernels built per shape) must not land on the first variant alone. 0: none
     warmup: int = 1
 
     def __post_init__(self) -> None:

@@ -17,7 +17,7 @@ from tts.report.pressure import plot_pressure, pressure_rows, pressure_table
 from tts.report.sources import ReportError, RunData, load_runs
 from tts.report.tables import Column, build_columns, config_table, metric_rows, resolve_baseline
 from tts.results.host import host_differences, host_line
-from tts.results.summary import format_table
+from tts.results.ratios import format_table
 
 REPORT_MD = "report.md"
 REPORT_JSON = "report.json"

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tts.report.sources import ReportError, RunData
-from tts.results.summary import ratio_table
+from tts.results.ratios import ratio_table
 
 # Optim switches shown as flags when on (the letters follow the FlashTTS ablation names).
 OPTIM_FLAGS = [("prefix_aware", "P"), ("roofline_memory", "M"), ("speculative", "S"), ("lookahead", "L")]
