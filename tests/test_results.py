@@ -99,6 +99,8 @@ def test_resume_with_other_settings_is_refused(tmp_path):
     text = (path / "config.yaml").read_text()
     (path / "config.yaml").write_text(text + "retired:\n  setting: 1\n")
     bench(tmp_path, "bench.resume=true", "logger.project=elsewhere")  # nothing to do, no error
+    # the order the variants take turns in and the warm-up change no record
+    bench(tmp_path, "bench.resume=true", "bench.order=sequential", "bench.warmup=0")
 
 
 def test_resume_may_add_variants_to_a_comparison(tmp_path):

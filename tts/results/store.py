@@ -51,7 +51,8 @@ class RunStore:
     def config_changes(self, config: dict) -> list[str]:
         """Settings of `config` that differ from the run's saved `config.yaml`, as
         "key: saved -> now". Not compared: settings only one side has (another version of
-        tts), those that cannot change a record (`bench.resume`, `logger.*`), the
+        tts), those that cannot change a record (`bench.resume`, `bench.order`,
+        `bench.warmup`, `logger.*`), the
         subset's size and choice, the list of compared variants and the seeds (a resumed run
         may take more problems, variants or seeds: records are per problem, seed and variant; each
         variant's own settings, `bench.optim_overrides` included, are still compared)."""
@@ -59,7 +60,7 @@ class RunStore:
         if not saved:
             return []
         old, new = _flatten(saved), _flatten(config)
-        skip = ("bench.resume", "logger.", "dataset.first_k", "dataset.random_k", "dataset.ids", "dataset.levels")
+        skip = ("bench.resume", "bench.order", "bench.warmup", "logger.", "dataset.first_k", "dataset.random_k", "dataset.ids", "dataset.levels")
         return [f"{k}: {old[k]!r} -> {new[k]!r}" for k in sorted(old.keys() & new.keys())
                 if old[k] != new[k] and not k.startswith(skip)
                 and k not in ("bench.compare", "bench.search_variants", "bench.seeds")]
