@@ -125,6 +125,15 @@ def report(runs: Annotated[list[Path], typer.Argument(help="Result folders (or W
 
 
 @app.command()
+def merge(shards: Annotated[list[Path], typer.Argument(help="The shard folders of one run (bench.shard=I/K).")],
+          out: Annotated[Path, typer.Option(help="The merged run folder (new).")]) -> None:
+    """Join a sharded run's folders into one run folder, its summary over every problem."""
+    from tts.cli_support import run_merge
+
+    raise typer.Exit(run_merge(shards, out))
+
+
+@app.command()
 def replay(run: Annotated[Path, typer.Argument(help="A run folder that recorded a trace (trace.jsonl.gz).")],
            overrides: Overrides = None, multirun: Multirun = False,
            out: Annotated[Optional[Path], typer.Option(help="Where the replay folders go (default: beside the run).")] = None,

@@ -165,26 +165,20 @@ def _with_progress(fn, cfg: DictConfig, quiet=None) -> Path:
 
 
 def _run_search(fn, cfg: DictConfig, term: Console, on_folder) -> Path:
-    """One progress bar per variant (problems, tokens/s, elapsed and ETA, and the search
-    iteration a long problem is at), drawn once the run knows what it will run (`on_plan`:
-    the problems whose prompts fit, times the seeds; a resume's finished ones count as done),
-    so a dataset that selects nothing fails before any bar. The variants take turns
-    (`bench.order`). A variant's tok/s is over its own clock (`variant_wall_s`, which leaves
-    out engine builds, the warm-up and the other variants' turns), from its first problem
-    in this process."""
+    """One progress bar per variant (problems, tok/s over the variant's own clock, elapsed,
+    ETA, the iteration a long problem is at), drawn once the run knows what it will run
+    (`on_plan`: a resume's finished problems count as done; no bar for a run that fails first)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(),
                    TextColumn("{task.fields[at]}"), console=term)
-    tasks: dict[str, int] = {}
-    tokens: dict[str, int] = {}
-    since: dict[str, float] = {}  # the variant's clock when its first problem here started
+    tasks, tokens, since = {}, {}, {}  # since: the variant's clock as its first problem here started
 
     def plan(runs: dict[str, tuple[int, int]]) -> None:
-        for name, (total, done) in runs.items():
-            tasks[name] = bar.add_task(name, total=total, completed=done, rate="", at="", start=False)
-            tokens[name] = 0
+        tasks.update({name: bar.add_task(name, total=total, completed=done, rate="", at="", start=False)
+                      for name, (total, done) in runs.items()})
+        tokens.update(dict.fromkeys(runs, 0))
         bar.start()
 
     def start(name: str) -> None:
@@ -392,3 +386,15 @@ def pull_model(key: str, force: bool) -> int:
     Console().print(f"{key}: {path}")
     return 0
 
+
+def run_merge(shards: list[Path], out: Path) -> int:
+    """`tts merge` (`tts.results.merge`), then the run's headline; else a clear error."""
+    from tts.results.merge import merge_runs
+
+    try:
+        path = merge_runs(shards, out)
+    except (ValueError, FileNotFoundError) as err:
+        console.print(f"[red]error:[/red] {escape(str(err))}")
+        return 2
+    print_summary(path)
+    return 0

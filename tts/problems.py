@@ -22,8 +22,32 @@ def load_problems_for(cfg: Config) -> list:
         if path is None and data_dir and Path(data_dir, f"{name}.jsonl").exists():
             path = str(Path(data_dir, f"{name}.jsonl"))
         problems = load_problems(name, path=path, hf_id=d.hf_id, split=d.split)
-    return select_subset(problems, first_k=d.first_k, levels=d.levels, ids=d.ids,
-                         random_k=d.random_k, seed=d.seed)
+    selected = select_subset(problems, first_k=d.first_k, levels=d.levels, ids=d.ids,
+                             random_k=d.random_k, seed=d.seed)
+    return shard_of(selected, cfg.bench.shard)
+
+
+def parse_shard(shard: str) -> tuple[int, int]:
+    """`bench.shard` "I/K" as (I, K), 0 <= I < K; a ValueError names the field otherwise."""
+    index, _, count = str(shard).partition("/")
+    if not (index.isdigit() and count.isdigit()) or int(count) < 1:
+        raise ValueError(f"bench.shard: {shard!r} is not I/K (shard I of K, 0 <= I < K, e.g. 0/4)")
+    if int(index) >= int(count):
+        raise ValueError(f"bench.shard: {shard!r}: I must be below K (the shards of {count} are "
+                         f"0/{count} to {int(count) - 1}/{count})")
+    return int(index), int(count)
+
+
+def shard_of(problems: list, shard: str | None) -> list:
+    """Shard I of K of the selected problems (`bench.shard`): every K-th, from the I-th, in
+    their order. The K shards are disjoint and together the whole selection, whatever chose
+    it (first_k, random_k, ids, levels); striding spreads a selection ordered by level or
+    subject evenly over them. Every variant and seed of a problem runs in its shard, so the
+    pairs stay on one machine. None: every problem."""
+    if shard is None:
+        return problems
+    index, count = parse_shard(shard)
+    return problems[index::count]
 
 
 def fit_prompts(cfg: Config, problems: list) -> tuple[list, list[dict]]:

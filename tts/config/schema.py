@@ -307,11 +307,16 @@ class BenchConfig:
     # problems the first variant runs once, unrecorded, before the first round: one-time
     # costs (kernels built per shape) must not land on the first variant alone. 0: none
     warmup: int = 1
+    shard: str | None = None  # "I/K": shard I of K of the selected problems (tts.problems.shard_of)
 
     def __post_init__(self) -> None:
         _require(self.concurrency >= 1, "bench.concurrency", "must be >= 1")
         _require(self.chunk >= 0, "bench.chunk", "must be >= 0 (0: no chunks)")
         _require(self.warmup >= 0, "bench.warmup", "must be >= 0 (0: no warm-up)")
+        if self.shard is not None:
+            from tts.problems import parse_shard
+
+            parse_shard(self.shard)
         _require(len(set(self.seeds)) == len(self.seeds), "bench.seeds", f"repeats a seed: {list(self.seeds)}")
 
     @property

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tts.results.host import hosts_lines
+from tts.results.merge import shard_lines
 from tts.results.tree import plain_lines
 
 SUMMARY_MD = "summary.md"
@@ -80,7 +81,7 @@ def _state_lines(summary: dict) -> list[str]:
     the hosts of a run resumed on other machines (`hosts_lines`)."""
     pending = summary.get("pending") or []
     return ([f"incomplete: {', '.join(pending)} not run yet (`tts bench ... --resume` continues the run)"]
-            if pending else []) + hosts_lines(summary.get("hosts"))
+            if pending else []) + shard_lines(summary) + hosts_lines(summary.get("hosts"))
 
 
 def _what_ran(summary: dict, config: dict, names: list[str]) -> str:

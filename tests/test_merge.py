@@ -1,0 +1,131 @@
+"""One run split into problem shards (`bench.shard=I/K`) and joined again (`tts merge`)."""
+
+import json
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+from tts.config.compose import ConfigError, compose
+from tts.problems import shard_of
+from tts.results.merge import merge_runs
+from tts.results.store import RunStore
+from tts.runner import run_bench
+
+FAKE = ["generator=fake", "verifier=fake", "logger=none", "search.n=4", "search.beam_width=2",
+        "search.max_iterations=4", "bench.compare=[baseline,PMS]", "bench.search_variants=[best_of_n]",
+        "bench.seeds=[0,1]", "dataset.first_k=7"]
+
+
+def run(tmp_path, name, *extra):
+    return run_bench(compose("config", FAKE + [f"bench.results_dir={tmp_path}", f"bench.run_name={name}", *extra]))
+
+
+def shards(tmp_path, count=3, *extra):
+    return [run(tmp_path, f"s{i}", f"bench.shard={i}/{count}", *extra) for i in range(count)]
+
+
+def untimed(record: dict) -> dict:
+    """A record without its timings (and the prefix-cache counts, which depend on what ran
+    before it in the process) and without the shard it ran in."""
+    from tests.test_results import untimed as without_timing
+
+    out = without_timing(record)
+    out.pop("shard", None)
+    return out
+
+
+STATISTICS = ("num_problems", "acc_majority", "acc_majority_ci", "acc_weighted", "acc_weighted_ci", "acc_prm_max",
+              "acc_prm_max_ci", "pass@n", "paired", "same_candidates", "tree", "total_gen_tokens", "iterations_mean")
+
+
+def test_three_shards_merged_are_the_unsharded_run(tmp_path):
+    """Shard I of K takes every K-th problem from the I-th, each with every variant and seed;
+    merged, the records are the unsharded run's, and so are the summary's accuracy, its
+    intervals, the paired differences with McNemar, the tree and the verifier's quality."""
+    whole = RunStore(run(tmp_path, "whole"))
+    parts = shards(tmp_path)
+    ids = [sorted({r["problem_id"] for r in RunStore(p).records()}) for p in parts]
+    assert [len(i) for i in ids] == [3, 2, 2] and not set(ids[0]) & set(ids[1]) | set(ids[1]) & set(ids[2])
+    merged = RunStore(merge_runs(parts, tmp_path / "merged"))
+    key = lambda r: (r["variant"], r["problem_id"], r["seed"])  # noqa: E731
+    assert sorted(map(untimed, merged.records()), key=key) == sorted(map(untimed, whole.records()), key=key)
+    assert {r["shard"] for r in merged.records()} == {"0/3", "1/3", "2/3"}
+    a, b = whole.summary(), merged.summary()
+    assert list(b["variants"]) == ["baseline", "PMS", "best_of_n"] and b["pending"] == []
+    for name in a["variants"]:
+        for stat in STATISTICS:
+            assert b["variants"][name].get(stat) == a["variants"][name].get(stat), (name, stat)
+        quality = lambda s: {k: v for k, v in (s["variants"][name].get("verifier_quality") or {}).items()  # noqa: E731
+                             if k != "speculation"}
+        assert quality(b) == quality(a)
+    assert b["tree_lines"] == a["tree_lines"] and b["seeds"] == [0, 1]
+    assert [s["shard"] for s in b["shards"]] == ["0/3", "1/3", "2/3"] and sum(s["records"] for s in b["shards"]) == 42
+    assert merged.saved_config()["bench"]["shard"] is None
+    steps = lambda s, v: s.step_logs()[v]["generator"]["steps"]  # noqa: E731
+    assert steps(merged, "PMS") == sum(steps(RunStore(p), "PMS") for p in parts)
+    from tts.replay.trace import TRACE, read_trace
+
+    assert read_trace(merged.path / TRACE).drift("baseline", "PMS") == read_trace(whole.path / TRACE).drift(
+        "baseline", "PMS")
+    headline = (merged.path / "summary.md").read_text()
+    assert "merged from 3 shards: 0/3 (18 records), 1/3 (12 records), 2/3 (12 records)" in headline
+
+
+@pytest.mark.parametrize("subset", [["dataset.first_k=7"], ["dataset.first_k=null", "dataset.random_k=9"],
+                                    ["dataset.first_k=null", "dataset.levels=[2,3]"],
+                                    ["dataset.first_k=null", "dataset.ids=[embedded-1-0,embedded-3-2,embedded-5-4]"]])
+def test_the_shards_are_disjoint_and_together_the_selection(subset):
+    from tts.config.compose import validate
+    from tts.problems import load_problems_for
+
+    selected = [p.id for p in load_problems_for(validate(compose("config", ["generator=fake", *subset])))]
+    parts = [[p.id for p in load_problems_for(validate(compose("config", ["generator=fake", *subset,
+                                                                          f"bench.shard={i}/4"])))]
+             for i in range(4)]
+    assert sorted(sum(parts, [])) == sorted(selected) and len(set(sum(parts, []))) == len(selected)
+    assert shard_of(selected, None) == selected and shard_of(selected, "1/4") == selected[1::4]
+
+
+@pytest.mark.parametrize("shard, says", [("3/2", "'3/2': I must be below K"), ("-1/4", "'-1/4' is not I/K"),
+                                         ("a/b", "'a/b' is not I/K"), ("1/0", "'1/0' is not I/K")])
+def test_a_bad_shard_is_named(shard, says):
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        compose("config", [f"bench.shard={shard}"])
+
+
+def test_shards_that_are_not_one_run_are_refused_and_nothing_is_written(tmp_path):
+    parts = shards(tmp_path, 2)
+    other = run(tmp_path, "other", "bench.shard=1/2", "search.n=2")
+    out = tmp_path / "merged"
+    cases = [
+        ([parts[0], other], "ran other configs (search.n: 4 vs 2)"),
+        ([parts[0]], "missing shard 1/2 of 2"),
+        ([parts[0], parts[0]], "shard 0/2 given twice"),
+        ([parts[0], tmp_path / "nothing"], "nothing: no such run folder"),
+        ([parts[0], tmp_path], "not a run folder"),
+        ([parts[0], run(tmp_path, "unsharded")], "is no shard (its bench.shard is not set)"),
+        ([parts[0], run(tmp_path, "three", "bench.shard=1/3")], "split the run differently"),
+    ]
+    for given, says in cases:
+        with pytest.raises(ConfigError, match=re.escape(says)):
+            merge_runs(given, out)
+        assert not out.exists() and not list(tmp_path.glob(".merged-*"))
+    # a shard run on another problem set would overlap another's problems
+    summary = json.loads((parts[1] / "summary.json").read_text())
+    summary["pending"] = ["PMS"]
+    (parts[1] / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(ConfigError, match=re.escape("incomplete shards (resume each with --resume): shard 1/2")):
+        merge_runs(parts, out)
+    result = CliRunner().invoke(app, ["merge", str(parts[0]), "--out", str(out)])
+    assert result.exit_code == 2 and "missing shard 1/2 of 2" in result.output and not out.exists()
+
+
+def test_overlapping_shards_are_refused(tmp_path):
+    a = run(tmp_path, "a", "bench.shard=0/2")
+    b = run(tmp_path, "b", "bench.shard=1/2")
+    (b / "records.jsonl").write_text((b / "records.jsonl").read_text() + (a / "records.jsonl").read_text()
+                                     .splitlines(keepends=True)[0])
+    with pytest.raises(ConfigError, match="problem embedded-1-0 is in shard 0/2 .* and shard 1/2 .*the shards overlap"):
+        merge_runs([a, b], tmp_path / "merged")
