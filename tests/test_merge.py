@@ -129,3 +129,35 @@ def test_overlapping_shards_are_refused(tmp_path):
                                      .splitlines(keepends=True)[0])
     with pytest.raises(ConfigError, match="problem embedded-1-0 is in shard 0/2 .* and shard 1/2 .*the shards overlap"):
         merge_runs([a, b], tmp_path / "merged")
+
+
+def test_shards_log_into_one_wandb_group_and_the_merge_as_its_run(tmp_path, monkeypatch):
+    """Each shard of a sweep logs into one W&B group, its sweep folder's name (or
+    `logger.group`); the merged summary logs as a run of that group."""
+    import sys
+    import types
+
+    inits = []
+
+    class Run:
+        summary: dict = {}
+
+        def log(self, *_):
+            pass
+
+        def finish(self):
+            pass
+
+    fake = types.SimpleNamespace(init=lambda **kw: inits.append(kw) or Run(), Image=lambda path: path,
+                                 Table=lambda **kw: kw)
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    sweep = tmp_path / "20261128-000000-sweep"
+    on = ["logger.wandb=true", "logger.mode=offline"]
+    parts = [run_bench(compose("config", FAKE + on + [f"bench.results_dir={sweep}", f"bench.run_name={i}",
+                                                      f"bench.shard={i}/2"])) for i in range(2)]
+    merge_runs(parts, tmp_path / "merged")
+    assert [(kw["name"], kw["group"]) for kw in inits] == [("0", sweep.name), ("1", sweep.name), ("merged", sweep.name)]
+    inits.clear()
+    run(tmp_path, "named", *on, "logger.group=mine", "bench.shard=0/2")
+    run(tmp_path, "alone", *on)
+    assert [kw["group"] for kw in inits] == ["mine", None]

@@ -120,9 +120,8 @@ class MemoryConfig:
     verifier_max_num_seqs: int = 64
     max_num_batched_tokens: int = 4096
     offload_idle_model: bool = False  # extended mode: vLLM sleep mode (GPU only)
-    # vLLM's enforce_eager for both engines and the raw-vLLM ceiling: true runs eagerly
-    # (no CUDA graphs, no torch.compile); null: true on CPU (compiling costs about a minute
-    # per engine there), false on a GPU (CUDA graphs, what a vLLM user's numbers have)
+    # vLLM's enforce_eager for both engines and the ceiling: true = no CUDA graphs or compile;
+    # null: true on CPU (compiling costs a minute an engine), false on a GPU (CUDA graphs)
     enforce_eager: bool | None = None
 
     def __post_init__(self) -> None:
@@ -154,24 +153,19 @@ class OptimConfig:
     roofline_memory: bool = False  # M: roofline-guided KV split
     spec_truncate_ratio: float = 0.85  # R: mean kept fraction of speculative tokens on duplicates
     spec_truncate_std: float = 0.1
-    # a duplicate samples at least this many tokens of its own step (its end token counted):
-    # kept at most step - this. Without it a draw near 1 keeps child 0's whole step (for a
-    # 10-token step, a draw at or above 0.95: about 16% of duplicates), the duplicate is a
-    # clone, and selection keeps the copies together. 0: Algorithm 1 exactly as written
+    # a duplicate samples at least this many tokens of its own step (kept at most step -
+    # this): without it a draw near 1 makes a clone selection keeps together. 0: Algorithm 1
     spec_own_min_tokens: int = 4
-    # speculate by branches: a finished beam starts one request per child it may have
-    # (up to its bin's B - j + 1), child k's seed, so children adopt exactly their own
-    # next step; false = the paper's run-on with truncated copies for duplicates
+    # speculate by branches: one request per child a finished beam may have (child k's seed:
+    # each adopts its own step); false = the paper's run-on, truncated copies for duplicates
     spec_branches: bool = False
     spec_max_tokens: int = 0  # cap on speculative tokens per beam; 0 = generator.step_max_tokens
-    # requests kept running while speculating: -1 = the decode roofline's ridge batch for
-    # this device and generator (beyond it each extra sequence slows the stragglers),
-    # 0 = the generator's batch cap (the paper's GPU setting), N = at most N
+    # requests kept running while speculating: -1 = the decode roofline's ridge batch (beyond
+    # it each sequence slows the stragglers), 0 = the batch cap (the paper's), N = at most N
     spec_batch_cap: int = -1
-    # speculation pruning (ours): once the real requests still decoding an iteration's
-    # steps are down to the beams selection keeps (N/M for beam search), score the finished
-    # steps early (into the score cache: the iteration's scoring reads them back) and stop
-    # the speculation of every beam that at least N/M others already outscore
+    # speculation pruning (ours): once the requests still decoding are down to the beams
+    # selection keeps, score finished steps early (the score cache) and stop the speculation
+    # of every beam that at least N/M others already outscore
     spec_prune: bool = False
     decoupled_policy: DecoupledPolicy = DecoupledPolicy.eager_first
     verifier_batch_size: int = 0  # decoupled: PRM items per call; 0 = no cap
@@ -266,6 +260,7 @@ class LoggerConfig:
     project: str = "tts"
     entity: str | None = None
     tags: list[str] = field(default_factory=list)
+    group: str | None = None  # W&B group; null: a shard's is its folder's parent (tts.results.merge)
 
     def __post_init__(self) -> None:
         _require(self.mode in (None, "online", "offline", "disabled"), "logger.mode",
@@ -282,7 +277,7 @@ class BenchConfig:
     # every problem runs under each seed, every variant, paired by (problem, seed); empty:
     # [seed]. A record carries its seed; a resume may add seeds.
     seeds: list[int] = field(default_factory=list)
-    run_name: str | None = None  # folder name under results/; null: generated
+    run_name: str | None = None  # folder name under results_dir; null: generated
     results_dir: str = "results"
     resume: bool = False
     compare: list[str] = field(default_factory=list)  # optim presets side by side (NAME@COPY: again, A/A)

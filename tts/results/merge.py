@@ -139,12 +139,14 @@ def merge_runs(paths: list[Path], out: Path) -> Path:
             for s in shards:
                 if (s.path / TRACE).exists():
                     trace.write((s.path / TRACE).read_bytes())
-        summary, _ = write_summary(store, names, logs, first.summary.get("host"), pending=[])
+        summary, plots = write_summary(store, names, logs, first.summary.get("host"), pending=[])
         summary["shards"] = [{"shard": f"{s.index}/{s.count}", "folder": str(s.path), "records": len(s.records),
                               "host": s.summary.get("host")} for s in shards]
         store.write_summary(summary)
         write_summary_markdown(work, summary)
         shutil.move(str(work), str(out))
+    _log_merged(first.config, out, wandb_group(first.config, first.path), summary,
+                [out / p.relative_to(work) for p in plots])
     return out
 
 
@@ -159,6 +161,24 @@ def _in_selection_order(shards: list[Shard]) -> list[tuple[int, Shard, dict]]:
         at = {pid: j * s.count + s.index for j, pid in enumerate(order)}
         out += [(at[r["problem_id"]], s, r) for r in s.records]
     return out
+
+
+def wandb_group(config: dict, path: Path) -> str | None:
+    """The W&B group a run logs into: `logger.group`, else for a shard its folder's parent
+    (a sweep's folder, which every shard of the sweep shares), else none. The merged run
+    logs into its shards' group."""
+    logger, bench = config.get("logger") or {}, config.get("bench") or {}
+    return logger.get("group") or (Path(path).resolve().parent.name if bench.get("shard") else None)
+
+
+def _log_merged(config: dict, path: Path, group: str | None, summary: dict, plots: list[Path]) -> None:
+    from tts.results.wandb_logger import RunLogger
+
+    logger = config.get("logger") or {}
+    run = RunLogger(bool(logger.get("wandb")), logger.get("mode"), logger.get("project") or "tts",
+                    logger.get("entity"), list(logger.get("tags") or []), path, config, path.name, group)
+    run.log_summary(summary, {}, plots)
+    run.finish()
 
 
 def shard_lines(summary: dict) -> list[str]:

@@ -16,7 +16,7 @@ class RunLogger:
     """Logs config, per-problem metrics, tables, plots and the summary; no-op when off."""
 
     def __init__(self, enabled: bool, mode: str | None, project: str, entity: str | None,
-                 tags: list[str], run_dir: Path, config: dict[str, Any], name: str) -> None:
+                 tags: list[str], run_dir: Path, config: dict[str, Any], name: str, group: str | None = None) -> None:
         self.run = None
         self.mode = mode or os.environ.get("WANDB_MODE") or "offline"
         if not enabled or self.mode == "disabled":
@@ -27,7 +27,8 @@ class RunLogger:
             import wandb
 
             self.run = wandb.init(project=project, entity=entity, tags=tags or None, mode=self.mode,
-                                  dir=str(run_dir), config=config, name=name, reinit="finish_previous")
+                                  dir=str(run_dir), config=config, name=name, group=group,
+                                  reinit="finish_previous")
         except Exception as err:  # any W&B failure: keep running, local results still land
             warnings.warn(f"W&B unavailable ({type(err).__name__}: {err}); continuing with local results only")
             self.run = None
