@@ -161,3 +161,24 @@ def test_shards_log_into_one_wandb_group_and_the_merge_as_its_run(tmp_path, monk
     run(tmp_path, "named", *on, "logger.group=mine", "bench.shard=0/2")
     run(tmp_path, "alone", *on)
     assert [kw["group"] for kw in inits] == ["mine", None]
+
+
+def test_a_killed_shard_resumes_alone_and_then_merges(tmp_path):
+    """A shard killed mid-run is incomplete (the merge says so), resumes on its own with
+    `--resume`, and then merges like the others."""
+    class Killed(Exception):
+        pass
+
+    def kill(variant, record):
+        if variant == "PMS":
+            raise Killed
+
+    first = run(tmp_path, "s0", "bench.shard=0/2")
+    args = FAKE + [f"bench.results_dir={tmp_path}", "bench.run_name=s1", "bench.shard=1/2"]
+    with pytest.raises(Killed):
+        run_bench(compose("config", args), progress=kill)
+    with pytest.raises(ConfigError, match=re.escape("incomplete shards (resume each with --resume): shard 1/2")):
+        merge_runs([first, tmp_path / "s1"], tmp_path / "merged")
+    second = run_bench(compose("config", args + ["bench.resume=true"]))
+    merged = RunStore(merge_runs([first, second], tmp_path / "merged"))
+    assert len(merged.records()) == 7 * 2 * 3 and merged.summary()["pending"] == []
