@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
 COMPOSING = ("bench", "eval", "profile-memory")  # the verbs that compose a run config
-PATH_VERBS = ("models", "report", "replay")  # they take model keys or run folders, not a config
+PATH_VERBS = ("models", "report", "replay", "merge")  # they take model keys or run folders, not a config
 # Hydra's launchers run a sweep's jobs elsewhere (tts.hydra_app) and are not installed by
 # default; each job composes the same overrides, so those are composed here without them.
 LAUNCHER = re.compile(r"^hydra/(launcher|sweeper)=|^hydra\.(launcher|sweeper)\.")

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from tts.config.schema import Config
+from tts.config.shard import parse_shard
 
 
 def load_problems_for(cfg: Config) -> list:
@@ -25,17 +26,6 @@ def load_problems_for(cfg: Config) -> list:
     selected = select_subset(problems, first_k=d.first_k, levels=d.levels, ids=d.ids,
                              random_k=d.random_k, seed=d.seed)
     return shard_of(selected, cfg.bench.shard)
-
-
-def parse_shard(shard: str) -> tuple[int, int]:
-    """`bench.shard` "I/K" as (I, K), 0 <= I < K; a ValueError names the field otherwise."""
-    index, _, count = str(shard).partition("/")
-    if not (index.isdigit() and count.isdigit()) or int(count) < 1:
-        raise ValueError(f"bench.shard: {shard!r} is not I/K (shard I of K, 0 <= I < K, e.g. 0/4)")
-    if int(index) >= int(count):
-        raise ValueError(f"bench.shard: {shard!r}: I must be below K (the shards of {count} are "
-                         f"0/{count} to {int(count) - 1}/{count})")
-    return int(index), int(count)
 
 
 def shard_of(problems: list, shard: str | None) -> list:

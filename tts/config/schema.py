@@ -15,6 +15,7 @@ from hydra.core.config_store import ConfigStore
 from tts.config.enums import (  # noqa: F401 - the schema's choices, importable from here
     Adapter, Aggregation, Algorithm, BackendKind, BenchMode, DatasetName, DecoupledPolicy, DecoupledSpecScope,
     EngineKind, LookaheadScope, Sampler, VariantOrder)
+from tts.config.shard import parse_shard
 
 
 def _require(cond: bool, field_name: str, msg: str) -> None:
@@ -309,8 +310,6 @@ class BenchConfig:
         _require(self.chunk >= 0, "bench.chunk", "must be >= 0 (0: no chunks)")
         _require(self.warmup >= 0, "bench.warmup", "must be >= 0 (0: no warm-up)")
         if self.shard is not None:
-            from tts.problems import parse_shard
-
             parse_shard(self.shard)
         _require(len(set(self.seeds)) == len(self.seeds), "bench.seeds", f"repeats a seed: {list(self.seeds)}")
 

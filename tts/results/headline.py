@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from tts.results.host import hosts_lines
-from tts.results.merge import shard_lines
 from tts.results.tree import plain_lines
 
 SUMMARY_MD = "summary.md"
@@ -110,3 +109,12 @@ def _ratio(row: dict | None, name: str, base: str) -> str:
     if ci:
         return f"{value:.2f}x [{ci[0]:.2f}, {ci[1]:.2f}]"
     return f"{value:.2f}x {row.get(f'{name}/{base}_ci_note') or 'n/a'}"
+
+
+def shard_lines(summary: dict) -> list[str]:
+    """One line saying the run was merged from shards (none for an unsharded run)."""
+    shards = summary.get("shards")
+    if not shards:
+        return []
+    return [f"merged from {len(shards)} shards: " + ", ".join(f"{s['shard']} ({s['records']} records)"
+                                                              for s in shards)]

@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from tts.config.compose import ConfigError
+from tts.config.shard import parse_shard
 from tts.metrics.measures import merge_step_logs
 from tts.replay.trace import TRACE
 from tts.results.store import CONFIG, RECORDS, RunStore, _flatten
@@ -40,8 +41,6 @@ class Shard:
         if not shard:
             raise ConfigError(f"merge: {path} is no shard (its bench.shard is not set): merge the folders of "
                               "one run run as bench.shard=I/K")
-        from tts.problems import parse_shard
-
         self.index, self.count = parse_shard(shard)
         try:
             self.records = self.store.records()
@@ -179,13 +178,3 @@ def _log_merged(config: dict, path: Path, group: str | None, summary: dict, plot
                     logger.get("entity"), list(logger.get("tags") or []), path, config, path.name, group)
     run.log_summary(summary, {}, plots)
     run.finish()
-
-
-def shard_lines(summary: dict) -> list[str]:
-    """One line saying the run was merged from shards (none for an unsharded run)."""
-    shards = summary.get("shards")
-    if not shards:
-        return []
-    return [f"merged from {len(shards)} shards: " + ", ".join(f"{s['shard']} ({s['records']} records)"
-                                                              for s in shards)]
-
