@@ -40,7 +40,7 @@ def test_bench_prints_what_it_ran_and_logs_the_libraries(tmp_path: Path) -> None
     after = lines[next(i for i, line in enumerate(lines) if line.startswith("host: ")):]
     assert len(after) <= 15, out
     assert any(line.startswith("ran: baseline, PMS on 1 problems") for line in after)
-    assert any(line.startswith("PMS/baseline: goodput ") for line in after)
+    assert any(line.startswith("PMS/baseline (1 pair): goodput ↑ ") for line in after)
     assert "| metric | baseline | PMS | PMS/baseline |" not in out  # the full table is in summary.md
     assert "| metric | baseline | PMS | PMS/baseline |" in (folder / "summary.md").read_text()
     assert f"results: {folder}" in out and f"{folder / 'tts.log'}" in out

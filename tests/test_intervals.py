@@ -151,7 +151,7 @@ def test_one_problem_writes_the_summary_with_intervals_na(tmp_path, capsys):
                                              "detects")[1]
     print_summary(path)  # the headline
     headline = capsys.readouterr().out
-    assert "PMS/baseline: goodput " in headline and "n/a (1 pair)" in headline
+    assert "PMS/baseline (1 pair): goodput ↑ " in headline and "n/a (1 pair)" in headline
     print_summary(path, full=True)
     assert "precise goodput (tok/s)" in capsys.readouterr().out
 

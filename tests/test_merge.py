@@ -18,12 +18,17 @@ FAKE = ["generator=fake", "verifier=fake", "logger=none", "search.n=4", "search.
         "bench.seeds=[0,1]", "dataset.first_k=7"]
 
 
-def run(tmp_path, name, *extra):
-    return run_bench(compose("config", FAKE + [f"bench.results_dir={tmp_path}", f"bench.run_name={name}", *extra]))
+# the refusals, resume and W&B need no more than this
+LIGHT = FAKE[:5] + ["bench.compare=[baseline,PMS]", "dataset.first_k=4"]
 
 
-def shards(tmp_path, count=3, *extra):
-    return [run(tmp_path, f"s{i}", f"bench.shard={i}/{count}", *extra) for i in range(count)]
+def run(tmp_path, name, *extra, base=None):
+    return run_bench(compose("config", (base or LIGHT) + [f"bench.results_dir={tmp_path}", f"bench.run_name={name}",
+                                                          *extra]))
+
+
+def shards(tmp_path, count=3, *extra, base=None):
+    return [run(tmp_path, f"s{i}", f"bench.shard={i}/{count}", *extra, base=base) for i in range(count)]
 
 
 def untimed(record: dict) -> dict:
@@ -44,8 +49,8 @@ def test_three_shards_merged_are_the_unsharded_run(tmp_path):
     """Shard I of K takes every K-th problem from the I-th, each with every variant and seed;
     merged, the records are the unsharded run's, and so are the summary's accuracy, its
     intervals, the paired differences with McNemar, the tree and the verifier's quality."""
-    whole = RunStore(run(tmp_path, "whole"))
-    parts = shards(tmp_path)
+    whole = RunStore(run(tmp_path, "whole", base=FAKE))
+    parts = shards(tmp_path, base=FAKE)
     ids = [sorted({r["problem_id"] for r in RunStore(p).records()}) for p in parts]
     assert [len(i) for i in ids] == [3, 2, 2] and not set(ids[0]) & set(ids[1]) | set(ids[1]) & set(ids[2])
     merged = RunStore(merge_runs(parts, tmp_path / "merged"))
@@ -153,7 +158,7 @@ def test_shards_log_into_one_wandb_group_and_the_merge_as_its_run(tmp_path, monk
     monkeypatch.setitem(sys.modules, "wandb", fake)
     sweep = tmp_path / "20261128-000000-sweep"
     on = ["logger.wandb=true", "logger.mode=offline"]
-    parts = [run_bench(compose("config", FAKE + on + [f"bench.results_dir={sweep}", f"bench.run_name={i}",
+    parts = [run_bench(compose("config", LIGHT + on + [f"bench.results_dir={sweep}", f"bench.run_name={i}",
                                                       f"bench.shard={i}/2"])) for i in range(2)]
     merge_runs(parts, tmp_path / "merged")
     assert [(kw["name"], kw["group"]) for kw in inits] == [("0", sweep.name), ("1", sweep.name), ("merged", sweep.name)]
@@ -174,11 +179,11 @@ def test_a_killed_shard_resumes_alone_and_then_merges(tmp_path):
             raise Killed
 
     first = run(tmp_path, "s0", "bench.shard=0/2")
-    args = FAKE + [f"bench.results_dir={tmp_path}", "bench.run_name=s1", "bench.shard=1/2"]
+    args = LIGHT + [f"bench.results_dir={tmp_path}", "bench.run_name=s1", "bench.shard=1/2"]
     with pytest.raises(Killed):
         run_bench(compose("config", args), progress=kill)
     with pytest.raises(ConfigError, match=re.escape("incomplete shards (resume each with --resume): shard 1/2")):
         merge_runs([first, tmp_path / "s1"], tmp_path / "merged")
     second = run_bench(compose("config", args + ["bench.resume=true"]))
     merged = RunStore(merge_runs([first, second], tmp_path / "merged"))
-    assert len(merged.records()) == 7 * 2 * 3 and merged.summary()["pending"] == []
+    assert len(merged.records()) == 4 * 2 and merged.summary()["pending"] == []

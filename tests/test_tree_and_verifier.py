@@ -237,13 +237,43 @@ def test_the_headline_is_short_and_the_full_tables_are_kept(tmp_path):
     lines = [line for line in result.output.splitlines() if line.strip()]
     after = lines[next(i for i, line in enumerate(lines) if line.startswith("host: ")):]
     assert len(after) <= 15, result.output
-    ratios = next(line for line in after if line.startswith("PMS/baseline: "))
-    assert "goodput " in ratios and "x [" in ratios and "(3 pairs)" in ratios
+    # every ratio says which way is better; 3 pairs are flagged as a draw; no line over 160
+    assert any(line.startswith("ratios to baseline") and "↑ higher is better, ↓ lower is better" in line
+               for line in after)
+    ratios = next(line for line in after if line.startswith("PMS/baseline (3 pairs): "))
+    assert "goodput ↑ " in ratios and "latency ↓ " in ratios and "x [" in ratios
+    assert any(line.startswith("only 3 pairs: these intervals are a draw") for line in after)
+    assert all(len(line) <= 160 for line in after if not line.startswith(("results:", "plots:", "log ")))
     assert any(line.startswith("PMS grew a different tree") for line in after)
+    assert f"`tts report {tmp_path / 'h'}` prints them" in result.output and "tts bench -v" not in result.output
     full = (tmp_path / "h" / "summary.md").read_text()
     assert "| metric | baseline | PMS | PMS/baseline |" in full and "| precise_goodput |" in full
     report = CliRunner().invoke(app, ["report", str(tmp_path / "h"), "--out", str(tmp_path / "rep")])
     assert report.exit_code == 0 and "| metric | baseline | PMS | PMS/baseline |" in report.output
+
+
+def test_eight_pairs_need_no_warning_and_the_goodput_plot_carries_its_intervals(tmp_path, monkeypatch):
+    """With 8 or more pairs the headline gives no small-sample warning; the goodput bars
+    carry the paired interval the ratio table gives (the label and an error bar)."""
+    from tts.config.compose import compose
+    from tts.results import plots
+    from tts.results.headline import headline
+    from tts.results.store import RunStore
+    from tts.runner import run_bench
+
+    texts = []
+    real = plots.save_figure
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path, **k: (
+        texts.extend(t.get_text() for ax in fig.axes for t in ax.texts), real(fig, path, **k))[1])
+    path = run_bench(compose("config", FAKE + [f"bench.results_dir={tmp_path}", "bench.run_name=e",
+                                               "bench.compare=[baseline,P]", "dataset.first_k=8"]))
+    summary = RunStore(path).summary()
+    lines = headline(summary, RunStore(path).saved_config())
+    assert any(line.startswith("P/baseline (8 pairs): ") for line in lines)
+    assert not any(line.startswith("only ") for line in lines)
+    row = next(r for r in summary["ratios"] if r.get("key") == "precise_goodput")
+    low, high = row["P/baseline_ci"]
+    assert f"{row['P/baseline']:.2f}x\n[{low:.2f}, {high:.2f}]" in texts
 
 
 def test_a_search_variant_differs_by_design_not_by_numerics(tmp_path):

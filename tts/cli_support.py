@@ -228,7 +228,7 @@ def print_summary(path: Path, log: Path | None = None, full: bool = False) -> No
         listed = ", ".join(f"{s['problem_id']} ({s['prompt_tokens']} > {s['limit']} tokens)" for s in skipped[:5])
         text(f"skipped {len(skipped)} problem(s), prompt longer than the engines hold: {listed}"
              + (", ..." if len(skipped) > 5 else "") + " (skipped.json)")
-    text(f"results: {path}" + ("" if full else f" (full tables: {path / SUMMARY_MD}; `tts bench -v` or `tts report {path}` prints them)"))
+    text(f"results: {path}" + ("" if full else f" (full tables: {path / SUMMARY_MD}; `tts report {path}` prints them)"))
     _paths(out, path, log)
 
 

@@ -9,15 +9,20 @@ where the full tables are. The full per-variant table and ratio table go to
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 from tts.results.host import hosts_lines
-from tts.results.tree import plain_lines
+from tts.results.tree import plain_lines, verifier_brief
 
 SUMMARY_MD = "summary.md"
-# the ratios the headline shows, by their summary key, with a short name
-KEY_RATIOS = (("precise_goodput", "goodput"), ("latency_s_mean", "latency"), ("problems_per_min", "problems/min"),
-              ("total_gen_tokens", "tokens"), ("verifier_s_mean", "verifier time"))
+# the ratios the headline shows, by their summary key, with a short name and the way that is
+# better (up: higher is better)
+KEY_RATIOS = (("precise_goodput", "goodput", "↑"), ("latency_s_mean", "latency", "↓"),
+              ("problems_per_min", "problems/min", "↑"), ("total_gen_tokens", "tokens", "↓"),
+              ("verifier_s_mean", "verifier time", "↓"))
+WIDTH = 160  # no headline line is longer; the detail is in summary.md
+FEW_PAIRS = 8  # below this many pairs an interval is a draw, and the headline says so
 VARIANT_KEYS = ("num_problems", "precise_goodput", "latency_s_mean", "generator_s_mean", "verifier_s_mean",
                 "tokens_per_s", "problems_per_min", "acc_majority", "acc_weighted", "acc_prm_max", "pass@n",
                 "gen_cache_hit_rate", "ver_cache_hit_rate", "gen_batch_util_mean", "ver_batch_util_mean",
@@ -67,12 +72,50 @@ def headline(summary: dict, config: dict) -> list[str]:
                    + "; ".join(f"{n} {cell(summary['variants'][n], acc)}" for n in names))
     rows = {r.get("key"): r for r in summary.get("ratios", []) if r.get("key")}
     base = names[0]
+    if len(names) > 1 and rows:
+        out.append(f"ratios to {base}, paired 95% intervals (↑ higher is better, ↓ lower is better):")
+    fewest = None
     for name in names[1:]:
-        parts = [f"{short} {_ratio(rows.get(key), name, base)}" for key, short in KEY_RATIOS if rows.get(key)]
+        parts = [f"{short} {way} {_ratio(rows.get(key), name, base)}" for key, short, way in KEY_RATIOS
+                 if rows.get(key)]
         pairs = next((r.get("n_pairs", {}).get(name) for r in rows.values() if r.get("n_pairs")), None)
-        out.append(f"{name}/{base}: " + ", ".join(parts) + (f" ({pairs} pairs)" if pairs else ""))
-    out.extend(plain_lines(summary))
+        counted = f" ({pairs} pair{'' if pairs == 1 else 's'}): " if pairs else ": "
+        out.extend(packed(f"{name}/{base}{counted}", parts))
+        fewest = pairs if fewest is None or (pairs is not None and pairs < fewest) else fewest
+    if fewest is not None and fewest < FEW_PAIRS:
+        out.append(f"only {fewest} pair{'' if fewest == 1 else 's'}: these intervals are a draw, not a result "
+                   f"({FEW_PAIRS} or more problems make them worth reading)")
+    for line in summary.get("tree_lines", []):
+        out.extend(textwrap.wrap(_brief_tree(line), WIDTH, subsequent_indent="  ", break_on_hyphens=False))
+    for name in summary.get("verifier_lines", {}):
+        quality = (summary["variants"].get(name) or {}).get("verifier_quality")
+        line = f"verifier ({name}): " + (verifier_brief(quality) if quality else summary["verifier_lines"][name])
+        out.extend(textwrap.wrap(line, WIDTH, subsequent_indent="  ", break_on_hyphens=False))
     return out
+
+
+def _brief_tree(line: str) -> str:
+    """A tree line (`tree.tree_line`) with its reason in a few words; summary.md has it all."""
+    head, sep, reason = line.partition("): ")
+    if not sep:
+        return line
+    why = ("numerics alone move trees here" if "numerics alone" in reason else
+           "another search by design" if "by design" in reason else "its speed is partly another search")
+    return f"{head}): {why} (summary.md says how)"
+
+
+def packed(prefix: str, parts: list[str], width: int = WIDTH) -> list[str]:
+    """`prefix` and the comma-separated `parts` in lines of at most `width` characters, the
+    continuation lines indented."""
+    lines, line = [], prefix
+    for i, part in enumerate(parts):
+        piece = part + ("," if i + 1 < len(parts) else "")
+        if line.strip() and len(line) + len(piece) + 1 > width and line != prefix:
+            lines.append(line.rstrip())
+            line = "  "
+        line += ("" if line.endswith((": ", "  ")) else " ") + piece
+    lines.append(line.rstrip())
+    return lines
 
 
 def _state_lines(summary: dict) -> list[str]:

@@ -31,7 +31,8 @@ def make_plots(store: RunStore, summary: dict, step_logs: dict[str, dict]) -> li
     out = []
     variants = summary["variants"]
     if variants:
-        out.append(_bars(store.plots / "goodput_by_variant.png", variants, summary["baseline"]))
+        row = next((r for r in summary.get("ratios", []) if r.get("key") == "precise_goodput"), {})
+        out.append(_bars(store.plots / "goodput_by_variant.png", variants, summary["baseline"], row))
     for model in ("generator", "verifier"):
         hists = {n: s[model]["batch_util_hist"] for n, s in variants.items() if model in s}
         if hists:
@@ -80,17 +81,25 @@ def plot_frontier(path: Path, summaries: dict[str, dict]) -> Path | None:
     return save_figure(fig, path)
 
 
-def _bars(path: Path, variants: dict, baseline: str) -> Path:
+def _bars(path: Path, variants: dict, baseline: str, row: dict | None = None) -> Path:
+    """Each variant's precise goodput over the baseline's, with the paired 95% interval the
+    ratio table gives it (`row`: its precise-goodput row) as an error bar and in the label;
+    a ratio without one says why, as the table does."""
     plt = pyplot()
     names = list(variants)
     base = variants[baseline].get("precise_goodput") or 1.0
     gains = [variants[n].get("precise_goodput", 0.0) / base for n in names]
-    fig, ax = plt.subplots(figsize=(1.2 + 1.1 * len(names), 3.2))
-    ax.bar(names, gains, color=["#999999"] + ["#2a7ab0"] * (len(names) - 1))
-    for i, g in enumerate(gains):
-        ax.text(i, g, f"{g:.2f}x", ha="center", va="bottom", fontsize=8)
-    ax.set_ylabel(f"precise goodput / {baseline}")
-    ax.set_title("Goodput by variant")
+    cis = [(row or {}).get(f"{n}/{baseline}_ci") for n in names]
+    fig, ax = plt.subplots(figsize=(1.4 + 1.3 * len(names), 3.4))
+    errors = [[g - ci[0] if ci else 0.0 for g, ci in zip(gains, cis)],
+              [ci[1] - g if ci else 0.0 for g, ci in zip(gains, cis)]]
+    ax.bar(names, gains, color=["#999999"] + ["#2a7ab0"] * (len(names) - 1), yerr=errors, capsize=4)
+    for i, (name, g, ci) in enumerate(zip(names, gains, cis)):
+        label = f"{g:.2f}x" if name == baseline else (
+            f"{g:.2f}x\n[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else f"{g:.2f}x\n{(row or {}).get(f'{name}/{baseline}_ci_note') or 'no interval'}")
+        ax.text(i, max(g, ci[1] if ci else g), label, ha="center", va="bottom", fontsize=7)
+    ax.set_ylabel(f"precise goodput / {baseline}\n(paired 95% interval)")
+    ax.set_title("Goodput by variant (higher is better)")
     return save_figure(fig, path)
 
 

@@ -185,6 +185,17 @@ def _add_drift(variants: dict, base: str, moved: list[str], trace: Path) -> None
         variants[name]["tree"]["sampling_drift"] = dict(zip(("differed", "shared"), recorded.drift(base, name)))
 
 
+def verifier_brief(quality: dict) -> str:
+    """`verifier_line` in a few words, for the headline (`summary.md` keeps the whole line)."""
+    au, sel, spec = quality.get("auroc"), quality.get("selection"), quality.get("speculation")
+    parts = [f"final-path AUROC {au['auroc']:.2f}{_ci(au.get('ci'))}" if au else "final-path AUROC n/a"]
+    if sel:
+        parts.append(f"previous score's top-k kept {sel['hit_rate']:.2f} (chance {sel['chance']:.2f})")
+    if spec:
+        parts.append(f"speculation hits {spec['hit_rate']:.2f} (chance {spec['chance']:.2f})")
+    return ", ".join(parts) + ("; AT CHANCE: speculation's priority cannot help" if quality.get("at_chance") else "")
+
+
 def plain_lines(summary: dict) -> list[str]:
     """The summary's tree lines, then one verifier line per variant that used one."""
     return [*summary.get("tree_lines", []),
