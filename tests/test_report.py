@@ -238,3 +238,20 @@ def test_cli_report(runs, tmp_path, monkeypatch):
     assert Path(written.group(1)).parent.name.startswith("report-")
     missing = runner.invoke(app, ["report", str(runs["n2"]), str(tmp_path / "missing")])
     assert missing.exit_code == 2
+
+
+def test_accuracy_bars_carry_their_intervals(tmp_path, monkeypatch):
+    """The report's accuracy bars carry each accuracy's 95% interval as an error bar, as its
+    table does; a metric without an interval gets none."""
+    from tts.report import plots
+    from tts.report.tables import Column
+
+    drawn = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path, **k: drawn.append(fig) or path)
+    metrics = {"acc_majority": 0.5, "acc_majority_ci": [0.25, 0.75], "pass@n": 0.75}
+    plots.plot_accuracy(tmp_path / "a.png", [Column("run/baseline", None, "baseline", metrics)])
+    [fig] = drawn
+    bars = {c.get_label(): c for c in fig.axes[0].containers if hasattr(c, "errorbar")}
+    assert bars["majority"].errorbar is not None and bars["pass@N"].errorbar is None
+    segment = bars["majority"].errorbar.lines[2][0].get_segments()[0]
+    assert [round(y, 6) for _, y in segment] == [0.25, 0.75]

@@ -59,7 +59,8 @@ def plot_by_n(path: Path, columns: list[Column]) -> Path | None:
 
 def plot_grouped(path: Path, columns: list[Column], series: list[tuple[str, str]],
                  title: str, ylabel: str) -> Path | None:
-    """Grouped bars: one group per column, one bar per metric of `series` the runs report."""
+    """Grouped bars: one group per column, one bar per metric of `series` the runs report,
+    each with its 95% interval as an error bar where the run gives one (`<key>_ci`)."""
     present = [(k, label) for k, label in series if any(c.metrics.get(k) is not None for c in columns)]
     if not present:
         return None
@@ -69,7 +70,10 @@ def plot_grouped(path: Path, columns: list[Column], series: list[tuple[str, str]
     for k, (key, label) in enumerate(present):
         xs = [i + (k - (len(present) - 1) / 2) * width for i in range(len(columns))]
         values = [_num(c.metrics, key) for c in columns]
-        ax.bar(xs, values, width, label=label)
+        cis = [c.metrics.get(f"{key}_ci") for c in columns]  # an accuracy's 95% interval, as the table has it
+        errors = [[max(0.0, v - ci[0]) if ci else 0.0 for v, ci in zip(values, cis)],
+                  [max(0.0, ci[1] - v) if ci else 0.0 for v, ci in zip(values, cis)]]
+        ax.bar(xs, values, width, label=label, yerr=errors if any(cis) else None, capsize=2)
         if len(columns) * len(present) <= MAX_BAR_LABELS:
             for x, v in zip(xs, values):
                 ax.text(x, v, f"{v:.2f}", ha="center", va="bottom", fontsize=6)

@@ -91,8 +91,10 @@ def _bars(path: Path, variants: dict, baseline: str, row: dict | None = None) ->
     gains = [variants[n].get("precise_goodput", 0.0) / base for n in names]
     cis = [(row or {}).get(f"{n}/{baseline}_ci") for n in names]
     fig, ax = plt.subplots(figsize=(1.4 + 1.3 * len(names), 3.4))
-    errors = [[g - ci[0] if ci else 0.0 for g, ci in zip(gains, cis)],
-              [ci[1] - g if ci else 0.0 for g, ci in zip(gains, cis)]]
+    # the table's ratio is over the pairs both ran; where it lies outside its own interval
+    # (a resampled ratio of few pairs), the bar shows no arm on that side
+    errors = [[max(0.0, g - ci[0]) if ci else 0.0 for g, ci in zip(gains, cis)],
+              [max(0.0, ci[1] - g) if ci else 0.0 for g, ci in zip(gains, cis)]]
     ax.bar(names, gains, color=["#999999"] + ["#2a7ab0"] * (len(names) - 1), yerr=errors, capsize=4)
     for i, (name, g, ci) in enumerate(zip(names, gains, cis)):
         label = f"{g:.2f}x" if name == baseline else (
