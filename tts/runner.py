@@ -33,7 +33,6 @@ from tts.kv_budget import kv_budget
 from tts.metrics.measures import KV_BLOCKS, merge_step_logs
 from tts.problems import fit_prompts, load_problems_for
 from tts.replay.trace import TRACE, TraceRecorder
-from tts.results.merge import wandb_group
 from tts.results.records import build_record
 from tts.results.store import RunStore
 from tts.results.summary import variant_wall, write_summary
@@ -102,10 +101,7 @@ def run_problems(cfg: Config, cfg_node: DictConfig, problems: list, backends, ho
     if measure_raw and store.raw_generator() is None:  # a resumed run keeps its measurement
         store.write_raw_generator(_raw_generator(cfg, problems[0].problem))
     host = host or run_host(cfg)
-    logger = RunLogger(cfg.logger.wandb, cfg.logger.mode, cfg.logger.project, cfg.logger.entity,
-                       list(cfg.logger.tags), store.path,
-                       OmegaConf.to_container(cfg_node, resolve=True), store.path.name,
-                       wandb_group(OmegaConf.to_container(cfg_node, resolve=True), store.path))
+    logger = RunLogger.from_config(OmegaConf.to_container(cfg_node, resolve=True), store.path)
     # step statistics of every variant, carried across a resume like the records
     step_logs: dict[str, dict] = store.step_logs() if cfg.bench.resume else {}
     trace = TraceRecorder(store.path / TRACE, {"generator": cfg.generator.model, "verifier": cfg.verifier.model,

@@ -74,14 +74,15 @@ def headline(summary: dict, config: dict) -> list[str]:
     base = names[0]
     if len(names) > 1 and rows:
         out.append(f"ratios to {base}, paired 95% intervals (↑ higher is better, ↓ lower is better):")
-    fewest = None
+    counts = []
     for name in names[1:]:
         parts = [f"{short} {way} {_ratio(rows.get(key), name, base)}" for key, short, way in KEY_RATIOS
                  if rows.get(key)]
         pairs = next((r.get("n_pairs", {}).get(name) for r in rows.values() if r.get("n_pairs")), None)
         counted = f" ({pairs} pair{'' if pairs == 1 else 's'}): " if pairs else ": "
         out.extend(packed(f"{name}/{base}{counted}", parts))
-        fewest = pairs if fewest is None or (pairs is not None and pairs < fewest) else fewest
+        counts += [pairs] if pairs else []
+    fewest = min(counts, default=None)
     if fewest is not None and fewest < FEW_PAIRS:
         out.append(f"only {fewest} pair{'' if fewest == 1 else 's'}: these intervals are a draw, not a result "
                    f"({FEW_PAIRS} or more problems make them worth reading)")

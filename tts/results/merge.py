@@ -40,7 +40,7 @@ class Shard:
         shard = (self.config.get("bench") or {}).get("shard")
         if not shard:
             raise ConfigError(f"merge: {path} is no shard (its bench.shard is not set): merge the folders of "
-                              "one run run as bench.shard=I/K")
+                              "a run split with bench.shard=I/K")
         self.index, self.count = parse_shard(shard)
         try:
             self.records = self.store.records()
@@ -56,8 +56,9 @@ class Shard:
         return {k: v for k, v in _flatten(self.config).items() if not k.startswith(PER_SHARD)}
 
     def versions(self) -> set[tuple]:
-        return {(h.get("tts"), h.get("vllm"), h.get("torch")) for h in self.summary.get("hosts") or []} or \
-            {((self.summary.get("host") or {}).get(k) for k in ("tts", "vllm", "torch"))}
+        """(tts, vLLM, torch) of each host its records ran on (the run's host for old records)."""
+        hosts = self.summary.get("hosts") or [self.summary.get("host") or {}]
+        return {(h.get("tts"), h.get("vllm"), h.get("torch")) for h in hosts}
 
 
 def check(shards: list[Shard]) -> None:
@@ -106,7 +107,6 @@ def merge_runs(paths: list[Path], out: Path) -> Path:
     written unless every check passes (`check`): the folder is built aside and moved in."""
     from omegaconf import OmegaConf
 
-    from tts.results.headline import write_summary_markdown
     from tts.results.summary import write_summary
 
     if out.exists():
@@ -138,14 +138,19 @@ def merge_runs(paths: list[Path], out: Path) -> Path:
             for s in shards:
                 if (s.path / TRACE).exists():
                     trace.write((s.path / TRACE).read_bytes())
-        summary, plots = write_summary(store, names, logs, first.summary.get("host"), pending=[])
-        summary["shards"] = [{"shard": f"{s.index}/{s.count}", "folder": str(s.path), "records": len(s.records),
-                              "host": s.summary.get("host")} for s in shards]
-        store.write_summary(summary)
-        write_summary_markdown(work, summary)
+        shards_of = [{"shard": f"{s.index}/{s.count}", "folder": str(s.path), "records": len(s.records),
+                      "host": s.summary.get("host")} for s in shards]
+        summary, plots = write_summary(store, names, logs, first.summary.get("host"), pending=[],
+                                       extra={"shards": shards_of})
         shutil.move(str(work), str(out))
-    _log_merged(first.config, out, wandb_group(first.config, first.path), summary,
-                [out / p.relative_to(work) for p in plots])
+    from tts.results.wandb_logger import RunLogger, wandb_group
+
+    logger = first.config.get("logger") or {}
+    run = RunLogger(bool(logger.get("wandb")), logger.get("mode"), logger.get("project") or "tts",
+                    logger.get("entity"), list(logger.get("tags") or []), out, first.config, out.name,
+                    wandb_group(first.config, first.path))  # the shards' group
+    run.log_summary(summary, {}, [out / p.relative_to(work) for p in plots])
+    run.finish()
     return out
 
 
@@ -160,21 +165,3 @@ def _in_selection_order(shards: list[Shard]) -> list[tuple[int, Shard, dict]]:
         at = {pid: j * s.count + s.index for j, pid in enumerate(order)}
         out += [(at[r["problem_id"]], s, r) for r in s.records]
     return out
-
-
-def wandb_group(config: dict, path: Path) -> str | None:
-    """The W&B group a run logs into: `logger.group`, else for a shard its folder's parent
-    (a sweep's folder, which every shard of the sweep shares), else none. The merged run
-    logs into its shards' group."""
-    logger, bench = config.get("logger") or {}, config.get("bench") or {}
-    return logger.get("group") or (Path(path).resolve().parent.name if bench.get("shard") else None)
-
-
-def _log_merged(config: dict, path: Path, group: str | None, summary: dict, plots: list[Path]) -> None:
-    from tts.results.wandb_logger import RunLogger
-
-    logger = config.get("logger") or {}
-    run = RunLogger(bool(logger.get("wandb")), logger.get("mode"), logger.get("project") or "tts",
-                    logger.get("entity"), list(logger.get("tags") or []), path, config, path.name, group)
-    run.log_summary(summary, {}, plots)
-    run.finish()

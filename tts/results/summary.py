@@ -174,8 +174,22 @@ def variant_wall(records: list[dict], variant: str) -> float:
     return max((r.get("variant_wall_s") or 0.0 for r in records if r.get("variant") == variant), default=0.0)
 
 
+def _compare(summary: dict, records: list[dict], by_variant: dict[str, list[dict]]) -> None:
+    """Every variant against the first: the share of like final candidates, the paired
+    accuracy differences, and the ratio table with its intervals."""
+    summaries, names = summary["variants"], list(by_variant)
+    for name in names:
+        summaries[name]["same_candidates"] = same_candidates(records, names[0], name)
+        if name != names[0]:
+            summaries[name]["paired"] = guarded("paired accuracy", paired_accuracy, by_variant[names[0]],
+                                                by_variant[name]) or {}
+    summary["ratios"] = ratio_table(summaries, names[0], by_variant)
+    summary["ratio_table_md"] = format_table(summary["ratios"], names, names[0])
+
+
 def write_summary(store: RunStore, names: list[str], step_logs: dict[str, dict], host: dict | None = None,
-                  pending: list[str] | None = None, plots: bool = True) -> tuple[dict, list[Path]]:
+                  pending: list[str] | None = None, plots: bool = True,
+                  extra: dict | None = None) -> tuple[dict, list[Path]]:
     """Summarise the run's records per variant, write summary.json and the plots. A variant's
     wall time is the largest `variant_wall_s` of its records (see `variant_summary`). Speed
     ratios get paired intervals over the (problem, seed) pairs (`ratio_table`); a ratio
@@ -183,7 +197,7 @@ def write_summary(store: RunStore, names: list[str], step_logs: dict[str, dict],
     is where the run ran (`tts.results.host.host_info`); None keeps the one recorded before
     (re-grading runs nothing). `pending`: the variants a run still has to run (a summary
     written as each variant ends; None keeps the earlier list, less `names`); `plots` False
-    leaves the plots to the run's last summary."""
+    leaves the plots to the run's last summary; `extra`: more top-level entries (a merge's shards)."""
     STATISTICS_ERRORS.clear()
     seed = int((store.saved_config().get("bench") or {}).get("seed") or 0)
     # a record from before records carried their seed ran under the run's bench.seed
@@ -216,14 +230,8 @@ def write_summary(store: RunStore, names: list[str], step_logs: dict[str, dict],
     if raw:
         summary["raw_generator"] = raw
     if len(names) > 1:
-        for name in names:
-            summaries[name]["same_candidates"] = same_candidates(records, names[0], name)
-            if name != names[0]:
-                summaries[name]["paired"] = guarded("paired accuracy", paired_accuracy, by_variant[names[0]],
-                                                    by_variant[name]) or {}
-        rows = ratio_table(summaries, names[0], by_variant)
-        summary["ratios"] = rows
-        summary["ratio_table_md"] = format_table(rows, names, names[0])
+        _compare(summary, records, by_variant)
+    summary.update(extra or {})  # what the caller adds (`tts merge`: the shards)
     guarded("tree and verifier", describe, summary, by_variant, store.saved_config(), store.path / TRACE)
     if STATISTICS_ERRORS:
         summary["statistics_errors"] = STATISTICS_ERRORS.copy()

@@ -33,6 +33,15 @@ class RunLogger:
             warnings.warn(f"W&B unavailable ({type(err).__name__}: {err}); continuing with local results only")
             self.run = None
 
+    @classmethod
+    def from_config(cls, config: dict, run_dir: Path) -> RunLogger:
+        """The logger a run's resolved config (`logger.*`) asks for, named after its folder,
+        in its W&B group (`wandb_group`)."""
+        logger = config.get("logger") or {}
+        return cls(bool(logger.get("wandb")), logger.get("mode"), logger.get("project") or "tts",
+                   logger.get("entity"), list(logger.get("tags") or []), run_dir, config, Path(run_dir).name,
+                   wandb_group(config, run_dir))
+
     def _safe(self, fn, *args, **kwargs) -> None:
         if self.run is None:
             return
@@ -75,3 +84,11 @@ def _flatten(d: dict, prefix: str = "") -> dict:
         else:
             out[key] = v
     return out
+
+
+def wandb_group(config: dict, path: Path) -> str | None:
+    """The W&B group a run logs into: `logger.group`, else for a shard (`bench.shard`) its
+    folder's parent (a sweep's folder, which every shard of the sweep shares), else none.
+    A merged run (`tts merge`) logs into its shards' group."""
+    logger, bench = config.get("logger") or {}, config.get("bench") or {}
+    return logger.get("group") or (Path(path).resolve().parent.name if bench.get("shard") else None)
