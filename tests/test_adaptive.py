@@ -7,7 +7,7 @@ from tts.backends.fake import FakeGenerator, FakeVerifier
 from tts.config.schema import Algorithm, OptimConfig, SearchConfig
 from tts.engine.options import AdaptiveOptions
 from tts.engine.engine import Engine, EngineOptions, ProblemInput
-from tts.engine.schedule import hash_id
+from tts.engine.problem import hash_id
 from tts.search import make_policy
 from tts.search.tree import child_seed
 

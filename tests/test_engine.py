@@ -356,7 +356,7 @@ class Generation:
         from tts.engine.barrier_generation import IterationGeneration
         from tts.engine.model_runner import ModelRunner
         from tts.engine.requests import Request
-        from tts.engine.schedule import Problem, ProblemInput
+        from tts.engine.problem import Problem, ProblemInput
         from tts.engine.scoring import ScoringPhase
         from tts.engine.steps import StepCutter
         from tts.metrics.collector import MetricsCollector

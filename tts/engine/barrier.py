@@ -25,7 +25,8 @@ from tts.backends.base import GenDelta, StepStats
 from tts.engine.barrier_generation import IterationGeneration
 from tts.engine.requests import Request
 from tts.engine.messages import Generate, Purpose, Score
-from tts.engine.schedule import Problem, Schedule, ScheduleParts
+from tts.engine.problem import Problem
+from tts.engine.schedule import Schedule, ScheduleParts
 from tts.engine.lookahead import Lookahead, next_runs_to_eos
 from tts.engine.scoring import ScoreItem, ScoringStats
 from tts.engine.spec_prune import SpeculationPruning

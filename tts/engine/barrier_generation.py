@@ -26,7 +26,7 @@ from tts.engine.memory_guard import MemoryGuard
 from tts.engine.model_runner import ModelRunner
 from tts.engine.options import KV_SPEC_LIMIT
 from tts.engine.requests import Request, RequestState
-from tts.engine.schedule import Problem
+from tts.engine.problem import Problem
 from tts.engine.spec_branches import Branches
 from tts.engine.spec_runon import RunOn
 from tts.engine.steps import StepCutter, completes_path

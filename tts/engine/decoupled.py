@@ -48,7 +48,8 @@ from tts.engine.spec_scope import ScopedSteps
 from tts.engine.requests import Request, RequestKind, RequestState
 from tts.engine.decoupled_problem import LLMRound, PRMCall
 from tts.engine.messages import Generate, Purpose, Score
-from tts.engine.schedule import Problem, Schedule, ScheduleParts, next_unscored
+from tts.engine.problem import Problem, next_unscored
+from tts.engine.schedule import Schedule, ScheduleParts
 from tts.engine.spec_guard import SpeculationGuard
 from tts.engine.scoring import ScoreItem, ScoringStats
 from tts.metrics.events import ModelTime

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tts.engine.schedule import Problem
+from tts.engine.problem import Problem
 from tts.search.tree import Beam
 
 

@@ -29,7 +29,9 @@ from tts.engine.disciplines import make_schedule
 from tts.engine.model_runner import ModelRunner
 from tts.engine.options import EngineOptions
 from tts.engine.ordering import make_ordering
-from tts.engine.schedule import Problem, ProblemInput, Schedule, ScheduleParts, Score
+from tts.engine.messages import Score
+from tts.engine.problem import Problem, ProblemInput
+from tts.engine.schedule import Schedule, ScheduleParts
 from tts.engine.scoring import ScoreCache, ScoreItem, ScoringPhase
 from tts.engine.steps import StepCutter
 from tts.metrics.collector import MetricsCollector

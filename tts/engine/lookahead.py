@@ -25,7 +25,7 @@ from tts.config.schema import LookaheadScope
 from tts.engine.model_runner import ModelRunner
 from tts.engine.options import EngineOptions
 from tts.engine.requests import Request
-from tts.engine.schedule import Problem
+from tts.engine.problem import Problem
 from tts.engine.scoring import ScoreItem
 from tts.engine.steps import StepCutter
 from tts.search.base import ProblemSearch, SearchPolicy

@@ -26,19 +26,16 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 from tts.engine.messages import Purpose, Score
+from tts.engine.model_runner import ModelRunner
 from tts.engine.options import AdaptiveOptions
+from tts.engine.problem import Problem
 from tts.engine.requests import Request
 from tts.engine.scoring import ScoreItem
 from tts.metrics.events import BeamsRejected
 from tts.search.base import ProblemSearch, SearchPolicy, aggregate
 from tts.search.tree import Beam, BeamState
-
-if TYPE_CHECKING:
-    from tts.engine.model_runner import ModelRunner
-    from tts.engine.schedule import Problem
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""A problem in flight, and the scheduling discipline's interface to the engine's step loop.
+"""The scheduling discipline's interface to the engine's step loop (a problem in flight is
+`problem.py`'s).
 
 A `Schedule` decides what the engine's next step runs (`next`: one generator step, one
 verifier call, or nothing left) and takes its results (`generated`, `scored`). It gets
@@ -21,7 +22,7 @@ import random
 from collections import deque
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from tts.backends.base import GenDelta, StepStats
 from tts.engine.adaptive import AnswerSettling
@@ -29,44 +30,15 @@ from tts.engine.messages import Generate, Score
 from tts.engine.model_runner import ModelRunner
 from tts.engine.options import EngineOptions
 from tts.engine.ordering import Ordering
+from tts.engine.problem import Problem, ProblemInput, hash_id, next_unscored
 from tts.engine.rejection import early_rejection
 from tts.engine.requests import Request, RequestKind
 from tts.engine.scoring import ScoreCache, ScoringStats
-from tts.engine.spec_steps import Table
 from tts.engine.steps import StepCutter
 from tts.metrics.collector import MetricsCollector
 from tts.metrics.events import IterationDone, SearchSettled
-from tts.metrics.measures import ProblemMetrics
 from tts.search.base import ProblemSearch, SearchPolicy
 from tts.search.tree import Beam, BeamState
-
-
-@dataclass(frozen=True)
-class ProblemInput:
-    id: str
-    problem: str
-
-
-@dataclass(eq=False)
-class Problem:
-    """A problem in flight: its search, its metrics (written by the collector only), its
-    own random draws (truncation), the same whatever runs beside it, and its frontier as
-    a schedule tracks it: the beams still without their step, the scores still missing,
-    its table of speculative steps (`spec_steps.Table`: both disciplines keep theirs here),
-    the new tokens of each step this iteration."""
-
-    input: ProblemInput
-    search: ProblemSearch
-    metrics: ProblemMetrics
-    rng: random.Random
-    waiting: set[int] = field(default_factory=set)
-    to_score: int = 0
-    spec: Table = field(default_factory=dict)
-    lengths: list[int] = field(default_factory=list)
-
-    @property
-    def id(self) -> str:
-        return self.input.id
 
 
 @dataclass(eq=False)
@@ -303,17 +275,3 @@ class Schedule(ABC):
     def order(self, requests: list[Request]) -> list[Request]:
         """Request order (P)."""
         return self.parts.ordering.order(requests, lambda r: r.beam)
-
-
-def next_unscored(policy: SearchPolicy, search: ProblemSearch, beam: Beam) -> int | None:
-    """The shallowest step of `beam` the policy needs scored that has no score yet; None
-    when every step it needs is scored."""
-    return next((i for i in policy.indices_to_score(beam, search) if beam.scores[i] is None), None)
-
-
-def hash_id(problem_id: str) -> int:
-    """A stable (process-independent) integer for a problem id."""
-    h = 0
-    for ch in problem_id:
-        h = (h * 131 + ord(ch)) % (2**31 - 1)
-    return h

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from tts.backends.base import GenDelta
 from tts.engine.requests import Request, RequestKind, RequestState
-from tts.engine.schedule import Problem
+from tts.engine.problem import Problem
 from tts.engine.spec_steps import SpeculativeSteps, step_tokens
 
 Stops = list[tuple[Request, RequestState]]

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from tts.engine.barrier_generation import IterationGeneration
 from tts.engine.model_runner import ModelRunner
 from tts.engine.requests import Request
-from tts.engine.schedule import Problem
+from tts.engine.problem import Problem
 from tts.engine.scoring import ScoreCache, ScoreItem
 from tts.metrics.events import SpeculationPruned
 from tts.search.base import SearchPolicy, aggregate

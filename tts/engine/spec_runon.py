@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from tts.backends.base import GenDelta
 from tts.engine.lookahead import spec_step_len
 from tts.engine.requests import Request, RequestState
-from tts.engine.schedule import Problem
+from tts.engine.problem import Problem
 from tts.engine.spec_steps import SpeculativeSteps
 from tts.engine.speculation import inherit_speculation
 from tts.metrics.events import SpeculationAdopted

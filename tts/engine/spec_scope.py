@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tts.engine.requests import Request
-from tts.engine.schedule import Problem
+from tts.engine.problem import Problem
 from tts.engine.spec_guard import SpeculationGuard
 from tts.engine.spec_steps import SpeculativeSteps
 from tts.search.base import SearchPolicy

@@ -37,18 +37,15 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 from tts.engine.memory_guard import MemoryGuard
 from tts.engine.model_runner import ModelRunner
 from tts.engine.options import KV_SPEC_LIMIT
+from tts.engine.problem import Problem, Table
 from tts.engine.requests import Request, RequestKind, RequestState
 from tts.engine.steps import StepCutter
 from tts.metrics.events import SpeculationAdopted, SpeculativeStep
 from tts.search.tree import Beam, StepEnd, child_seed
-
-if TYPE_CHECKING:
-    from tts.engine.schedule import Problem
 
 
 class Adoption(str, enum.Enum):
@@ -69,11 +66,6 @@ def same_step(node: Request, request: Request) -> bool:
 def step_tokens(runner: ModelRunner, node: Request) -> tuple[int, ...]:
     """The step's tokens as the child adopts them: a final EOS kept, so its step ends there."""
     return tuple(node.tokens) + ((runner.gen.eos_token_id,) if node.end is StepEnd.EOS else ())
-
-
-# the speculative steps held until selection: (parent uid, child seed) -> the step's request,
-# whose beam is forked from the parent with the child's seed
-Table = dict[tuple[int, int], Request]
 
 
 def take_over(runner: ModelRunner, cut: StepCutter, table: Table, request: Request) -> tuple[Adoption, int] | None:

@@ -1,0 +1,64 @@
+"""A problem in flight, as every part of the engine sees it: the bottom of `tts/engine/`
+(it imports no other engine module but the request it holds).
+
+A `Problem` is its input, its search, its metrics, its own random draws, and its
+frontier as a schedule tracks it: the beams still without their step, the scores still
+missing, its table of speculative steps (`Table`), the new tokens of each step this
+iteration.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from tts.engine.requests import Request
+from tts.metrics.measures import ProblemMetrics
+from tts.search.base import ProblemSearch, SearchPolicy
+from tts.search.tree import Beam
+
+# the speculative steps held until selection: (parent uid, child seed) -> the step's request,
+# whose beam is forked from the parent with the child's seed
+Table = dict[tuple[int, int], Request]
+
+
+@dataclass(frozen=True)
+class ProblemInput:
+    id: str
+    problem: str
+
+
+@dataclass(eq=False)
+class Problem:
+    """A problem in flight: its search, its metrics (written by the collector only), its
+    own random draws (truncation), the same whatever runs beside it, and its frontier as
+    a schedule tracks it: the beams still without their step, the scores still missing,
+    its table of speculative steps (both disciplines keep theirs here), the new tokens of
+    each step this iteration."""
+
+    input: ProblemInput
+    search: ProblemSearch
+    metrics: ProblemMetrics
+    rng: random.Random
+    waiting: set[int] = field(default_factory=set)
+    to_score: int = 0
+    spec: Table = field(default_factory=dict)
+    lengths: list[int] = field(default_factory=list)
+
+    @property
+    def id(self) -> str:
+        return self.input.id
+
+
+def next_unscored(policy: SearchPolicy, search: ProblemSearch, beam: Beam) -> int | None:
+    """The shallowest step of `beam` the policy needs scored that has no score yet; None
+    when every step it needs is scored."""
+    return next((i for i in policy.indices_to_score(beam, search) if beam.scores[i] is None), None)
+
+
+def hash_id(problem_id: str) -> int:
+    """A stable (process-independent) integer for a problem id."""
+    h = 0
+    for ch in problem_id:
+        h = (h * 131 + ord(ch)) % (2**31 - 1)
+    return h
