@@ -186,3 +186,32 @@ def test_schedules_get_their_parts_and_never_reach_back_into_the_engine() -> Non
     graph = import_graph()
     assert {"tts.engine.barrier", "tts.engine.decoupled"} <= graph["tts.engine.disciplines"]
     assert "tts.engine.disciplines" in graph["tts.engine.engine"]
+
+
+def test_engine_objects_hold_what_they_are_given_and_copy_nothing_off_it() -> None:
+    """No `__init__` under `tts/engine/` copies an attribute off another object it is given
+    (`self.runner = parts.runner`): an object holds what it is given, and reads the rest
+    through it, so there is one copy of each part."""
+
+    def root(node: ast.AST) -> str | None:
+        while isinstance(node, ast.Attribute):
+            node = node.value
+        return node.id if isinstance(node, ast.Name) else None
+
+    copies = []
+    for path in sorted((ROOT / "engine").rglob("*.py")):
+        for fn in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not (isinstance(fn, ast.FunctionDef) and fn.name == "__init__"):
+                continue
+            given = {a.arg for a in fn.args.args + fn.args.kwonlyargs}  # self included
+            for node in ast.walk(fn):
+                if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+                    continue
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                targets = [e for t in targets for e in (t.elts if isinstance(t, ast.Tuple) else [t])]
+                values = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
+                if any(root(t) == "self" for t in targets if isinstance(t, ast.Attribute)) and any(
+                        isinstance(v, ast.Attribute) and root(v) in given for v in values):
+                    copies.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    assert len(list((ROOT / "engine").rglob("*.py"))) > 10
+    assert not copies, "\n".join(copies)

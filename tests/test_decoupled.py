@@ -130,7 +130,7 @@ def test_prm_never_scores_a_speculative_step():
     def check(requests):
         eng = holder["eng"]
         assert len(requests) <= 3  # verifier_batch_size
-        committed = {(b.problem_id, b.step_texts) for b in eng.schedule.committed_beams()}
+        committed = {(b.problem_id, b.step_texts) for b in eng.schedule.frontier.committed_beams()}
         spec = eng.schedule.speculative_paths()
         seen["spec_live"] += bool(spec)
         for req in requests:
@@ -423,7 +423,7 @@ def test_outcomes_stream_as_problems_finish():
                           EngineOptions(concurrency=1, decoupled=decoupled_options(OptimConfig(engine=EngineKind.decoupled))), schedule="decoupled")
     it = eng.run(inputs(("a", "b")))
     first = next(it)
-    assert first.problem.id == "a" and eng.schedule.queued  # b not started yet with concurrency 1
+    assert first.problem.id == "a" and eng.schedule.frontier.queue  # b not started yet with concurrency 1
     assert [o.problem.id for o in it] == ["b"]
 
 

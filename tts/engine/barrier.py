@@ -7,7 +7,7 @@ decides: request order (P), speculative extension (S, `barrier_generation.py` wi
 a start rule, `spec_runon.py` or `spec_branches.py`), lookahead verification
 (`lookahead.py`), and the memory split (M, `ScheduleParts.replan`).
 
-It is a gate over the shared frontier (`schedule.py`): a committed step's beam joins the
+It is a gate over the shared frontier (`frontier.py`): a committed step's beam joins the
 verifier's queue where the policy needs a step of it scored, and once the iteration's
 generation ends the whole queue goes into one call, so every problem in flight is ready
 for its selection at once.
@@ -23,10 +23,11 @@ import enum
 from tts import clock
 from tts.backends.base import GenDelta, StepStats
 from tts.engine.barrier_generation import IterationGeneration
+from tts.engine.frontier import Frontier, ScheduleParts
 from tts.engine.requests import Request
 from tts.engine.messages import Generate, Purpose, Score
 from tts.engine.problem import Problem
-from tts.engine.schedule import Schedule, ScheduleParts
+from tts.engine.schedule import Schedule
 from tts.engine.lookahead import Lookahead, next_runs_to_eos
 from tts.engine.scoring import ScoreItem, ScoringStats
 from tts.engine.spec_prune import SpeculationPruning
@@ -46,14 +47,14 @@ class BarrierSchedule(Schedule):
     """Runs `concurrency` problems at a time, an iteration of all of them at a time."""
 
     def __init__(self, parts: ScheduleParts) -> None:
-        super().__init__(parts)
-        opts = self.opts
+        self.parts = parts
+        self.frontier = Frontier(parts, self.selected)
+        opts, policy, runner = parts.opts, parts.policy, parts.runner
         self.generation = IterationGeneration(
-            self.runner, self.cut, self.complete, self._requests_ahead, opts.speculative,
-            opts.spec_max_tokens or self.policy.step_max_tokens, opts.kv_spec_limit,
+            runner, parts.cut, self.frontier.complete, self.frontier.requests_ahead, opts.speculative,
+            opts.spec_max_tokens or policy.step_max_tokens, opts.kv_spec_limit,
             spec_batch_cap=opts.spec_batch_cap, spec_branches=opts.spec_branches)
-        self.lookahead = Lookahead(opts, self.policy, self.runner, self.cut)
-        verifier = self.runner.verifier
+        self.lookahead = Lookahead(opts, policy, runner, parts.cut)
         self._stage = _Stage.SELECTED
         self._requests: list[Request] = []
         self._generation_started = 0.0
@@ -61,64 +62,66 @@ class BarrierSchedule(Schedule):
         self._ahead: list[ScoreItem] | None = None  # the second call's items, when due
         self._batch: list[tuple[Problem, Beam]] = []  # the iteration's beams in its verifier call
         # speculation pruning: a scoring call in the middle of generation (`spec_prune.py`)
-        self.pruning = (SpeculationPruning(self.policy, self.runner, self.cache, self.generation,
-                                           self._requests_of, self.emit)
-                        if opts.spec_prune and opts.speculative and verifier is not None else None)
+        self.pruning = (SpeculationPruning(policy, runner, parts.cache, self.generation,
+                                           self._requests_of, parts.collector.emit)
+                        if opts.spec_prune and opts.speculative and runner.verifier is not None else None)
 
     def release(self) -> None:
         self.generation.release()
 
     def step_logs(self) -> dict[str, dict]:
         """With branches, the run's speculative steps, counted as the decoupled schedule's are."""
-        return {"speculation": self.collector.speculation.summary()} if self.generation.spec_branches else {}
+        return {"speculation": self.parts.collector.speculation.summary()} if self.generation.spec_branches else {}
 
     def next(self) -> Generate | Score | None:
+        frontier = self.frontier
         if self._stage is _Stage.SELECTED:
-            if not self.busy():
+            if not frontier.busy():
                 return None
             self._admit()
             self._begin_iteration()
         if self._stage is _Stage.GENERATING:
             if self.generation.active:
-                rejection = self.rejection
+                rejection = frontier.rejection
                 if rejection is not None and rejection.due(self.generation.running()):
-                    call = rejection.call(self._live, self._requests_of, self._charge())
+                    call = rejection.call(frontier.live, self._requests_of, frontier.charge())
                     if call is not None:  # early rejection: score the steps as they stand
                         return call
                 if self.pruning is not None and self.pruning.due():
-                    items = self.pruning.items(self._live)
+                    items = self.pruning.items(frontier.live)
                     if items:  # speculation pruning: score the finished steps now
-                        return Score(items, self._charge(), Purpose.PRUNE)
-                    self.pruning.prune(self._live)  # their scores are known already
+                        return Score(items, frontier.charge(), Purpose.PRUNE)
+                    self.pruning.prune(frontier.live)  # their scores are known already
                 return Generate()
             self._end_generation()
-            return Score([self.lookahead.item(p, beam) for p, beam in self._batch], self._charge())
+            return Score([self.lookahead.item(p, beam) for p, beam in self._batch], frontier.charge())
         assert self._ahead is not None
         items, self._ahead = self._ahead, None
-        return Score(items, self._charge(), Purpose.LOOKAHEAD)
+        return Score(items, frontier.charge(), Purpose.LOOKAHEAD)
 
     def generated(self, outputs: list[tuple[Request, GenDelta]], stats: StepStats) -> None:
         self.generation.advance(outputs, stats)
-        if self.rejection is not None:
-            self.rejection.stepped()
+        if self.frontier.rejection is not None:
+            self.frontier.rejection.stepped()
 
     def scored(self, work: Score, stats: ScoringStats) -> None:
+        frontier = self.frontier
         if work.purpose in (Purpose.REJECT, Purpose.PRUNE):  # a call in the middle of generation
             self._verifier_wall += stats.wall_s  # not the generator's time
             # the scores either call made serve both: rejection reads the finished steps'
             # scores, pruning the partial estimates' cut
-            if self.rejection is not None:
+            if frontier.rejection is not None:
                 self._reject(stats.partial)
             if self.pruning is not None:
-                self.pruning.prune(self._live)
+                self.pruning.prune(frontier.live)
             return
         if work.purpose is Purpose.SELECT:
-            self.scores_made(self._batch)
-            if self.lookahead.kept and (ahead := self.lookahead.ahead(self._live)):
+            frontier.scores_made(self._batch)
+            if self.lookahead.kept and (ahead := self.lookahead.ahead(frontier.live)):
                 self._ahead = ahead  # the second call: the next step scores them
                 return
-        self.select_ready()  # the gate: every live beam of every problem is scored
-        if any(p.to_score or not p.waiting for p in self._live):  # (a selected one waits for its steps)
+        frontier.select_ready()  # the gate: every live beam of every problem is scored
+        if any(p.to_score or not p.waiting for p in frontier.live):  # (a selected one waits for its steps)
             raise RuntimeError("barrier schedule: a problem in flight missed its selection")
         self._stage = _Stage.SELECTED
 
@@ -128,31 +131,35 @@ class BarrierSchedule(Schedule):
         """Stop the steps that cannot make the cut on the scores just made, against the
         iteration's steps committed and scored whole (by this call or an earlier one: where
         a step's score is in the score cache, its beam takes it from there)."""
-        if self.cache is not None:
+        cache = self.parts.cache
+        if cache is not None:
             for r in self._requests:
                 if r.finished:
-                    self.cache.fill_last(r.beam)
-        self.reject_steps(partial, lambda p: [r for r in self._requests_of(p) if not (r.finished or r.rejected)],
+                    cache.fill_last(r.beam)
+        self.frontier.reject_steps(partial, lambda p: [r for r in self._requests_of(p) if not (r.finished or r.rejected)],
                           self.generation.reject)
 
     # ------------------------------------------------------------ the iteration
 
     def _admit(self) -> None:
-        while self.admissible():
-            cold = not self._live  # nothing in flight: start it cold
-            if cold and self.opts.fresh_cache_per_problem:
+        frontier = self.frontier
+        while frontier.admissible():
+            cold = not frontier.live  # nothing in flight: start it cold
+            if cold and self.parts.opts.fresh_cache_per_problem:
                 self.generation.release()
-            self.admit(cold)
+            frontier.admit(cold)
 
     def _begin_iteration(self) -> None:
-        requests = [r for p in self._live for r in self.requests_for(p.search, self._spec_priorities(p.search), problem=p)]
-        self.replan([r.beam for r in requests])
-        self._requests = self.order(requests)
-        if self.rejection is not None:
-            self.rejection.begin()
+        frontier = self.frontier
+        requests = [r for p in frontier.live
+                    for r in frontier.requests_for(p.search, self._spec_priorities(p.search), problem=p)]
+        frontier.replan([r.beam for r in requests])
+        self._requests = frontier.order(requests)
+        if frontier.rejection is not None:
+            frontier.rejection.begin()
         if self.pruning is not None:
-            self.pruning.begin(self._live)
-        self.collector.logs["generator"].start_phase()
+            self.pruning.begin(frontier.live)
+        self.parts.collector.logs["generator"].start_phase()
         self._generation_started, self._verifier_wall = clock.now(), 0.0
         self.generation.begin(self._requests)
         self._stage = _Stage.GENERATING
@@ -160,29 +167,27 @@ class BarrierSchedule(Schedule):
     def _end_generation(self) -> None:
         self.generation.end()
         wall = clock.now() - self._generation_started - self._verifier_wall
-        self.emit(ModelTime("generator", self._charge(), wall))
+        self.parts.collector.emit(ModelTime("generator", self.frontier.charge(), wall))
         self._apply_generation()
         # the iteration's one verifier call: every committed beam, in frontier order
-        at = {b.uid: i for i, b in enumerate(b for p in self._live for b in p.search.frontier)}
-        self._batch = sorted(self.take_queued(), key=lambda pb: at[pb[1].uid])
+        at = {b.uid: i for i, b in enumerate(self.frontier.committed_beams())}
+        self._batch = sorted(self.frontier.take_queued(), key=lambda pb: at[pb[1].uid])
         self._stage = _Stage.SCORING
 
     def _requests_of(self, p: Problem) -> list[Request]:
         """The iteration's requests of one problem, in the iteration's order."""
         return [r for r in self._requests if r.problem_id == p.id]
 
-    def _charge(self) -> tuple[str, ...]:
-        """Every problem in flight waits for each model call of the iteration."""
-        return tuple(p.id for p in self._live)
-
     def _spec_priorities(self, search: ProblemSearch) -> list[int] | None:
         """Speculative extension (S): each beam's branch count from its previous score's bin."""
-        if not self.opts.speculative:
+        opts, policy = self.parts.opts, self.parts.policy
+        if not opts.speculative:
             return None
-        if next_runs_to_eos(self.opts, self.policy, search) and self.generation.spec_branches and not self.runner.gen.resumable_sampling:
+        if (next_runs_to_eos(opts, policy, search) and self.generation.spec_branches
+                and not self.parts.runner.gen.resumable_sampling):
             return None  # no child could take a branch: its request runs past the step
-        prev = [self.policy.path_score(b) if b.depth else None for b in search.frontier]
-        return spec_priorities(prev, max(1, self.policy.cfg.beam_width))
+        prev = [policy.path_score(b) if b.depth else None for b in search.frontier]
+        return spec_priorities(prev, max(1, policy.cfg.beam_width))
 
     def _apply_generation(self) -> None:
         """Each beam's speculative tokens: what its request ran on, or child 0's branch,
@@ -192,7 +197,7 @@ class BarrierSchedule(Schedule):
             if not request.rejected:  # (a rejected beam has no step: it leaves the frontier)
                 request.beam.spec_tokens = steps.spec_tokens(request)
         if not self.generation.spec_branches:  # (a branch is counted as its child adopts it)
-            for p in self._live:
+            for p in self.frontier.live:
                 steps.count_used(p, self._requests_of(p))
 
     # ------------------------------------------------------------ selection
@@ -200,9 +205,9 @@ class BarrierSchedule(Schedule):
     def selected(self, p: Problem, parents: dict[int, Beam]) -> None:
         """Run-on speculation's tokens are handed down to the children selection kept; the
         parents no longer in the frontier let theirs go (either start rule)."""
-        if self.opts.speculative and not self.generation.spec_branches:  # (a child takes its branch over as it starts)
-            opts = self.opts
-            self.generation.steps.hand_down(p, parents, self.policy, opts.spec_truncate_ratio,
+        opts = self.parts.opts
+        if opts.speculative and not self.generation.spec_branches:  # (a child takes its branch over as it starts)
+            self.generation.steps.hand_down(p, parents, self.parts.policy, opts.spec_truncate_ratio,
                                             opts.spec_truncate_std, opts.spec_own_min_tokens)
         for beam in parents.values():
             if beam.state is not BeamState.ACTIVE:

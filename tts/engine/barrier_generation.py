@@ -47,7 +47,6 @@ class IterationGeneration:
                  spec_max_tokens: int = 0, kv_spec_limit: float = KV_SPEC_LIMIT, spec_batch_cap: int = 0,
                  spec_branches: bool = False) -> None:
         self.runner = runner
-        self.gen = runner.gen
         self.cut = cut
         self.complete = complete
         self.spec_branches = speculative and spec_branches
@@ -162,12 +161,13 @@ class IterationGeneration:
         """Speculation on a finished step: not past EOS, nor past a step with a boxed
         answer, which completes the path (no child would use what it generated)."""
         return (self.speculative and request.spec_priority > 0 and not request.to_eos
-                and not completes_path(request, self.gen.decode))
+                and not completes_path(request, self.runner.gen.decode))
 
     def _free_slots(self) -> int:
         """Slots for speculation: `spec_batch_cap` (0 = the batch cap), never above the
         generator's batch cap (M may lower it below the ridge batch: a request beyond it
         would wait in the backend, which preempts speculation, `memory`), less the
         requests running."""
-        cap = min(self.spec_batch_cap or self.gen.batch_cap, self.gen.batch_cap)
+        batch_cap = self.runner.gen.batch_cap
+        cap = min(self.spec_batch_cap or batch_cap, batch_cap)
         return cap - len(self._pending) - self.steps.live_count()

@@ -7,8 +7,8 @@ changes is that neither model waits for the other. The engine's steps alternate
 
 - one LLM round: generator steps, with freed batch slots refilled between steps, until
   the PRM has something worth a call (a problem waits only for scores, the PRM queue
-  reaches `verifier_batch_size`, only speculation is left running, or `round_steps`
-  steps passed);
+  reaches `verifier_batch_size`, only speculation is left running, or the policy's
+  step token limit of steps passed);
 - one PRM call: at most `verifier_batch_size` beams (0 = all queued), and for each only
   its shallowest unscored step (`last_scored + 1`). Speculative steps are never queued:
   they live outside the beams until a selection adopts them.
@@ -47,9 +47,10 @@ from tts.engine.decoupled_policy import EAGER_FIRST, Filler, FillPolicy, FillSta
 from tts.engine.spec_scope import ScopedSteps
 from tts.engine.requests import Request, RequestKind, RequestState
 from tts.engine.decoupled_problem import LLMRound, PRMCall
+from tts.engine.frontier import Frontier, ScheduleParts
 from tts.engine.messages import Generate, Purpose, Score
 from tts.engine.problem import Problem, next_unscored
-from tts.engine.schedule import Schedule, ScheduleParts
+from tts.engine.schedule import Schedule
 from tts.engine.spec_guard import SpeculationGuard
 from tts.engine.scoring import ScoreItem, ScoringStats
 from tts.metrics.events import ModelTime
@@ -71,60 +72,64 @@ class DecoupledSchedule(Schedule):
     """
 
     def __init__(self, parts: ScheduleParts) -> None:
-        super().__init__(parts)
-        own = self.opts.decoupled
+        self.parts = parts
+        self.frontier = Frontier(parts, self.selected)
+        opts, policy = parts.opts, parts.policy
+        own = opts.decoupled
         self.fill_policy: FillPolicy = make_fill_policy(own.fill_policy)
         self.prm_cap = max(0, own.verifier_batch_size)
-        self.round_steps = max(1, own.round_steps or self.policy.step_max_tokens)
+        self.round_steps = max(1, policy.step_max_tokens)  # an LLM round's bound
         self.stats = DecoupledLog()  # (its generation and PRM calls: `collector.work`)
         self.trace: list[tuple] | None = None
-        # speculative tokens per beam: `spec_max_tokens`, 0 meaning one step's limit
-        self.spec_max_tokens = max(0, self.opts.spec_max_tokens) or self.policy.step_max_tokens
         survivors = DecoupledSpecScope(own.spec_scope) is DecoupledSpecScope.survivors
+        # speculative tokens per beam: `spec_max_tokens`, 0 meaning one step's limit
         self.speculation = ScopedSteps(
-            self.runner, self.cut, self._requests_ahead, self.spec_max_tokens, self.opts.kv_spec_limit,
-            self._event, policy=self.policy, survivors=survivors)
+            parts.runner, parts.cut, self.frontier.requests_ahead, max(0, opts.spec_max_tokens) or policy.step_max_tokens,
+            opts.kv_spec_limit, self._event, policy=policy, survivors=survivors)
         if own.spec_guard:
-            self.speculation.guard = SpeculationGuard(self.collector.speculation)
+            self.speculation.guard = SpeculationGuard(parts.collector.speculation)
         self._real: deque[Request] = deque()  # real requests waiting for a batch slot
         self._util = 0.0  # moving average of the generator's batch utilisation
         self._turn = _Turn.LLM
         self._round: LLMRound | None = None
         self._progressed = True  # the last round (or PRM call) changed something
+        self._call: PRMCall | None = None  # the PRM call in progress
 
     def release(self) -> None:
-        self.runner.stop_all()  # nothing should be left; never leave requests behind
+        self.parts.runner.stop_all()  # nothing should be left; never leave requests behind
 
     def backlog(self) -> bool:
         """Work that could fill a free batch slot: real requests, a problem to admit, or
         a speculative step to start."""
-        return bool(self._real) or self.admissible() or bool(self.speculation.candidates(self._live))
+        return (bool(self._real) or self.frontier.admissible()
+                or bool(self.speculation.candidates(self.frontier.live)))
 
     # ------------------------------------------------------------------ the turns
 
     def next(self) -> Generate | Score | None:
+        frontier, running = self.frontier, self.parts.runner.requests
         while True:
             if self._turn is _Turn.LLM:
                 if self._round is None:
                     self._round = LLMRound(clock.now())
                 self._round.progressed = self._fill() or self._round.progressed
-                if self.runner.requests:
-                    self._round.touched.update((r.problem.id, r.problem) for r in self.runner.requests.values())
+                if running:
+                    self._round.touched.update((r.problem.id, r.problem) for r in running.values())
                     return Generate()
                 self._close_round()
             self._turn = _Turn.LLM
             rejecting = self._rejection_due()
-            if self.prm_queue:
+            if frontier.prm_queue:
                 if rejecting:
                     self._turn = _Turn.PRM  # the partial call follows the queue's
                 return Score(*self._prm_batch())
-            if rejecting and (call := self.rejection.call(self._live, self._decoding)) is not None:
+            if rejecting and (call := frontier.rejection.call(frontier.live, self._decoding)) is not None:
                 return call
-            if not self.busy():
+            if not frontier.busy():
                 return None
             if not self._progressed:
                 raise RuntimeError("decoupled engine: no progress with problems in flight "
-                                   f"({len(self._live)} live, {len(self._real)} queued requests)")
+                                   f"({len(frontier.live)} live, {len(self._real)} queued requests)")
 
     def _close_round(self) -> None:
         """The LLM round ends: its wall time goes to every problem it ran requests of."""
@@ -136,51 +141,55 @@ class DecoupledSchedule(Schedule):
         if r.steps:
             self.stats.llm_rounds += 1
             wall = clock.now() - r.start
-            self.emit(ModelTime("generator", tuple(p.id for p in r.touched.values() if not p.search.done), wall))
+            self.parts.collector.emit(ModelTime("generator", tuple(p.id for p in r.touched.values() if not p.search.done),
+                                                wall))
 
     def _round_over(self, steps: int) -> bool:
         """Whether the PRM should run now."""
         if self._rejection_due():
             return True  # early rejection's partial call, after the queue's
-        if not self.prm_queue:
+        frontier = self.frontier
+        if not frontier.prm_queue:
             return False  # nothing to score: keep the LLM busy
-        if self.prm_cap and len(self.prm_queue) >= self.prm_cap:
+        if self.prm_cap and len(frontier.prm_queue) >= self.prm_cap:
             return True
-        if any(not p.waiting and p.to_score for p in self._live):
+        if any(not p.waiting and p.to_score for p in frontier.live):
             return True  # a selection waits only for the PRM
-        if all(r.kind is RequestKind.SPEC for r in self.runner.requests.values()):
+        if all(r.kind is RequestKind.SPEC for r in self.parts.runner.requests.values()):
             return True  # only speculation runs: real work depends on the PRM
         return steps >= self.round_steps
 
     # ------------------------------------------------------------ batch filling
 
     def _free(self) -> int:
-        return self.runner.gen.batch_cap - len(self.runner.requests)
+        runner = self.parts.runner
+        return runner.gen.batch_cap - len(runner.requests)
 
     def _speculating(self) -> bool:
         return bool(self.speculation.running())
 
     def _fill(self) -> bool:
         """Fill free batch slots: real work, then eager and speculative in policy order."""
-        progressed = False
+        progressed, live = False, self.frontier.live
         while True:
             progressed = self._submit_real() or progressed
-            if not self.admissible():
-                return self.speculation.start_all(self._live) or progressed
+            if not self.frontier.admissible():
+                return self.speculation.start_all(live) or progressed
             if not (self._free() > 0 or self._speculating()):
                 return progressed
-            has_spec = not self.speculation.exhausted and bool(self.speculation.candidates(self._live))
+            has_spec = not self.speculation.exhausted and bool(self.speculation.candidates(live))
             order = self.fill_policy.order(self._fill_state()) if has_spec else EAGER_FIRST
             if order[0] is Filler.SPECULATIVE:
-                progressed = self.speculation.start_all(self._live) or progressed
+                progressed = self.speculation.start_all(live) or progressed
                 if self._free() <= 0:
                     return progressed
             self._admit()  # eager first: its requests preempt running speculation
             progressed = True
 
     def _fill_state(self) -> FillState:
-        return FillState(self.runner.gen.batch_cap, len(self.runner.requests), self._util,
-                         self.speculation.memory.kv_usage, len(self._live), self.opts.concurrency)
+        runner = self.parts.runner
+        return FillState(runner.gen.batch_cap, len(runner.requests), self._util,
+                         self.speculation.memory.kv_usage, len(self.frontier.live), self.parts.opts.concurrency)
 
     def _submit_real(self) -> bool:
         progressed = False
@@ -192,21 +201,22 @@ class DecoupledSchedule(Schedule):
         return progressed
 
     def _admit(self) -> None:
-        problem = self.admit(cold=not self._live and not self.runner.requests)  # nothing in flight
-        self._real.extend(self.order(self.requests_for(problem.search, kind=RequestKind.EAGER, problem=problem)))
+        frontier = self.frontier
+        problem = frontier.admit(cold=not frontier.live and not self.parts.runner.requests)  # nothing in flight
+        self._real.extend(frontier.order(frontier.requests_for(problem.search, kind=RequestKind.EAGER, problem=problem)))
         self.stats.problems_started += 1
-        self.stats.max_live = max(self.stats.max_live, len(self._live))
+        self.stats.max_live = max(self.stats.max_live, len(frontier.live))
         self._event("admit", problem.id)
         self._replan()
 
     def _submit(self, request: Request) -> None:
         """Send a real request (at least one token: its step may be all adopted but its end)."""
-        self.runner.submit(request, max(1, request.limit - len(request.tokens)), request.tokens)
+        self.parts.runner.submit(request, max(1, request.limit - len(request.tokens)), request.tokens)
         self._event("submit", request.kind.value, request.beam.uid, request.request_id)
 
     def _replan(self) -> None:
         """The memory policy (M) sees the committed beams of every problem in flight."""
-        self.replan(self.committed_beams())
+        self.frontier.replan(self.frontier.committed_beams())
 
     # ---------------------------------------------------------------- generation
 
@@ -214,19 +224,19 @@ class DecoupledSchedule(Schedule):
         self.fill_policy.observe(st)
         self._util = 0.8 * self._util + 0.2 * min(1.0, st.num_running / max(1, st.batch_cap))
         self.speculation.memory.observe(st)
-        if self.rejection is not None:
-            self.rejection.stepped()
+        if self.frontier.rejection is not None:
+            self.frontier.rejection.stepped()
         if self.speculation.guard is not None:
             self.speculation.guard.observe(st, max(0, st.num_running - len(self.speculation.running())))
         self._event("step", st.num_running, st.kv_usage)
         stopped, done = [], []
         for request, d in outputs:
-            self.cut.take(request, d)
+            self.parts.cut.take(request, d)
             if request.finished or d.finished:
                 done.append(request)
                 if not d.finished:
                     stopped.append(request)
-        self.runner.stop(stopped, RequestState.FINISHED)
+        self.parts.runner.stop(stopped, RequestState.FINISHED)
         for request in done:
             request.state = RequestState.FINISHED
             if request.kind is RequestKind.SPEC:
@@ -234,7 +244,7 @@ class DecoupledSchedule(Schedule):
             else:
                 self._complete(request)
         self.speculation.relieve_memory()
-        self.select_ready()
+        self.frontier.select_ready()
         if self._round is not None:
             self._round.steps += 1
             if self._round_over(self._round.steps):
@@ -243,46 +253,45 @@ class DecoupledSchedule(Schedule):
     def _complete(self, request: Request) -> None:
         """A real request has its step: commit it to the beam and queue its score."""
         problem, beam = request.problem, request.beam
-        self.complete(request)
+        self.frontier.complete(request)
         self.speculation.exhausted = False
         self._event("commit", request.kind.value, problem.id, beam.uid, beam.step_texts)
-
-    def _next_index(self, problem: Problem, beam: Beam) -> int | None:
-        return next_unscored(self.policy, problem.search, beam)
 
     # ------------------------------------------------------------------ scoring
 
     def _prm_batch(self) -> tuple[list[ScoreItem], tuple[str, ...]]:
         """At most `verifier_batch_size` queued beams, each for its shallowest unscored step."""
-        batch = self.take_queued(self.prm_cap)
-        items = [ScoreItem(beam, p.input.problem, (self._next_index(p, beam),)) for p, beam in batch]
+        batch, policy = self.frontier.take_queued(self.prm_cap), self.parts.policy
+        items = [ScoreItem(beam, p.input.problem, (next_unscored(policy, p.search, beam),)) for p, beam in batch]
         self._call = PRMCall(batch, [beam.last_scored for _, beam in batch])
         return items, tuple(dict.fromkeys(p.id for p, _ in batch))
 
     def scored(self, work: Score, stats: ScoringStats) -> None:
         if work.purpose is Purpose.REJECT:
-            if self.reject_steps(stats.partial, self._decoding, self.runner.stop):
+            if self.frontier.reject_steps(stats.partial, self._decoding, self.parts.runner.stop):
                 self.speculation.exhausted = False
-                self.select_ready()
+                self.frontier.select_ready()
             self._progressed = True
             return
         call = self._call
+        assert call is not None
         for (problem, beam), item, b0 in zip(call.batch, work.items, call.before):
             self._event("prm", problem.id, beam.uid, item.indices[0], b0, beam.last_scored, beam.step_texts)
-        self.scores_made(call.batch)
+        self.frontier.scores_made(call.batch)
         self.speculation.exhausted = False  # new scores change which beams look like survivors
         self._progressed = True
-        self.select_ready()
+        self.frontier.select_ready()
 
     # ---------------------------------------------------------- early rejection
 
     def _decoding(self, problem: Problem | None = None) -> list[Request]:
         """The real requests still decoding their step (of `problem`, or all)."""
-        return [r for r in self.runner.requests.values()
+        return [r for r in self.parts.runner.requests.values()
                 if r.kind is not RequestKind.SPEC and not r.finished and (problem is None or r.problem is problem)]
 
     def _rejection_due(self) -> bool:
-        return self.rejection is not None and self.rejection.due(self._decoding())
+        rejection = self.frontier.rejection
+        return rejection is not None and rejection.due(self._decoding())
 
     # ---------------------------------------------------------------- selection
 
@@ -295,28 +304,25 @@ class DecoupledSchedule(Schedule):
         if search.done:
             if self._round is not None and problem.id in self._round.touched:  # its share of the round so far
                 del self._round.touched[problem.id]
-                self.emit(ModelTime("generator", (problem.id,), clock.now() - self._round.start))
+                self.parts.collector.emit(ModelTime("generator", (problem.id,), clock.now() - self._round.start))
         else:
-            requests = self.order(self.requests_for(search, problem=problem))
+            requests = self.frontier.order(self.frontier.requests_for(search, problem=problem))
             self._real.extend(self.speculation.take_over_all(requests, self._complete)[1])
         self.speculation.drop_table(problem)  # (the search ended: nobody takes them over)
         self._replan()
 
     # ------------------------------------------------------------------ reports
 
-    def committed_beams(self) -> list[Beam]:
-        """The frontier beams of every problem in flight."""
-        return [b for p in self._live for b in p.search.frontier]
-
     def speculative_paths(self) -> set[tuple[str, tuple[str, ...]]]:
         """(problem id, path) of every speculative step held now, for checks and tests."""
-        return self.speculation.paths(self._live)
+        return self.speculation.paths(self.frontier.live)
 
     def step_logs(self) -> dict[str, dict]:
         fill = (self.fill_policy.name, self.fill_policy.decisions)
-        out = self.stats.summary(self.collector.work, self.collector.logs["generator"],
+        collector = self.parts.collector
+        out = self.stats.summary(collector.work, collector.logs["generator"],
                                  [k.value for k in RequestKind], fill, self.prm_cap, Purpose.SELECT.value)
-        out.update(self.collector.speculation.summary())
+        out.update(collector.speculation.summary())
         if self.speculation.guard is not None:
             out.update(self.speculation.guard.summary())
         return {"decoupled": out}

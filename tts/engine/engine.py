@@ -31,7 +31,8 @@ from tts.engine.options import EngineOptions
 from tts.engine.ordering import make_ordering
 from tts.engine.messages import Score
 from tts.engine.problem import Problem, ProblemInput
-from tts.engine.schedule import Schedule, ScheduleParts
+from tts.engine.frontier import ScheduleParts
+from tts.engine.schedule import Schedule
 from tts.engine.scoring import ScoreCache, ScoreItem, ScoringPhase
 from tts.engine.steps import StepCutter
 from tts.metrics.collector import MetricsCollector

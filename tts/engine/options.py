@@ -35,14 +35,12 @@ class AdaptiveOptions:
 
 @dataclass(frozen=True)
 class DecoupledOptions:
-    """The decoupled discipline's own options (`tts.engine.decoupled`). `round_steps`
-    bounds an LLM round (None: the policy's step token limit)."""
+    """The decoupled discipline's own options (`tts.engine.decoupled`)."""
 
     fill_policy: DecoupledPolicy = _OPTIM.decoupled_policy
     verifier_batch_size: int = _OPTIM.verifier_batch_size  # PRM items per call; 0 = no cap
     spec_scope: DecoupledSpecScope = _OPTIM.decoupled_spec_scope
     spec_guard: bool = _OPTIM.decoupled_spec_guard
-    round_steps: int | None = None
 
 
 @dataclass(frozen=True)
