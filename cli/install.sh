@@ -19,6 +19,12 @@
 #   TORCH_INDEX_URL=...         index for the torch wheel, e.g. https://download.pytorch.org/whl/cpu
 #                               (on plain PyPI, Linux torch wheels are the CUDA build)
 #   TTS_SKIP_PULL=1             do not pull the default model
+#   TTS_EXTRAS=joblib,slurm,ray Hydra launchers for sweeps and shards on a cluster (joblib
+#                               and submitit come with the test extra). ray: Ray itself
+#                               (`ray[default]<3`, within the same pins) and
+#                               hydra-ray-launcher 1.2 with --no-deps: its `cloudpickle<3`
+#                               pin serves only its AWS launcher (which pickles jobs for
+#                               a remote cluster), and vLLM's runtime pins cloudpickle 3
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -144,7 +150,29 @@ else
   echo "$stamp_value" >"$STAMP"
 fi
 
-# --- 7. the default model ----------------------------------------------------------------
+# --- 7. extras: Hydra's launchers ----------------------------------------------------------
+IFS=',' read -r -a extras <<<"${TTS_EXTRAS:-}"
+for extra in "${extras[@]}"; do
+  case $extra in
+    joblib | slurm)
+      say "extra $extra: installing"
+      pip_install -c "$constraint" -e ".[$extra]" ;;
+    ray)
+      if "$PY" -c 'import ray, hydra_plugins.hydra_ray_launcher' 2>/dev/null; then
+        say "extra ray: already installed"
+      else
+        say "extra ray: installing ray[default]<3 and hydra-ray-launcher (--no-deps)"
+        pins=()
+        [[ $route == cpu ]] && pins=(-c "$PINS")
+        pip_install -c "$constraint" "${pins[@]}" -e ".[ray]"
+        pip_install --no-deps "hydra-ray-launcher==1.2.*"
+      fi ;;
+    "") ;;
+    *) die "TTS_EXTRAS: unknown extra '$extra'; valid: joblib, slurm, ray" ;;
+  esac
+done
+
+# --- 8. the default model ----------------------------------------------------------------
 if [[ ${TTS_SKIP_PULL:-} == 1 ]]; then
   say "model: skipped (TTS_SKIP_PULL=1)"
 else
