@@ -32,6 +32,7 @@ from tts.engine.engine import ProblemInput
 from tts.kv_budget import kv_budget
 from tts.metrics.measures import KV_BLOCKS, merge_step_logs
 from tts.problems import fit_prompts, load_problems_for
+from tts.replay.provenance import recorded
 from tts.replay.trace import TRACE, TraceRecorder
 from tts.results.records import build_record
 from tts.results.store import RunStore
@@ -105,7 +106,8 @@ def run_problems(cfg: Config, cfg_node: DictConfig, problems: list, backends, ho
     # step statistics of every variant, carried across a resume like the records
     step_logs: dict[str, dict] = store.step_logs() if cfg.bench.resume else {}
     trace = TraceRecorder(store.path / TRACE, {"generator": cfg.generator.model, "verifier": cfg.verifier.model,
-                                               "adapter": cfg.verifier.adapter.value, "sampler": host.get("sampler")})
+                                               "adapter": cfg.verifier.adapter.value, "sampler": host.get("sampler")},
+                          recorded(cfg, variants) if record_trace else None)  # the code and options
     names = [n for n, _, _ in variants]
     interim = Interim(store, step_logs, host, every_round=cfg.bench.chunk > 0)
     run_one = functools.partial(_run_variant, store=store, step_logs=step_logs, logger=logger, progress=progress,

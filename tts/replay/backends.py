@@ -18,8 +18,9 @@ adds, and anything a step costs that the cost model does not see.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from tts.backends.base import (FinishReason, GenDelta, Generator, GenRequest, ScoreBatchStats, ScoreRequest,
                                StepStats, Verifier)
@@ -28,44 +29,8 @@ from tts.clock import VirtualClock
 from tts.engine.model_runner import SPECULATIVE_PREFIX
 from tts.replay.cost import StepCost
 from tts.replay.sampler import StepSampler
-from tts.replay.trace import VariantReader, Whose, extend_hash, score_key
-
-
-@dataclass
-class ReplayCounts:
-    """How much of a replayed variant the trace answered from its own recording, how much
-    it borrowed from another variant's recording of the same request, and how much was
-    drawn (`StepSampler`)."""
-
-    requests: int = 0  # generation requests the engine sent
-    recorded: int = 0  # ... served the variant's own recorded output of that request, one each
-    repeated: int = 0  # ... served an own recorded output an earlier request was served (all were)
-    resumed: int = 0  # recorded outputs served from their middle, or chained on where one ran out
-    # (resumable sampler: the same context and seed sample the same tokens)
-    borrowed_requests: int = 0  # ... served some tokens from another variant's recording
-    drawn_requests: int = 0  # ... that needed at least one drawn token
-    tokens: int = 0
-    borrowed_tokens: int = 0
-    drawn_tokens: int = 0
-    scores: int = 0
-    borrowed_scores: int = 0
-    drawn_scores: int = 0
-
-    def to_dict(self) -> dict:
-        out = asdict(self)
-        out["drawn_token_share"] = self.drawn_tokens / self.tokens if self.tokens else 0.0
-        out["borrowed_token_share"] = self.borrowed_tokens / self.tokens if self.tokens else 0.0
-        out["drawn_score_share"] = self.drawn_scores / self.scores if self.scores else 0.0
-        return out
-
-    def line(self) -> str:
-        """What the variant drew and borrowed, in a line."""
-        share = self.drawn_tokens / self.tokens if self.tokens else 0.0
-        text = (f"drew {self.drawn_tokens} tokens ({share:.1%} of its tokens), borrowed {self.borrowed_tokens} "
-                "from another variant's recording")
-        if self.drawn_scores or self.borrowed_scores:
-            text += f"; scores: drew {self.drawn_scores} of {self.scores}, borrowed {self.borrowed_scores}"
-        return text
+from tts.replay.served import ReplayCounts
+from tts.replay.trace import Generation, VariantReader, Whose, extend_hash, score_key
 
 
 @dataclass(eq=False)
@@ -231,7 +196,9 @@ class ReplayGenerator(Generator):
         return self.engine.cache
 
     def encode_prompt(self, problem: str, system_prompt: str) -> list[int]:
-        return self.codec.encode_prompt(problem, system_prompt)
+        ids = self.codec.encode_prompt(problem, system_prompt)
+        self.reader.divergence.start(problem, ids)  # where a divergent request is from
+        return ids
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.codec.decode(token_ids)
@@ -245,26 +212,35 @@ class ReplayGenerator(Generator):
     def _add(self, request: GenRequest) -> None:
         self.counts.requests += 1
         slot = Slot(list(request.prompt_token_ids))
-        source = self._source(request.seed, extend_hash(0, request.prompt_token_ids),
-                              request.request_id.startswith(SPECULATIVE_PREFIX))
+        source = self._source(request)
         self._runs[request.request_id] = _Run(request, slot, source)
         self.engine.waiting.append(slot)
 
-    def _source(self, seed: int, prompt_hash: int, speculative: bool) -> Iterator[tuple[int, Whose]]:
+    def _source(self, request: GenRequest) -> Iterator[tuple[int, Whose]]:
         """(token, whose) for a request: what the trace recorded for its seed and prompt
         (`VariantReader.take`); where that was aborted before this request ends, a longer
         recorded output of the same request that begins with what was served; with a
         resumable sampler, where it runs out before EOS, what the trace recorded for the
         prompt extended by those tokens (the next step's request: the same context and seed
-        sample the same tokens), and so on; then drawn steps."""
-        h, served, found = prompt_hash, [], None
+        sample the same tokens), and so on; then drawn steps. A request the variant's own
+        recording does not hold, or one run past it, is noted (`Divergence`)."""
+        seed, speculative = request.seed, request.request_id.startswith(SPECULATIVE_PREFIX)
+        h = prompt_hash = extend_hash(0, request.prompt_token_ids)
+        served, found = [], None
+        note = functools.partial(self.reader.divergence.request, request.prompt_token_ids, seed, speculative)
         if (taken := self.reader.take(seed, h, speculative)) is not None:
             gen, whose, repeated = taken
             found = (gen, 0, whose)
             self.counts.recorded += whose is Whose.OWN and not repeated
             self.counts.repeated += repeated
+            if repeated or whose is not Whose.OWN:
+                note("sent more often than recorded; served its own recording again" if repeated else
+                     f"never sent when recorded; served {gen.variant or 'another variant'}'s recording")
         elif self.resumable_sampling and (found := self.reader.resumed(seed, h)) is not None:
             self.counts.resumed += 1
+            note(f"never sent when recorded; served {_whose(found)} recording of the step it resumes (the same tokens)")
+        if found is None:
+            note("no variant sent it when recorded; drawn")
         while found is not None:
             gen, start, whose = found
             for token in gen.tokens[start:]:
@@ -273,6 +249,7 @@ class ReplayGenerator(Generator):
                 served.append(token)
             if gen.finish == FinishReason.EOS.value:
                 break
+            note(f"ran past the {len(served)} tokens recorded for it ({gen.finish} there)")
             found = None
             if not gen.finished:  # aborted where it was recorded: the same request recorded further
                 found = self.reader.extending(seed, prompt_hash, served)
@@ -324,6 +301,10 @@ class ReplayGenerator(Generator):
         return GenDelta(rid, (token,), finish, run.slot.cached if first else None, n_prompt if first else None)
 
 
+def _whose(found: tuple[Generation, int, Whose]) -> str:
+    return "its own" if found[2] is Whose.OWN else f"{found[0].variant or 'another variant'}'s"
+
+
 @dataclass
 class ReplayVerifier(Verifier):
     """Scores from the trace (drawn where it has none), each call's prompts built as the
@@ -363,7 +344,12 @@ class ReplayVerifier(Verifier):
     def _lookup(self, req: ScoreRequest, i: int) -> float:
         key = score_key(req.problem, req.steps[: i + 1])
         self.counts.scores += 1
+        owned = self.reader.owns_score(key)
         found = self.reader.score(key)
+        if not owned:
+            self.reader.divergence.score(req.problem, i + 1, "a score it never asked for when recorded; " + (
+                "drawn" if found is None else "served another variant's score" if found[1] is Whose.BORROWED
+                else "served its own again"))
         if found is None:
             self.counts.drawn_scores += 1
             return self.sampler.score(key, i)

@@ -25,6 +25,7 @@ from tts.clock import VirtualClock, simulated
 from tts.config.compose import ConfigError, compose, validate
 from tts.config.schema import Config
 from tts.kv_budget import kv_of_working_set
+from tts.replay.provenance import ReplayProvenance, write_markdown
 from tts.replay.trace import TRACE, read_trace
 from tts.results.store import RunStore
 
@@ -226,19 +227,24 @@ def run_replay(run_dir: Path, overrides: list[str], results_dir: Path | None = N
     check_fits(cfg)
     clock = VirtualClock()
     backends = ReplayBackends(cfg, recorded_cfg, trace, recorded, options, clock, pricing)
-    host = {**simulated_host(cfg, backends, recorded.get("host")), "options": dataclasses.asdict(options)}
+    watch = ReplayProvenance(trace.provenance, cfg, problems, backends)  # the same code and options?
+    host = {**simulated_host(cfg, backends, recorded.get("host")), "options": dataclasses.asdict(options),
+            "provenance": watch.host()}
     with simulated(clock):
         path = run_problems(cfg, cfg_node, problems, backends, host, progress=progress,
-                            on_iteration=backends.on_iteration, record_trace=False)
+                            on_iteration=watch.on_iteration, record_trace=False)
     out = RunStore(path)
     summary = out.summary()
-    against = against_recorded(recorded, summary)
+    against, replayed = against_recorded(recorded, summary), watch.summary()
     summary["simulated"] = {**host, "trace": str(run_dir / TRACE),
                             "trace_truncated": trace.truncated, "served": backends.counts_dict(),
-                            "served_lines": backends.served_lines(), "against_recorded": against,
+                            "served_lines": backends.served_lines(), "against_recorded": against, **replayed,
                             "against_recorded_md": "\n\n".join(filter(None, [
+                                "\n".join(f"- {line}" for line in replayed["provenance_lines"]),
                                 format_against(against), "\n".join(f"- {line}" for line in backends.served_lines())]))}
+    summary["host"]["provenance"] = watch.host(replayed["divergence"])  # the first line says it
     out.write_summary(summary)
+    write_markdown(path, summary)
     return path
 
 

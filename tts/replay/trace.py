@@ -7,6 +7,9 @@ The file is a series of gzip members, one per flush: the runner flushes with eac
 so a killed run keeps the trace of everything it finished, and `--resume` appends to it.
 A last member cut off by a kill is dropped when read (and said), never misread.
 
+Each time a run opens its trace (a resume too) it writes the code and the engine options
+that record what follows (`tts.replay.provenance`); a replay compares them with its own.
+
 Each request and score is recorded with its variant and each request with its place in
 the order requests were sent. A replay serves each variant its own recorded outputs, the
 n-th request of a (seed, prompt) the n-th recorded one (`VariantReader`): in bf16 the
@@ -33,6 +36,7 @@ from pathlib import Path
 
 from tts.backends.base import FinishReason, GenDelta, Generator, GenRequest, ScoreRequest, StepStats, Verifier
 from tts.engine.model_runner import SPECULATIVE_PREFIX
+from tts.replay.served import Divergence
 
 TRACE = "trace.jsonl.gz"
 VERSION = 1
@@ -55,7 +59,7 @@ def score_key(problem: str, steps: Sequence[str]) -> str:
 class TraceRecorder:
     """Records the requests and scores of one run's models; `flush` appends what it holds."""
 
-    def __init__(self, path: Path, header: dict) -> None:
+    def __init__(self, path: Path, header: dict, provenance: dict | None = None) -> None:
         self.path = Path(path)
         self._sent = 0  # requests sent so far: each request's place in the order sent
         if self.path.exists():  # a resume: a member a kill cut off goes, so what follows reads
@@ -65,6 +69,8 @@ class TraceRecorder:
             self._sent = text.count(b'"t":"g"')  # a resume's requests come after the recorded ones
         fresh = not self.path.exists() or not self.path.stat().st_size
         self._lines: list[dict] = [{"t": "h", "version": VERSION, **header}] if fresh else []
+        if provenance is not None:  # the code and options that record what follows (a resume's too)
+            self._lines.append({"t": "p", **provenance})
         self._live: dict[str, dict] = {}
         self.variant = ""
 
@@ -161,6 +167,9 @@ class Trace:
     truncated: bool = False  # the last member was cut off (a killed run)
     sent: dict[tuple[int, int], list[Generation]] = field(default_factory=dict)  # in the order sent
     scored: dict[str, list[tuple[str, float]]] = field(default_factory=dict)  # (variant, score) in order
+    # the code and options that recorded it (`tts.replay.provenance`): one each, in the order
+    # written (a resume or a merged shard on other code adds one); none before they were recorded
+    provenance: list[dict] = field(default_factory=list)
     _resume: dict[tuple[str | None, int, int], tuple[Generation, int]] | None = None
     _sorted: bool = True
 
@@ -180,6 +189,8 @@ class Trace:
             self.scores[line["k"]] = line["r"]
             self.scored.setdefault(line["k"], []).append((line.get("v", ""), line["r"]))
             self.score_depths.setdefault(line["d"], []).append(line["r"])
+        elif line["t"] == "p" and (p := {k: v for k, v in line.items() if k != "t"}) not in self.provenance:
+            self.provenance.append(p)
 
     def outputs(self, seed: int, prompt_hash: int) -> list[Generation]:
         """Every recorded output of a request (seed, prompt), all variants, in the order sent."""
@@ -253,11 +264,13 @@ class VariantReader:
     one each (one sent as speculation preferring one recorded as such, and the same for a
     plain request); once they are all served, another variant's (the best: finished, then
     longest); then its own again (the best). A score likewise: the variant's own in order,
-    then another's, then its own last."""
+    then another's, then its own last. Where the variant first asks for what its own
+    recording does not hold, the backends note it in `divergence`."""
 
     def __init__(self, trace: Trace, variant: str) -> None:
         self.trace = trace
         self.variant = variant
+        self.divergence = Divergence(variant)
         self._served: set[int] = set()  # id() of own recorded outputs already served
         self._scored: dict[str, int] = {}  # own scores of a key served so far
 
@@ -297,6 +310,10 @@ class VariantReader:
 
     def _whose(self, gen: Generation) -> Whose:
         return Whose.OWN if gen.variant == self.variant else Whose.BORROWED
+
+    def owns_score(self, key: str) -> bool:
+        """Whether the variant's own recording holds a score of `key` not yet served."""
+        return self._scored.get(key, 0) < sum(w == self.variant for w, _ in self.trace.scored.get(key) or [])
 
     def score(self, key: str) -> tuple[float, Whose] | None:
         values = self.trace.scored.get(key) or []

@@ -116,7 +116,9 @@ def simulated_line(host: dict[str, Any]) -> str:
     if source := host.get("cost_from"):  # priced by another run's fit: its host, not the trace's
         cost += (f" of run {Path(source['run']).name} (measured on "
                  + host_line(source.get("host")).removeprefix("host: ") + ")")
-    return (f"SIMULATED (trace replay, not a measurement): device {d.get('name')} "
+    # the provenance first: a replay through other code or options, or one that left its recording
+    note = (host.get("provenance") or {}).get("note")
+    return (f"SIMULATED (trace replay, not a measurement{'; ' + note if note else ''}): device {d.get('name')} "
             f"({d.get('peak_tflops')} TFLOP/s, {d.get('bandwidth_gbs')} GB/s); generator {m.get('generator')}, "
             f"verifier {m.get('verifier')}; dtype {dtypes}; {cost}; trace recorded on "
             + host_line(host.get("recorded_on")).removeprefix("host: "))
