@@ -191,7 +191,7 @@ def test_pruned_beams_speculation_is_dropped_and_counted():
     assert d.wasted >= sum(t for *_, t in drops)  # partial adoptions may waste a few more
     per_problem = sum(o.metrics.spec_generated - o.metrics.spec_used for o in outs)
     assert per_problem == d.wasted
-    logs = eng.step_logs()["decoupled"]
+    logs = eng.step_logs()["speculation"]
     assert logs["spec_wasted"] == d.wasted and 0 < logs["spec_hit_rate"] < 1
 
 
@@ -515,5 +515,5 @@ def test_guarded_speculation_stops_when_it_does_not_pay_and_keeps_the_answers():
     unguarded = feng.collector.speculation.generated
     assert unguarded > 4 * evidence  # plenty to judge on
     assert evidence <= stats.used + stats.wasted and stats.generated < unguarded
-    logs = eng.step_logs()["decoupled"]
+    logs = eng.step_logs()["speculation"]
     assert logs["spec_guard_off_steps"] > 0 and logs["spec_breakeven"] == 1.0

@@ -9,7 +9,7 @@ from tts.backends.factory import Backends, read_prompt, static_split
 from tts.config.schema import BackendKind, Config, EngineKind, OptimConfig, SearchConfig
 from tts.engine.engine import Engine
 from tts.engine.options import EngineOptions
-from tts.engine.options import engine_options as options_for
+from tts.engine.options import options_for
 from tts.search import make_policy
 
 

@@ -70,8 +70,8 @@ class BarrierSchedule(Schedule):
         self.generation.release()
 
     def step_logs(self) -> dict[str, dict]:
-        """With branches, the run's speculative steps, counted as the decoupled schedule's are."""
-        return {"speculation": self.parts.collector.speculation.summary()} if self.generation.spec_branches else {}
+        """With speculation, the run's speculative steps, counted as the decoupled schedule's are."""
+        return self.generation.steps.step_logs() if self.parts.opts.speculative else {}
 
     def next(self) -> Generate | Score | None:
         frontier = self.frontier

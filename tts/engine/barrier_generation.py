@@ -76,7 +76,7 @@ class IterationGeneration:
         self._start(requests)
         self.steps.begin([r for r in requests if r.finished and self._may_speculate(r)])
         if self._pending:
-            self._stop(self.steps.fill(self._free_slots()))
+            self._stop(self.steps.fill(self._speculative_slots()))
 
     def advance(self, outputs: list[tuple[Request, GenDelta]], step: StepStats) -> None:
         """Take one generator step's output: cut steps, start and stop speculation."""
@@ -86,22 +86,17 @@ class IterationGeneration:
                 if self.steps.take(request, d):
                     stops.append((request, _FINISHED))
                 continue
-            overflow = self.cut.take(request, d)
-            if not (request.finished and request in self._pending):
+            out = self.cut.finish(request, d)
+            if not (out.ended and request in self._pending):
                 continue
             self._pending.discard(request)
             self.complete(request)
-            keep = self.steps.step_done(request, self._may_speculate(request), d, overflow)
-            if d.finished:
-                request.state = _FINISHED
-            elif not keep:
+            keep = self.steps.step_done(request, self._may_speculate(request), d, out.overflow)
+            if out.stop and not keep:
                 stops.append((request, _FINISHED))
-        self.memory.observe(step)
-        if self.steps.live_count() and self.memory.short():
-            self.memory.preempted()
-            stops += self.steps.preempt_live()
+        self.memory.relieve(step, self.steps.live_count(), lambda: stops.extend(self.steps.preempt_live()))
         if self._pending and self.memory.allows():
-            stops += self.steps.fill(self._free_slots())
+            stops += self.steps.fill(self._speculative_slots())
         else:  # real work only: memory is short, or speculation pauses after it was
             stops += self.steps.hold()
         self._stop(stops)
@@ -163,7 +158,7 @@ class IterationGeneration:
         return (self.speculative and request.spec_priority > 0 and not request.to_eos
                 and not completes_path(request, self.runner.gen.decode))
 
-    def _free_slots(self) -> int:
+    def _speculative_slots(self) -> int:
         """Slots for speculation: `spec_batch_cap` (0 = the batch cap), never above the
         generator's batch cap (M may lower it below the ridge batch: a request beyond it
         would wait in the backend, which preempts speculation, `memory`), less the

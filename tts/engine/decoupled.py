@@ -161,10 +161,6 @@ class DecoupledSchedule(Schedule):
 
     # ------------------------------------------------------------ batch filling
 
-    def _free(self) -> int:
-        runner = self.parts.runner
-        return runner.gen.batch_cap - len(runner.requests)
-
     def _speculating(self) -> bool:
         return bool(self.speculation.running())
 
@@ -175,13 +171,13 @@ class DecoupledSchedule(Schedule):
             progressed = self._submit_real() or progressed
             if not self.frontier.admissible():
                 return self.speculation.start_all(live) or progressed
-            if not (self._free() > 0 or self._speculating()):
+            if not (self.parts.runner.free_slots() > 0 or self._speculating()):
                 return progressed
             has_spec = not self.speculation.exhausted and bool(self.speculation.candidates(live))
             order = self.fill_policy.order(self._fill_state()) if has_spec else EAGER_FIRST
             if order[0] is Filler.SPECULATIVE:
                 progressed = self.speculation.start_all(live) or progressed
-                if self._free() <= 0:
+                if self.parts.runner.free_slots() <= 0:
                     return progressed
             self._admit()  # eager first: its requests preempt running speculation
             progressed = True
@@ -194,7 +190,7 @@ class DecoupledSchedule(Schedule):
     def _submit_real(self) -> bool:
         progressed = False
         while self._real:
-            if self._free() <= 0 and not self.speculation.preempt_newest(1):
+            if self.parts.runner.free_slots() <= 0 and not self.speculation.preempt_newest(1):
                 break
             self._submit(self._real.popleft())
             progressed = True
@@ -223,7 +219,6 @@ class DecoupledSchedule(Schedule):
     def generated(self, outputs: list[tuple[Request, GenDelta]], st: StepStats) -> None:
         self.fill_policy.observe(st)
         self._util = 0.8 * self._util + 0.2 * min(1.0, st.num_running / max(1, st.batch_cap))
-        self.speculation.memory.observe(st)
         if self.frontier.rejection is not None:
             self.frontier.rejection.stepped()
         if self.speculation.guard is not None:
@@ -231,19 +226,18 @@ class DecoupledSchedule(Schedule):
         self._event("step", st.num_running, st.kv_usage)
         stopped, done = [], []
         for request, d in outputs:
-            self.parts.cut.take(request, d)
-            if request.finished or d.finished:
+            out = self.parts.cut.finish(request, d)
+            if out.ended:
                 done.append(request)
-                if not d.finished:
+                if out.stop:
                     stopped.append(request)
         self.parts.runner.stop(stopped, RequestState.FINISHED)
         for request in done:
-            request.state = RequestState.FINISHED
             if request.kind is RequestKind.SPEC:
                 self.speculation.stopped(request)
             else:
                 self._complete(request)
-        self.speculation.relieve_memory()
+        self.speculation.relieve_memory(st)
         self.frontier.select_ready()
         if self._round is not None:
             self._round.steps += 1
@@ -322,10 +316,7 @@ class DecoupledSchedule(Schedule):
         collector = self.parts.collector
         out = self.stats.summary(collector.work, collector.logs["generator"],
                                  [k.value for k in RequestKind], fill, self.prm_cap, Purpose.SELECT.value)
-        out.update(collector.speculation.summary())
-        if self.speculation.guard is not None:
-            out.update(self.speculation.guard.summary())
-        return {"decoupled": out}
+        return {"decoupled": out, **self.speculation.step_logs()}
 
     def _event(self, *event) -> None:
         if self.trace is not None:

@@ -10,6 +10,8 @@ into the same shortage at once and be preempted again.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from tts.backends.base import StepStats
 from tts.engine.options import KV_SPEC_LIMIT
 
@@ -18,8 +20,9 @@ PAUSE_STEPS = 16  # after a preemption for memory, no new speculation for this m
 
 
 class MemoryGuard:
-    """`observe` every generator step; `short` says when to preempt running speculation,
-    `allows` when new speculation may start, `preempted` starts the pause."""
+    """`relieve` after every generator step (the one sequence both disciplines follow:
+    `observe`, then preempt running speculation where memory is `short`, and the pause);
+    `allows` says when new speculation may start."""
 
     def __init__(self, kv_spec_limit: float = KV_SPEC_LIMIT) -> None:
         self.kv_spec_limit = kv_spec_limit
@@ -44,3 +47,14 @@ class MemoryGuard:
     def preempted(self) -> None:
         """Speculation was stopped for memory: none starts for `PAUSE_STEPS` steps."""
         self._pause = PAUSE_STEPS
+
+    def relieve(self, st: StepStats, running: int, preempt: Callable[[], object]) -> bool:
+        """After a generator step (`st`) with `running` speculative requests: where memory
+        is short, `preempt()` stops them all, and no new speculation starts for a while.
+        True when it did."""
+        self.observe(st)
+        if not (running and self.short()):
+            return False
+        preempt()
+        self.preempted()
+        return True

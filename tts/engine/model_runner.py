@@ -37,6 +37,10 @@ class ModelRunner:
     def verifier(self) -> Verifier | None:
         return self.scoring.verifier
 
+    def free_slots(self) -> int:
+        """The generator's batch slots no request holds: its batch cap less the requests in it."""
+        return self.gen.batch_cap - len(self.requests)
+
     def submit(self, request: Request, max_tokens: int, prefix: Sequence[int] = (),
                speculative: bool = False) -> str:
         """Send the request to the generator: its beam's path plus `prefix` (tokens it

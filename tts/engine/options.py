@@ -81,7 +81,7 @@ def decoupled_options(optim: OptimConfig) -> DecoupledOptions:
                             spec_scope=optim.decoupled_spec_scope, spec_guard=optim.decoupled_spec_guard)
 
 
-def engine_options(optim: OptimConfig, *, concurrency: int = 1, seed: int = 0, spec_batch_cap: int = 0,
+def options_for(optim: OptimConfig, *, concurrency: int = 1, seed: int = 0, spec_batch_cap: int = 0,
                    temperature: float = 0.8, top_p: float = 1.0,
                    fresh_cache_per_problem: bool = False) -> EngineOptions:
     """The options of an engine that runs `optim`; the keywords are the run's (the bench's

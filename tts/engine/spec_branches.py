@@ -48,12 +48,10 @@ class Branches(SpeculativeSteps):
     def take(self, branch: Request, d: GenDelta) -> bool:
         """Apply one delta of a branch; True when its step ended before its request did (to
         stop). A branch stopped at its speculative cap holds part of a step (`stalled`)."""
-        self.cut.take(branch, d)
-        if branch.finished or d.finished:
-            if d.finished:
-                branch.state = RequestState.FINISHED
+        out = self.cut.finish(branch, d)
+        if out.ended:
             self.stopped(branch)
-        return branch.finished and not d.finished
+        return out.stop
 
     def step_done(self, request: Request, speculate: bool, d: GenDelta, overflow: Sequence[int]) -> bool:
         """A real request's step just finished: its children branch when it may speculate.

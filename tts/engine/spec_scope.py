@@ -39,9 +39,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from tts.backends.base import StepStats
 from tts.engine.requests import Request
 from tts.engine.problem import Problem
-from tts.engine.spec_guard import SpeculationGuard
 from tts.engine.spec_steps import SpeculativeSteps
 from tts.search.base import SearchPolicy
 from tts.search.tree import Beam
@@ -56,16 +56,14 @@ class ScopedSteps(SpeculativeSteps):
         self.policy = policy
         self.survivors = survivors
         self.exhausted = False  # the last scan found no speculation left to start
-        self.guard: SpeculationGuard | None = None  # whether speculation pays (`spec_guard.py`)
 
     def allowed(self) -> bool:
         """Speculation may start: memory allows (`memory`), and it pays (`guard`, when set)."""
         return self.memory.allows() and (self.guard is None or self.guard.allows())
 
-    def relieve_memory(self) -> None:
+    def relieve_memory(self, st: StepStats) -> None:
         """After a generator step: when memory is short, stop speculation for a while."""
-        if self.memory.short() and self.preempt_newest():
-            self.memory.preempted()
+        self.memory.relieve(st, len(self.running()), self.preempt_newest)
 
     def submit(self, node: Request) -> bool:
         if not super().submit(node):
@@ -73,16 +71,13 @@ class ScopedSteps(SpeculativeSteps):
         self._event("submit", node.kind.value, node.beam.uid, node.request_id)
         return True
 
-    def free_slots(self) -> int:
-        return self.runner.gen.batch_cap - len(self.runner.requests)
-
     def start_all(self, problems: Sequence[Problem]) -> bool:
         """Fill free batch slots with speculative steps; True when one started."""
-        if self.free_slots() <= 0 or self.exhausted or not self.allowed():
+        if self.runner.free_slots() <= 0 or self.exhausted or not self.allowed():
             return False
         started = False
         for problem, beam, k in self.candidates(problems):
-            if self.free_slots() <= 0:
+            if self.runner.free_slots() <= 0:
                 return started
             started = self.start(problem, beam, k) or started
         self.exhausted = True  # until a step commits, scores arrive, a selection runs or a request stops

@@ -42,6 +42,7 @@ from tts.engine.memory_guard import MemoryGuard
 from tts.engine.model_runner import ModelRunner
 from tts.engine.options import KV_SPEC_LIMIT
 from tts.engine.problem import Problem, Table
+from tts.engine.spec_guard import SpeculationGuard
 from tts.engine.requests import Request, RequestKind, RequestState
 from tts.engine.steps import StepCutter
 from tts.metrics.events import SpeculationAdopted, SpeculativeStep
@@ -148,7 +149,16 @@ class SpeculativeSteps:
         self._requests_for = requests_for
         self.spec_max_tokens = spec_max_tokens
         self.memory = MemoryGuard(kv_spec_limit)
+        self.guard: SpeculationGuard | None = None  # whether speculation pays (`spec_guard.py`)
         self._event = event or (lambda *fields: None)
+
+    def step_logs(self) -> dict[str, dict]:
+        """The run's speculative work (`SpeculationLog`), and the cost guard's where there
+        is one: the one step-log entry of speculation, whichever discipline runs it."""
+        out = self.runner.collector.speculation.summary()
+        if self.guard is not None:
+            out.update(self.guard.summary())
+        return {"speculation": out}
 
     def running(self) -> list[Request]:
         """The speculative steps running in the backend, oldest first."""

@@ -9,9 +9,10 @@ the end (speculative tokens, where a request ran on).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from tts.backends.base import FinishReason, GenDelta, Generator
-from tts.engine.requests import Request
+from tts.engine.requests import Request, RequestState
 from tts.search.tree import Step, StepEnd, has_answer
 
 BOUNDARY = "\n\n"
@@ -20,6 +21,17 @@ BOUNDARY = "\n\n"
 def completes_path(request: Request, decode) -> bool:
     """The request's finished step ends its path: at EOS, or with a boxed answer."""
     return request.end is StepEnd.EOS or has_answer(decode(request.tokens))
+
+
+@dataclass(frozen=True)
+class Output:
+    """What one generator delta did to its request (`StepCutter.finish`): `ended` its step
+    or its backend request (the request is then finished: `stop` it where its step ended
+    before its backend request did); `overflow`, its tokens past the step's end."""
+
+    ended: bool
+    stop: bool
+    overflow: tuple[int, ...] = ()
 
 
 class StepCutter:
@@ -57,6 +69,16 @@ class StepCutter:
         there: it holds part of it. Returns the tokens past the step's end."""
         finish = None if d.finish_reason is FinishReason.LENGTH and job.capped else d.finish_reason
         return self.consume(job, d.new_token_ids, finish)
+
+    def finish(self, job: Request, d: GenDelta) -> Output:
+        """Take one generator delta of the job's request (`take`): the one way a generator
+        output finishes a request. Where its backend request ended, the job is FINISHED;
+        where its step ended first, the caller stops it (`Output.stop`)."""
+        overflow = self.take(job, d)
+        ended = job.finished or d.finished
+        if d.finished:
+            job.state = RequestState.FINISHED
+        return Output(ended, ended and not d.finished, tuple(overflow))
 
     def adopt(self, job: Request) -> None:
         """Start the job from its beam's speculative tokens; they may hold the whole step.
