@@ -74,3 +74,15 @@ def test_submitit_local_runs_a_real_vllm_job(tmp_path: Path) -> None:
     assert summary["host"]["dtype"]["generator"] in ("bfloat16", "float32")
     assert summary["variants"]["baseline"]["num_problems"] == 1
     assert json.loads((jobs[0] / "job.json").read_text())["pid"] != os.getpid()
+
+
+def test_the_ray_launcher_joins_a_running_cluster_without_sizing_its_object_store():
+    from tts.hydra_app import ray_overrides
+
+    joining = ["hydra/launcher=ray", "hydra.launcher.ray.init.address=auto", "search.n=4,8"]
+    assert ray_overrides(joining) == [*joining, "+hydra.launcher.ray.init.object_store_memory=null"]
+    for alone in (["hydra/launcher=ray", "search.n=4,8"],  # the launcher starts its own cluster
+                  ["hydra/launcher=ray", "hydra.launcher.ray.init.address=null"],
+                  [*joining, "+hydra.launcher.ray.init.object_store_memory=1000000000"],
+                  ["hydra/launcher=joblib", "hydra.launcher.ray.init.address=auto"]):
+        assert ray_overrides(alone) == alone

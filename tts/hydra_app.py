@@ -36,6 +36,19 @@ def uses_hydra_plugins(overrides: list[str]) -> bool:
     return any(o.lstrip("+~").startswith(("hydra/launcher=", "hydra/sweeper=")) for o in overrides)
 
 
+def ray_overrides(overrides: list[str]) -> list[str]:
+    """The overrides, with `ray.init`'s object store size left unset when the Ray launcher
+    joins a running cluster (`hydra.launcher.ray.init.address=auto`, or HOST:PORT): the
+    launcher sets 75 MB for the cluster it would start itself, and `ray.init` refuses any
+    size when it connects to one that runs (`ray start --head`)."""
+    joins = any(o.startswith("hydra.launcher.ray.init.address=") and not o.endswith(("=null", "="))
+                for o in overrides)
+    sized = any("hydra.launcher.ray.init.object_store_memory" in o for o in overrides)
+    if "hydra/launcher=ray" in overrides and joins and not sized:
+        return [*overrides, "+hydra.launcher.ray.init.object_store_memory=null"]
+    return overrides
+
+
 def run_hydra_multirun(config_name: str, overrides: list[str], results_dir: str = "results",
                        task: str = "bench") -> Path:
     """Run the sweep with Hydra's multirun; returns the sweep folder. `task`: "bench" (each
@@ -47,7 +60,7 @@ def run_hydra_multirun(config_name: str, overrides: list[str], results_dir: str 
 
     register_configs()
     sweep = Path(results_dir) / time.strftime("%Y%m%d-%H%M%S-sweep")
-    argv = [sys.argv[0], "--multirun", *overrides, f"hydra.sweep.dir={sweep}",
+    argv = [sys.argv[0], "--multirun", *ray_overrides(overrides), f"hydra.sweep.dir={sweep}",
             "hydra.sweep.subdir=${hydra.job.num}",
             "hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
     job = {"bench": run_job, "profile": run_profile_job}[task]
