@@ -86,7 +86,7 @@ def test_caps_within_each_engines_kv_are_the_best_pairs_that_fit():
 
 
 def test_runtime_caps_count_siblings_once_and_stay_in_each_engines_kv():
-    """The pressure cell where PM ran at 0.58x the paper's baseline (docs/results.md): the
+    """The pressure cell where PM ran at 0.58x the paper's baseline (docs/runs/history.md): the
     re-plan split the whole budget as if each child held its parent's path alone, and gave
     the generator 6 running requests (the baseline ran 12) and the verifier 1."""
     from tts.config.compose import compose, validate
