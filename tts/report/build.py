@@ -14,6 +14,8 @@ from typing import Any
 
 from tts.report.plots import COLUMN_PLOTS, plot_memory_split
 from tts.report.pressure import plot_pressure, pressure_rows, pressure_table
+from tts.report.scaling import PLOT as SCALING_PLOT
+from tts.report.scaling import plot_ratio_by_n, scaling_rows, scaling_section
 from tts.report.sources import ReportError, RunData, load_runs
 from tts.report.tables import Column, build_columns, config_table, metric_rows, resolve_baseline
 from tts.results.host import host_differences, host_line
@@ -48,10 +50,16 @@ def write_report(runs: list[str], baseline: str | None = None, out: Path | None 
     rows = metric_rows(columns, base) if base else []
     sections = ["## Memory pressure", "", "Each variant against its run's first (the baseline), per cell of "
                 "the sweep; thrash is KV recomputed after an eviction.", "", pressure_table(pressure)] if pressure else []
+    scaling = scaling_rows(loaded)  # a sweep over search.n (`--config-name=paper_sweep`), measured or replayed
+    if scaling:
+        sections += scaling_section(scaling, plot_ratio_by_n(folder / SCALING_PLOT, scaling))
     text = render_markdown(loaded, columns, base, rows, plots, sections)
     path = folder / REPORT_MD
     path.write_text(text, encoding="utf-8")
     data = _report_json(loaded, columns, base, rows, plots) | ({"pressure": pressure} if pressure else {})
+    if scaling:
+        data["scaling"] = {"rows": scaling, "plot": SCALING_PLOT.as_posix()
+                           if (folder / SCALING_PLOT).exists() else None}
     (folder / REPORT_JSON).write_text(json.dumps(data, indent=2), encoding="utf-8")
     return path
 
@@ -85,7 +93,7 @@ def _make_plots(folder: Path, columns: list[Column], profiles: dict[str, dict]) 
 def render_markdown(runs: list[RunData], columns: list[Column], baseline: str | None,
                     rows: list[dict], plots: dict[str, Path | None], sections: list[str] = ()) -> str:
     """The whole report.md: runs, headline metrics with ratios, key config, `sections`' lines
-    (the memory-pressure table), plots."""
+    (the memory-pressure table, the scaling sweep), plots."""
     parts = ["# tts report", "", f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')}.", "", "## Runs", ""]
     parts += [f"- `{r.name}`: {r.source}" + ("" if r.variants else " (memory profile only)")
               + (f"; {host_line(r.host)}" if r.variants else "") for r in runs]

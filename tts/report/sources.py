@@ -38,6 +38,7 @@ class RunData:
     # its per-problem records (a local folder's records.jsonl; none from W&B): the speed
     # ratios' paired intervals are computed from them
     records: list[dict] = field(default_factory=list)
+    ratios: list[dict] = field(default_factory=list)  # its summary's ratio table (`ratios`), if any
 
     def variant_records(self, variant: str) -> list[dict]:
         """The records of one variant, each with its seed (the run's `bench.seed` where a
@@ -106,6 +107,7 @@ def load_folder(path: Path) -> RunData:
         run.variants = _variants(summary, path / SUMMARY)
         run.host = summary.get("host") if isinstance(summary.get("host"), dict) else None
         run.records = _read_records(path / RECORDS)
+        run.ratios = summary["ratios"] if isinstance(summary.get("ratios"), list) else []
     if has_profile:
         run.profile = _read_json(path / PROFILE, "memory profile")
     run.config = _read_config(path / CONFIG)

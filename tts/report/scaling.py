@@ -1,0 +1,217 @@
+"""The scaling sweep in `tts report` (`--config-name=paper_sweep`): each variant's goodput,
+latency and problems/min against its run's first variant (the paper's vLLM baseline) at
+every search.n, measured and simulated (`tts replay` of the sweep's jobs on another device,
+other models, either price of a step), beside FlashTTS's Fig. 12; and where the time went
+at each n (straggler gap, both models' batch utilisation and time, the block pools'
+evictions, thrash and preemptions, the latency bound and the variant's share of it).
+
+The runs taken are those with two variants or more, the same variant set, and at least two
+values of search.n among them (a memory-pressure cell, `memory.working_set_fraction`, is the
+pressure section's). The ratios and their paired 95% intervals are the runs' own
+(summary.json's `ratios`, over the same problems and seeds); a run without them (a W&B
+run, an old folder) gets them from its records, as its summary would.
+
+The paper's Fig. 12 gives FlashTTS's goodput over vLLM on a 24 GB GPU (RTX 4090) for its
+three model pairs at n = 8 to 512: 2.2x on average, 1.2x to 5.4x.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tts.report.sources import RunData
+
+PAPER_MEAN, PAPER_LOW, PAPER_HIGH = 2.2, 1.2, 5.4
+PAPER_LABEL = "FlashTTS Fig. 12 (24 GB GPU): mean 2.2x, range 1.2-5.4x"
+PLOT = Path("plots") / "ratio_by_n.png"
+# (summary key, column label): the ratios to the run's first variant, with their intervals
+RATIOS = (("precise_goodput", "goodput"), ("latency_s_mean", "latency"), ("problems_per_min", "problems/min"))
+# (summary key, column label, format): where the time goes, each variant's own
+WHERE = (("straggler_gap", "straggler gap", "{:.2f}"), ("gen_batch_util_mean", "gen batch util", "{:.2f}"),
+         ("ver_batch_util_mean", "ver batch util", "{:.2f}"), ("generator_s_mean", "gen time (s)", "{:.3g}"),
+         ("verifier_s_mean", "ver time (s)", "{:.3g}"), ("gen_evictions", "gen evicted", "{}"),
+         ("gen_thrash_blocks", "gen thrash blocks", "{}"), ("gen_preemptions", "gen preempted", "{}"),
+         ("ver_evictions", "ver evicted", "{}"), ("ver_thrash_blocks", "ver thrash blocks", "{}"),
+         ("latency_bound_s_mean", "latency bound (s)", "{:.3g}"), ("bound_share", "bound / latency", "{:.2f}"))
+
+
+def scaling_runs(runs: list[RunData]) -> list[RunData]:
+    """The runs of a scaling sweep: two variants or more, search.n known, not a pressure
+    cell, and sharing their variant set with runs at another n. Empty when there is none."""
+    groups: dict[tuple[str, ...], list[RunData]] = {}
+    for run in runs:
+        if len(run.variants) > 1 and _n(run) is not None and \
+                (run.config.get("memory") or {}).get("working_set_fraction") is None:
+            groups.setdefault(tuple(run.variants), []).append(run)
+    return [run for group in groups.values() if len({_n(r) for r in group}) > 1 for run in group]
+
+
+def _n(run: RunData) -> int | None:
+    value = (run.config.get("search") or {}).get("n")
+    return value if isinstance(value, int) else None
+
+
+def source_of(run: RunData) -> dict[str, Any]:
+    """Where the run's numbers come from: measured on its host, or simulated (`tts replay`)
+    on a device for a model pair at a step price (`replay.step_costs`, or "fitted" where a
+    fitted step cost priced it), with a label for the table and the plot."""
+    host = run.host or {}
+    if not host.get("simulated"):
+        where = host.get("gpu") or host.get("cpu_model") or "an unrecorded host"
+        return {"simulated": False, "label": f"measured on {where}"}
+    device = (host.get("device") or {}).get("name") or "?"
+    pair = "+".join(Path(str(m)).name for m in (host.get("models") or {}).values()) or "?"
+    cost = host.get("cost")
+    price = (host.get("options") or {}).get("step_costs") if cost == "roofline" else cost
+    price = price or "unrecorded"
+    return {"simulated": True, "device": device, "pair": pair, "price": price,
+            "label": f"simulated on {device} {pair} ({price} prices)"}
+
+
+def scaling_rows(runs: list[RunData]) -> list[dict[str, Any]]:
+    """One row per variant of each run of the sweep (`scaling_runs`): its n and source, its
+    ratios to the run's first variant with their paired 95% intervals (the first variant's
+    row has none), and where its time went. Empty when the runs are no scaling sweep."""
+    rows = []
+    for run in scaling_runs(runs):
+        names = list(run.variants)
+        base, source = names[0], source_of(run)
+        for name in names:
+            s = run.variants[name]
+            row = {"run": run.name, "n": _n(run), "source": source["label"], "simulated": source["simulated"],
+                   "device": source.get("device"), "pair": source.get("pair"), "price": source.get("price"),
+                   "variant": name, "baseline": base}
+            if name != base:
+                row.update(_ratios(run, base, name))
+            for key, _, _ in WHERE:
+                value = s.get(key)
+                row[key] = None if key == "bound_share" and s.get("bound_fit_note") else value
+            rows.append(row)
+    return rows
+
+
+def _ratios(run: RunData, base: str, name: str) -> dict[str, Any]:
+    """The variant's ratios to `base` with their intervals: `<key>`, `<key>_ci` ([low, high]
+    or None), `<key>_text` ("[1.05, 1.41]", or why there is none) and `pairs`, as the run's
+    ratio table holds them (`tts.results.ratios.ratio_table`), else from its records."""
+    col, out = f"{name}/{base}", {}
+    table = {r["key"]: r for r in run.ratios if isinstance(r, dict) and "key" in r}
+    missing = [k for k, _ in RATIOS if col not in (table.get(k) or {})]
+    computed = _from_records(run, base, name) if missing else {}
+    for key, _ in RATIOS:
+        row = table.get(key) or {}
+        if col in row:
+            ci = row.get(f"{col}_ci")
+            text = f"[{ci[0]:.3g}, {ci[1]:.3g}]" if ci else (row.get(f"{col}_ci_note") or "")
+            out |= {key: row[col], f"{key}_ci": ci, f"{key}_text": text}
+            out["pairs"] = out.get("pairs") or (row.get("n_pairs") or {}).get(name)
+        else:
+            out |= computed.get(key, {key: None, f"{key}_ci": None, f"{key}_text": ""})
+            out["pairs"] = out.get("pairs") or computed.get("pairs")
+    return out
+
+
+def _from_records(run: RunData, base: str, name: str) -> dict[str, Any]:
+    """The ratios and intervals the run's summary would hold (`tts.results.ratios`), from its
+    summaries and records: a run whose summary has no ratio table."""
+    from tts.results.intervals import speed_intervals
+
+    point = {k: _div(run.variants[name].get(k), run.variants[base].get(k)) for k, _ in RATIOS}
+    records = run.variant_records(base), run.variant_records(name)
+    cis = speed_intervals(*records, point) if all(records) else {}
+    out: dict[str, Any] = {}
+    for key, _ in RATIOS:
+        ci = cis.get(key)
+        out[key] = {key: point[key], f"{key}_ci": ci.bounds if ci else None,
+                    f"{key}_text": ci.text() if ci else "n/a (no records)"}
+        out["pairs"] = out.get("pairs") or (ci.n_pairs if ci else None)
+    return out
+
+
+def _div(a: Any, b: Any) -> float | None:
+    return a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
+
+
+def _order(row: dict[str, Any]) -> tuple:
+    """By n, measured before simulated, by source, the first variant first."""
+    return row["n"], row["simulated"], row["source"], row["run"], row["variant"] != row["baseline"]
+
+
+def scaling_table(rows: list[dict[str, Any]]) -> str:
+    """The sweep as a Markdown table: one line per n, source and variant."""
+    head = ["n", "source", "variant", *(f"{label} / baseline [95%]" for _, label in RATIOS), "pairs",
+            *(label for _, label, _ in WHERE)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in sorted(rows, key=_order):
+        first = r["variant"] == r["baseline"]
+        ratios = ["(baseline)" if first else f"{_f(r.get(k), '{:.2f}x') or '-'} {r.get(f'{k}_text', '')}".strip()
+                  for k, _ in RATIOS]
+        cells = [r["n"], r["source"], r["variant"], *ratios, None if first else r.get("pairs"),
+                 *(_f(r.get(key), spec) for key, _, spec in WHERE)]
+        lines.append("| " + " | ".join("-" if c is None else str(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def _f(value: Any, spec: str) -> str | None:
+    return None if not isinstance(value, (int, float)) or isinstance(value, bool) else spec.format(value)
+
+
+def scaling_section(rows: list[dict[str, Any]], plot: Path | None) -> list[str]:
+    """The report's lines for the sweep: what the table holds, the table, the plot."""
+    simulated = any(r["simulated"] for r in rows)
+    return ["## Scaling with n", "",
+            "Each variant against its run's first (the baseline) at each search.n, over the run's problems and "
+            "seeds (paired 95% intervals, resampled by problem); the other columns are each variant's own. "
+            + ("Rows whose source says simulated come from `tts replay` (a simulated clock), not a measurement. "
+               if simulated else "")
+            + f"Reference: {PAPER_LABEL}.", "", scaling_table(rows), "",
+            f"![Goodput ratio by n]({PLOT.as_posix()})" if plot else "_no goodput ratio to draw_", ""]
+
+
+def plot_ratio_by_n(path: Path, rows: list[dict[str, Any]]) -> Path | None:
+    """Goodput ratio to the baseline (log2) against n (log2), one line per variant and
+    source with its 95% intervals, simulated lines dashed; the paper's Fig. 12 mean as a
+    dashed line and its range as a band. None without a ratio to draw."""
+    from tts.results.plots import pyplot, save_figure
+
+    series: dict[tuple[str, str, bool], list[dict]] = {}
+    for r in rows:
+        if isinstance(r.get("precise_goodput"), (int, float)) and r["precise_goodput"] > 0:
+            series.setdefault((r["variant"], r["source"], r["simulated"]), []).append(r)
+    if not series:
+        return None
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.2 + 0.16 * (len(series) + 1)))
+    ax.axhspan(PAPER_LOW, PAPER_HIGH, color="grey", alpha=0.15, label=PAPER_LABEL)
+    ax.axhline(PAPER_MEAN, color="grey", linestyle="--", linewidth=1)
+    ax.axhline(1.0, color="black", linewidth=0.6)
+    for (variant, source, simulated), points in sorted(series.items(), key=lambda kv: (kv[0][2], kv[0][1], kv[0][0])):
+        points.sort(key=lambda r: r["n"])
+        ys = [r["precise_goodput"] for r in points]
+        cis = [r.get("precise_goodput_ci") or [y, y] for r, y in zip(points, ys)]
+        err = [[max(0.0, y - ci[0]) for y, ci in zip(ys, cis)], [max(0.0, ci[1] - y) for y, ci in zip(ys, cis)]]
+        ax.errorbar([r["n"] for r in points], ys, yerr=err, marker="o", capsize=3, label=f"{variant}, {source}",
+                    linestyle="--" if simulated else "-")
+    _axes(ax, sorted({r["n"] for points in series.values() for r in points}))
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return save_figure(fig, path)
+
+
+def _axes(ax, ns: list[int]) -> None:
+    """Both axes log2, ticked at the runs' n and at powers of two of the ratio ("2x")."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(ns))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+    ax.xaxis.set_minor_locator(NullLocator())
+    low, high = ax.get_ylim()
+    ax.set_ylim(min(low, 0.8), max(high, PAPER_HIGH * 1.15))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}x"))
+    ax.set_xlabel("n (search.n)")
+    ax.set_ylabel("goodput / baseline's goodput")
+    ax.set_title("Goodput ratio by n (95% intervals; dashed: simulated)", fontsize=10)
+    ax.grid(alpha=0.3)
