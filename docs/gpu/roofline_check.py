@@ -19,7 +19,9 @@ trace replay prices a GPU's engine steps with (`tts.replay.cost.RooflineCost`).
    per-step scheduler and sampler are not here: the replay's `replay.launch_ms` stands for
    the latter, and this check does not measure it.
 
-Writes `roofline_check.json` and `roofline_check.md` to --out and prints the tables.
+Writes `roofline_check.json` and `roofline_check.md` to --out and prints the tables. Kept
+as `docs/gpu/roofline_check_<gpu>.json`, they give the card's profile its measured step
+efficiencies: `python -m tts.profiling.step_fit docs/gpu/roofline_check_<gpu>.json`.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ SHAPES = {  # as in tts.benchmarks.allocator_timing: the models' config.json num
     "qwen2.5-1.5b": ModelShape(28, 1536, 12, 2, 128, 8960, 151936, 2, 1_543_714_304),
     "qwen2.5-7b": ModelShape(28, 3584, 28, 4, 128, 18944, 152064, 2, 7_615_616_512),
 }
-DECODE_BATCHES = (1, 8, 32, 64, 128, 256)
+DECODE_BATCHES = (1, 8, 32, 64, 128, 256, 512)  # 512: added for the H200 run (the H100 run stopped at 256)
 DECODE_CTX = (512, 2048)
 PREFILL_TOKENS = (512, 2048, 8192)
 
@@ -195,7 +197,7 @@ def step_rows(device_name: str) -> list[dict]:
     rows = []
     for name, shape in SHAPES.items():
         model = Model(shape)
-        roof = RooflineCost(shape, device, 0.0)
+        roof = RooflineCost(shape, device, 0.0, measured=False)  # the datasheet roofline, no launch
         for ctx in DECODE_CTX:
             for B in DECODE_BATCHES:
                 t, eager = decode_time(model, B, ctx)

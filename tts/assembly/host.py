@@ -62,7 +62,7 @@ def on_this_host(cfg_node: DictConfig) -> DictConfig:
     if cfg_node.device.kind != "cpu" or getattr(backend, "value", backend) != BackendKind.vllm.value:
         return cfg_node
     import copy
-    from dataclasses import asdict
+    from dataclasses import fields
 
     from tts.backends.vllm.engine import has_cuda, resolve_dtype
     from tts.memory.device import device_from_dict
@@ -78,8 +78,8 @@ def on_this_host(cfg_node: DictConfig) -> DictConfig:
         return cfg_node
     log.warning(note)
     cfg_node = copy.deepcopy(cfg_node)
-    for key, value in asdict(profile).items():
-        cfg_node.device[key] = value
+    for f in fields(profile):  # `efficiency` as its dataclass: the typed node takes no plain dict
+        cfg_node.device[f.name] = getattr(profile, f.name)
     return cfg_node
 
 

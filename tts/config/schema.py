@@ -16,6 +16,7 @@ from tts.config.enums import (  # noqa: F401 - the schema's choices, importable 
     Adapter, Aggregation, Algorithm, BackendKind, BenchMode, DatasetName, DecoupledPolicy, DecoupledSpecScope,
     EngineKind, LookaheadScope, Sampler, VariantOrder)
 from tts.config.shard import parse_shard
+from tts.memory.device import StepEfficiency
 
 
 def _require(cond: bool, field_name: str, msg: str) -> None:
@@ -245,11 +246,11 @@ class DeviceConfig:
     calibrated: bool = False
     source: str = ""
     host: str = ""  # a calibrated CPU profile's CPU (model, threads, dtype); another CPU measures its own
+    efficiency: StepEfficiency | None = None  # a GPU's measured steps against its roofline: the replay's price
 
     def __post_init__(self) -> None:
         _require(self.kind in ("cpu", "gpu"), "device.kind", "valid choices: cpu, gpu")
-        _require(self.peak_tflops > 0 and self.bandwidth_gbs > 0, "device.peak_tflops",
-                 "peak_tflops and bandwidth_gbs must be > 0")
+        _require(min(self.peak_tflops, self.bandwidth_gbs) > 0, "device.peak_tflops, bandwidth_gbs", "must be > 0")
 
 
 @dataclass

@@ -38,6 +38,7 @@ KEPT_GROUPS = ("dataset", "optim", "search")
 MODEL_KEYS = {"generator": ("model", "dtype", "tensor_parallel_size"),
               "verifier": ("model", "dtype", "adapter", "judge_prompt_file")}
 COSTS = ("auto", "fitted", "roofline")
+STEP_COSTS = ("measured", "datasheet")
 HOSTS = ("recorded", "none")
 SPECULATION = ("device", "recorded")
 
@@ -49,6 +50,9 @@ class ReplayOptions:
     step (Python between model steps, as recorded) is charged."""
 
     cost: str = "auto"
+    # what a roofline step costs: the device profile's measured efficiencies (a profile
+    # without them: its own numbers), or the datasheet's peak numbers (tts.replay.cost)
+    step_costs: str = "measured"
     launch_ms: float = 2.0
     host: str = "recorded"
     # `spec_batch_cap=-1` resolved for the simulated device (its decode ridge batch), or
@@ -62,6 +66,8 @@ class ReplayOptions:
     def __post_init__(self) -> None:
         if self.cost not in COSTS:
             raise ConfigError(f"replay.cost: {self.cost!r}; valid choices: {', '.join(COSTS)}")
+        if self.step_costs not in STEP_COSTS:
+            raise ConfigError(f"replay.step_costs: {self.step_costs!r}; valid choices: {', '.join(STEP_COSTS)}")
         if self.host not in HOSTS:
             raise ConfigError(f"replay.host: {self.host!r}; valid choices: {', '.join(HOSTS)}")
         if self.speculation not in SPECULATION:
@@ -101,7 +107,7 @@ def replay_config(saved: dict, overrides: list[str]) -> tuple[DictConfig, Replay
             name = key.removeprefix("replay.")
             if name not in {f.name for f in dataclasses.fields(ReplayOptions)}:
                 raise ConfigError(f"{key}: no such replay option; valid: replay.cost, replay.cost_from, "
-                                  "replay.launch_ms, replay.host, replay.speculation")
+                                  "replay.step_costs, replay.launch_ms, replay.host, replay.speculation")
             options[name] = float(value) if name == "launch_ms" else value
         else:
             dotted.append(o)

@@ -144,7 +144,8 @@ class ReplayBackends:
         from tts.assembly.memory_split import device_profile
 
         device, launch = device_profile(self.cfg), self.options.launch_ms / 1e3
-        return {role: RooflineCost(self._shape(role), device, launch) for role in ("generator", "verifier")}
+        measured = self.options.step_costs == "measured"
+        return {role: RooflineCost(self._shape(role), device, launch, measured) for role in ("generator", "verifier")}
 
     def _shape(self, role: str):
         from tts.assembly.memory_split import model_shape
@@ -209,6 +210,13 @@ class ReplayBackends:
     def describe_costs(self) -> dict[str, str]:
         return {role: cost.describe() for role, cost in self.costs.items()}
 
+    def step_prices(self) -> str | None:
+        """What priced a roofline step (`RooflineCost.prices`: measured efficiencies and
+        their source, or the datasheet); None for a fitted cost, which `replay.step_costs`
+        does not touch."""
+        cost = self.costs.get("generator")
+        return cost.prices() if isinstance(cost, RooflineCost) else None
+
 
 def host_parts(v: dict) -> tuple[float, float, float]:
     """(host s per generator step, per verifier step, per iteration) of a recorded variant's
@@ -243,7 +251,8 @@ def simulated_host(cfg: Config, backends: ReplayBackends, recorded_host: dict | 
     return {"simulated": True, "device": asdict(cfg.device),
             "models": {"generator": cfg.generator.model, "verifier": cfg.verifier.model},
             "dtype": {"generator": cfg.generator.dtype, "verifier": cfg.verifier.dtype},
-            "cost": backends.cost_kind(), "cost_models": backends.describe_costs(),
+            "cost": backends.cost_kind(), "step_costs": backends.step_prices(),
+            "cost_models": backends.describe_costs(),
             "cost_from": ({"run": backends.options.cost_from, "host": backends.pricing.get("host")}
                           if backends.pricing is not None else None),
             "sampler": (recorded_host or {}).get("sampler"), "verifier_prompts": backends.tokenizer_note,

@@ -149,17 +149,22 @@ def plot_frontier(path: Path, columns: list[Column]) -> Path | None:
 
 
 def device_ratios(columns: list[Column]) -> list[tuple[str, str, float, float]]:
-    """(device, "models: variant/first", goodput ratio, latency ratio) of each simulated
-    run (`tts replay`) among the columns: each variant against the run's first."""
-    runs: dict[int, tuple[Any, dict[str, dict]]] = {}
+    """(device, "models N=n: variant/first", goodput ratio, latency ratio) of each simulated
+    run (`tts replay`) among the columns: each variant against the run's first. A roofline
+    replay says which step price it ran at (`replay.step_costs`; one from before the option
+    was priced at the datasheet), so the same trace replayed under both reads side by side."""
+    runs: dict[int, tuple[Any, dict[str, dict], int | None]] = {}
     for c in columns:
         if (c.run.host or {}).get("simulated"):
-            runs.setdefault(id(c.run), (c.run, {}))[1][c.variant] = c.metrics
+            runs.setdefault(id(c.run), (c.run, {}, c.n))[1][c.variant] = c.metrics
     out = []
-    for run, variants in runs.values():
+    for run, variants, n in runs.values():
         host, names = run.host, list(variants)
         models = "/".join(Path(str(m)).name for m in (host.get("models") or {}).values())
+        models += f" N={n}" if n is not None else ""
         options = host.get("options") or {}
+        if host.get("cost") == "roofline":
+            models += f" ({options.get('step_costs', 'datasheet')} steps)"
         if options.get("speculation") == "recorded":
             models += " (speculation as recorded)"
         for name in names[1:]:

@@ -113,6 +113,8 @@ def simulated_line(host: dict[str, Any]) -> str:
     d, m = host.get("device") or {}, host.get("models") or {}
     dtypes = ", ".join(f"{role} {d}" for role, d in (host.get("dtype") or {}).items())
     cost = f"{host.get('cost')} step cost"
+    if prices := host.get("step_costs"):  # a roofline's: measured efficiencies (their source) or the datasheet
+        cost += f" at {prices}"
     if source := host.get("cost_from"):  # priced by another run's fit: its host, not the trace's
         cost += (f" of run {Path(source['run']).name} (measured on "
                  + host_line(source.get("host")).removeprefix("host: ") + ")")
