@@ -1,7 +1,7 @@
 """What a CUDA machine without vLLM can check of tts's GPU route, and of the roofline the
 trace replay prices a GPU's engine steps with (`tts.replay.cost.RooflineCost`).
 
-    PYTHONPATH=. python3 docs/gpu/roofline_check.py --out DIR   # about 3 minutes on an H100
+    PYTHONPATH=. python3 docs/gpu/roofline_check.py --out DIR   # about 30 s on an H100
 
 1. **Host**: the functions a vLLM run on this card calls before its engines start:
    `has_cuda`, `gpu_name`, `profile_for_gpu` (which `conf/device` profile the card gets),

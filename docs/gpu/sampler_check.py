@@ -1,7 +1,7 @@
 """The position-keyed sampler's arithmetic on a GPU (`tts.backends.position_sampling`), on a
 CUDA machine without vLLM: what its docstring claims, and CPU tests cannot show.
 
-    PYTHONPATH=. python3 docs/gpu/sampler_check.py --out DIR   # under a minute on an H100
+    PYTHONPATH=. python3 docs/gpu/sampler_check.py --out DIR   # about 10 s on an H100
 
 1. **A row's token does not depend on the batch**: each of 256 rows of random float32
    logits over Qwen2.5's vocabulary (151,936) is sampled alone, then inside batches of 2 to
