@@ -156,7 +156,7 @@ def test_the_engine_writes_metrics_only_through_events() -> None:
             isinstance(node, ast.Attribute) and node.attr == "metrics")
 
     writes = []
-    engine = sorted((REPO / "tts" / "engine").glob("*.py"))
+    engine = sorted((REPO / "tts" / "engine").rglob("*.py"))
     for path in engine:
         for node in ast.walk(ast.parse(path.read_text())):
             targets = (node.targets if isinstance(node, ast.Assign) else
@@ -174,7 +174,7 @@ def test_schedules_get_their_parts_and_never_reach_back_into_the_engine() -> Non
     registry."""
     engine_dir = ROOT / "engine"
     reaching = []
-    for path in sorted(engine_dir.glob("*.py")):
+    for path in sorted(engine_dir.rglob("*.py")):
         if path.name == "engine.py":
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):

@@ -129,10 +129,10 @@ def test_optim_overrides_apply_to_every_compare_variant():
     assert cfg.bench.optim_overrides == ["spec_truncate_ratio=0"]
     variants = dict(variant_optims(cfg))
     assert {v.spec_truncate_ratio for v in variants.values()} == {0.0}
-    assert variants["PMS_branches"].spec_branches and not variants["baseline"].speculative
+    assert variants["PMS_branches"].spec_rule == "branches" and not variants["baseline"].speculative
     assert dict(variant_optims(validate(compose("compare", []))))["PMS"].spec_truncate_ratio == 0.85
     both = dict(variant_optims(validate(compose("compare", ["bench.compare=[PMS_branches_prune]"]))))
-    assert both["PMS_branches_prune"].spec_branches and both["PMS_branches_prune"].spec_prune
+    assert both["PMS_branches_prune"].spec_rule == "branches" and both["PMS_branches_prune"].spec_prune
     # valid for PMS, not for the baseline preset; the top-level optim (baseline here) is not run
     with pytest.raises(ConfigError, match="variant 'baseline'.*lookahead"):
         compose("compare", ["optim.lookahead=true", "bench.compare=[PMS,baseline]"])

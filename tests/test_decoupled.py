@@ -460,7 +460,7 @@ def test_speculation_guard_follows_the_cost_model_break_even():
     """Speculation pays while hit rate x (b + a / B) > b: on a GPU-like model (b = 0) any
     hit rate pays; on a CPU-like one (b = 7% of a, 16 real requests a step) it takes more
     than half; before enough tokens settled, or before a fit, it is not judged."""
-    from tts.engine.spec_guard import MIN_EVIDENCE, PROBE_EVERY, PROBE_FOR, SpeculationGuard
+    from tts.engine.speculation.guard import MIN_EVIDENCE, PROBE_EVERY, PROBE_FOR, SpeculationGuard
     from tts.metrics.cost_model import CostModel
     from tts.metrics.measures import SpeculationLog
 
@@ -495,7 +495,7 @@ def test_guarded_speculation_stops_when_it_does_not_pay_and_keeps_the_answers():
     """With a cost model under which no hit rate pays (a = 0), the guard stops new
     speculation once enough of it settled; the answers stay the baseline's. (The fake
     backend's own step times fit nothing, r2 near 0: unjudged, as in every other test.)"""
-    from tts.engine.spec_guard import SpeculationGuard
+    from tts.engine.speculation.guard import SpeculationGuard
     from tts.metrics.cost_model import CostModel
 
     kw = dict(n=8, m=4, iters=6, cap=16, policy="speculative_first", concurrency=2, scope="all",

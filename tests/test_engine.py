@@ -8,7 +8,7 @@ from tts.backends.fake import FakeGenerator, FakeVerifier, answering_script, end
 from tts.config.schema import Algorithm, SearchConfig
 from tts.engine.engine import Engine, EngineOptions, ProblemInput
 from tts.engine.ordering import PrefixAware, greedy_order
-from tts.engine.speculation import inherit_speculation, spec_priorities, truncate_len
+from tts.engine.speculation.policy import inherit_speculation, spec_priorities, truncate_len
 from tts.search import make_policy
 from tts.search.tree import Beam, BeamState
 
@@ -204,14 +204,14 @@ def test_spec_prune_stops_only_the_speculation_of_beams_selection_prunes(monkeyp
         stopped.extend(r.beam for r in iteration if r.beam.uid in beams)
         return original(self, beams)
 
-    def spy_begin(self, requests):
+    def spy_begin(self, requests, *problems):
         iteration[:] = requests
-        return begin(self, requests)
+        return begin(self, requests, *problems)
 
     monkeypatch.setattr(IterationGeneration, "stop_speculating", spy)
     monkeypatch.setattr(IterationGeneration, "begin", spy_begin)
     common = dict(n=8, m=4, iters=5, problems=("a", "b"), speculative=True, ordering="prefix_aware",
-                  spec_truncate_ratio=0.0, spec_truncate_std=0.0, spec_branches=branches)
+                  spec_truncate_ratio=0.0, spec_truncate_std=0.0, spec_rule="branches" if branches else "auto")
     base, *_ = run(answering, n=8, m=4, iters=5, problems=("a", "b"))
     plain, _, _, p_ver = run(answering, **common)
     pruned, eng, _, ver = run(answering, spec_prune=True, **common)
@@ -290,7 +290,7 @@ def test_engine_cuts_duplicates_at_the_speculative_next_step(monkeypatch):
     speculative next step (up to and including its "\\n\\n"), not all its run-on: with
     R = 1 a duplicate keeps exactly that step, and child 0 keeps everything."""
     from tts.backends.fake import decode
-    from tts.engine import spec_runon
+    from tts.engine.speculation import runon as spec_runon
 
     seen = []
     real = spec_runon.inherit_speculation
@@ -346,18 +346,21 @@ def test_prefix_aware_beats_random_at_small_cache():
 
 class Generation:
     """One iteration's generation through its public interface (begin, advance with each
-    generator step while active, end), with run-on or branch speculation; the tokens it
-    generated are counted by a metrics collector, as in the engine. Every request belongs
-    to problem "p" (its branches go to that problem's table of speculative steps)."""
+    generator step while active, end), with run-on or branch speculation (`rule`); the
+    tokens it generated are counted by a metrics collector, as in the engine. Every request
+    belongs to problem "p" (its branches go to that problem's table of speculative steps)."""
 
-    def __init__(self, gen, **kw):
+    def __init__(self, gen, rule="runon", spec_batch_cap=0):
         import random
 
         from tts.engine.barrier_generation import IterationGeneration
+        from tts.engine.frontier import ScheduleParts
         from tts.engine.model_runner import ModelRunner
-        from tts.engine.requests import Request
+        from tts.engine.ordering import Fifo
         from tts.engine.problem import Problem, ProblemInput
+        from tts.engine.requests import Request
         from tts.engine.scoring import ScoringPhase
+        from tts.engine.speculation.registry import make_rule
         from tts.engine.steps import StepCutter
         from tts.metrics.collector import MetricsCollector
         from tts.search.base import ProblemSearch
@@ -375,8 +378,11 @@ class Generation:
         def requests_for(problem, beams, iteration):  # a speculative step's request
             return [Request(b, 50, problem=problem) for b in beams]
 
-        self.phase = IterationGeneration(self.runner, cut, complete, requests_for, speculative=True,
-                                         spec_max_tokens=50, **kw)
+        opts = EngineOptions(speculative=True, spec_rule=rule, spec_max_tokens=50)
+        parts = ScheduleParts(make_policy(SearchConfig(), 50, 300), self.runner, cut, opts, self.collector, None,
+                              Fifo(), "s")
+        self.phase = IterationGeneration(self.runner, cut, complete, make_rule(parts, requests_for, "barrier"),
+                                         spec_batch_cap=spec_batch_cap)
 
     def run(self, requests):
         for request in requests:
@@ -425,11 +431,11 @@ def test_no_speculation_past_a_step_that_completes_the_path():
         gen = FakeGenerator(script, batch_cap=8)
         prompt = tuple(gen.encode_prompt("q", "s"))
         jobs = {seed: Request(Beam("p", prompt, seed), limit=30, spec_priority=1) for seed in steps}
-        generation = Generation(gen, spec_branches=branches)
+        generation = Generation(gen, rule="branches" if branches else "runon")
         generation.run(list(jobs.values()))
         assert gen.decode(jobs[11].tokens) == steps[11]  # its own step is whole
-        assert not jobs[11].spec and not generation.phase.steps.of(jobs[11]), branches
-        assert jobs[12].spec or generation.phase.steps.of(jobs[12]), branches  # the short plain step speculated
+        assert not jobs[11].spec and not generation.phase.rule.steps.of(jobs[11]), branches
+        assert jobs[12].spec or generation.phase.rule.steps.of(jobs[12]), branches  # the short plain step speculated
         assert generation.metrics.spec_generated > 0
         generation.phase.release()
         assert gen.num_unfinished() == 0
@@ -444,7 +450,7 @@ def test_speculative_branches_keep_the_tree_and_serve_duplicates():
         base, beng, *_ = run(answering, **kw)
         runon, reng, *_ = run(answering, speculative=True, spec_truncate_ratio=0.0, spec_truncate_std=0.0, **kw)
         br, eng, _, _ = run(answering, speculative=True, lookahead=True, ordering="prefix_aware",
-                            spec_branches=True, **kw)
+                            spec_rule="branches", **kw)
         assert candidates(br) == candidates(base), algo
         used = sum(o.metrics.spec_used for o in br)
         assert used > sum(o.metrics.spec_used for o in runon), algo
@@ -468,7 +474,7 @@ def test_under_vllm_sampling_branches_keep_the_tree_and_run_on_does_not():
         base, *_ = run(answering, **kw)
         runon, *_ = run(answering, speculative=True, spec_truncate_ratio=0.0, spec_truncate_std=0.0, **kw)
         br, eng, *_ = run(answering, speculative=True, lookahead=True, ordering="prefix_aware",
-                          spec_branches=True, **kw)
+                          spec_rule="branches", **kw)
         assert candidates(br) == candidates(base), algo
         assert sum(o.metrics.spec_used for o in br) > 0
         assert candidates(runon) != candidates(base), algo
@@ -478,7 +484,7 @@ def test_branches_never_outgrow_the_generator_batch_cap():
     """A speculative cap above the generator's batch cap (the ridge batch on a device whose
     batch M has set lower) must not push branches into the backend's waiting queue: a
     waiting request preempts all speculation, and the branches would restart every step."""
-    kw = dict(n=8, m=2, iters=5, problems=("a", "b"), cap=8, speculative=True, spec_branches=True)
+    kw = dict(n=8, m=2, iters=5, problems=("a", "b"), cap=8, speculative=True, spec_rule="branches")
     outs = {c: run(answering, spec_batch_cap=c, **kw) for c in (8, 16)}
     calls = {c: len(gen.calls) for c, (_, _, gen, _) in outs.items()}
     assert calls[16] == calls[8]
@@ -499,11 +505,11 @@ def test_branches_follow_the_bins_and_child_seeds():
     prompt = tuple(gen.encode_prompt("q", "s"))
     slow = Request(Beam("p", prompt, 4), limit=30)  # 5 tokens + boundary: keeps generation open
     fast = Request(Beam("p", prompt, 10), limit=30, spec_priority=3)  # 1 token + boundary
-    generation = Generation(gen, spec_branches=True)
+    generation = Generation(gen, rule="branches")
     phase = generation.phase
     generation.run([slow, fast])
-    assert not fast.spec and [b.beam.seed for b in phase.steps.of(fast)] == [child_seed(10, k) for k in range(3)]
-    steps = phase.steps.steps_of(fast)
+    assert not fast.spec and [b.beam.seed for b in phase.rule.steps.of(fast)] == [child_seed(10, k) for k in range(3)]
+    steps = phase.rule.steps_of(fast)
     assert {gen.decode(t) for t in steps.values()} == {"b\n\n"}  # child 0 (seed 10): whole, stopped at its end
     running = {seed: branch for (parent, seed), branch in generation.problem.spec.items()
                if parent == fast.beam.uid and branch.state.in_backend}
@@ -511,7 +517,7 @@ def test_branches_follow_the_bins_and_child_seeds():
     for seed, branch in running.items():
         text = gen.decode(branch.tokens)
         assert text and ("b" * (1 + seed % 5) + "\n\n").startswith(text)  # a prefix of child k's step
-    assert not phase.steps.of(slow)  # priority 0: no branches
+    assert not phase.rule.steps.of(slow)  # priority 0: no branches
     assert gen.num_unfinished() == 2
     # selection keeps child 1 only: it runs on its branch's request, the other is stopped
     assert fast.beam.step_texts == (gen.decode(fast.tokens),)  # its step, committed as it finished
@@ -525,10 +531,29 @@ def test_branches_follow_the_bins_and_child_seeds():
     phase.release()
 
 
-def test_spec_branches_needs_speculation():
+def test_a_spec_rule_needs_speculation_and_the_old_switch_names_it():
+    """`optim.spec_rule` picks speculation's start rule; on the barrier it needs
+    `speculative`. A config that still sets `optim.spec_branches` is told what replaces it,
+    and a run saved with it reads as `spec_rule=branches`."""
+    from tts.config.compose import ConfigError, compose
+    from tts.config.replaced import upgrade_saved
     from tts.config.schema import OptimConfig
-    with pytest.raises(ValueError, match="optim.spec_branches"):
-        OptimConfig(spec_branches=True)
+
+    with pytest.raises(ValueError, match="optim.spec_rule: needs optim.speculative=true"):
+        OptimConfig(spec_rule="branches")
+    with pytest.raises(ConfigError, match="'optim.spec_branches' is no longer a config key: use optim.spec_rule"):
+        compose("config", ["optim.spec_branches=true"])
+    assert upgrade_saved({"optim": {"spec_branches": True}}) == {"optim": {"spec_rule": "branches"}}
+    assert upgrade_saved({"optim": {"spec_branches": False}}) == {"optim": {}}
+
+
+def test_an_unknown_or_misplaced_spec_rule_names_the_valid_ones():
+    for schedule, rule, needle in (("barrier", "nope", "unknown 'nope'; valid choices: auto, none, runon"),
+                                   ("barrier", "scoped", "'scoped' runs on the decoupled schedule"),
+                                   ("decoupled", "runon", "valid choices there: auto, none, scoped")):
+        with pytest.raises(ValueError, match=needle):
+            Engine(FakeGenerator(endless), FakeVerifier(), lambda: make_policy(SearchConfig(), 30, 300), "sys",
+                   EngineOptions(speculative=True, spec_rule=rule), schedule=schedule)
 
 
 def test_fake_stream_sampling_draws_like_vllm():
@@ -562,45 +587,64 @@ def test_fake_stream_sampling_draws_like_vllm():
     assert FakeGenerator(script).resumable_sampling
 
 
+def straggling(problem, steps, seed):
+    """Seed 3 keeps generation open long past a speculation pause; the others' steps are
+    short, their length by seed."""
+    if seed == 3:
+        return "s" * 60 + "\n\n"
+    return ("a" if not steps else "b") * (6 + seed % 5) + "\n\n"
+
+
+def short_memory_at(gen, watched, at=2):
+    """Make `gen` report requests waiting in the backend (memory is short) for `WAIT_STEPS`
+    steps running, from the step in which `watched()` (a running request and its
+    speculative tokens, or None) holds `at` + 1 tokens. Returns what it saw: `before`, those
+    tokens with the last such step's."""
+    from tts.backends.base import StepStats
+    from tts.engine.speculation.memory import WAIT_STEPS
+
+    orig, seen = gen.step, {}
+
+    def step():
+        deltas, st = orig()
+        found = watched()
+        mine = [d for d in deltas if found is not None and d.request_id == found[0].request_id]
+        if mine and "waits" not in seen and len(found[1]) == at:
+            seen["waits"] = 0
+        if mine and seen.get("waits", WAIT_STEPS) < WAIT_STEPS:
+            seen["waits"] += 1
+            seen["before"] = len(found[1]) + len(mine[0].new_token_ids)
+            st = StepStats(st.num_running, 1, st.num_scheduled_tokens, st.batch_cap, st.token_cap,
+                           st.kv_usage, st.wall_s, st.tokens_per_request)
+        return deltas, st
+
+    gen.step = step
+    return seen
+
+
 def test_preempted_branch_resumes_where_sampling_is_resumable():
     """A branch preempted part-way (memory short: requests wait in the backend two steps
     running) resumes from its tokens under `context` sampling (vLLM with the position-keyed
     sampler) and restarts from its path under `stream` (vLLM's own sampler); either way it
     ends as child k's own step, and resuming generates no token twice."""
-    from tts.backends.base import StepStats
-    from tts.engine.memory_guard import WAIT_STEPS
+    from tts.engine.speculation.memory import WAIT_STEPS
     from tts.engine.requests import Request
     from tts.search.tree import child_seed
 
-    def script(problem, steps, seed):
-        if seed == 3:  # the straggler that keeps generation open past the pause
-            return "s" * 60 + "\n\n"
-        return ("a" if not steps else "b") * (6 + seed % 5) + "\n\n"
-
     for mode in ("context", "stream"):
-        gen = FakeGenerator(script, batch_cap=8, sampling=mode)
+        gen = FakeGenerator(straggling, batch_cap=8, sampling=mode)
         prompt = tuple(gen.encode_prompt("q", "s"))
         parent = Request(Beam("p", prompt, 10), limit=30, spec_priority=1)
         straggler = Request(Beam("p", prompt, 3), limit=80)
-        generation = Generation(gen, spec_branches=True)
-        orig, seen = gen.step, {}
+        generation = Generation(gen, rule="branches")
 
-        def step():
-            deltas, st = orig()
-            branch = next(iter(generation.phase.steps.of(parent)), None)
-            running = branch is not None and branch.request_id in {d.request_id for d in deltas}
-            if running and "waits" not in seen and len(branch.tokens) == 2:
-                seen["waits"] = 0  # three tokens in with this step, real work starts waiting
-            if running and seen.get("waits", WAIT_STEPS) < WAIT_STEPS:
-                seen["waits"] += 1
-                seen["before"] = len(branch.tokens) + 1  # the branch's tokens with this step's
-                st = StepStats(st.num_running, 1, st.num_scheduled_tokens, st.batch_cap, st.token_cap,
-                               st.kv_usage, st.wall_s, st.tokens_per_request)
-            return deltas, st
+        def branch():
+            node = next(iter(generation.phase.rule.steps.of(parent)), None)
+            return (node, node.tokens) if node is not None else None
 
-        gen.step = step
+        seen = short_memory_at(gen, branch)  # three tokens in, real work starts waiting
         generation.run([parent, straggler])
-        (branch,) = generation.phase.steps.of(parent)  # priority 1: child 0's branch
+        (branch,) = generation.phase.rule.steps.of(parent)  # priority 1: child 0's branch
         assert seen["before"] == 2 + WAIT_STEPS and straggler.finished
         assert branch.finished and branch.beam.seed == child_seed(10, 0)
         assert gen.decode(branch.tokens) == "b" * (6 + branch.beam.seed % 5) + "\n\n"  # child 0's own step
@@ -609,8 +653,33 @@ def test_preempted_branch_resumes_where_sampling_is_resumable():
         assert generation.collector.speculation.wasted == redone
         steps = generation.collector.speculation.steps  # counted as the decoupled schedule counts
         assert steps["preempted"] == 1 and steps["reset"] == (mode == "stream")
-        assert generation.phase.steps.steps_of(parent) == {branch.beam.seed: tuple(branch.tokens)}
+        assert generation.phase.rule.steps_of(parent) == {branch.beam.seed: tuple(branch.tokens)}
         assert gen.num_unfinished() == 0
+
+
+def test_a_preempted_run_on_is_counted_and_reset_where_sampling_is_not_resumable():
+    """Run-on is a rule over the shared mechanism: memory pressure (requests waiting in the
+    backend two steps running) preempts a running run-on, counted in the speculation log as
+    every rule's preemptions are. Under `context` sampling it resumes from its tokens; under
+    `stream` (vLLM's own sampler) they are reset and it restarts from its committed path.
+    Either way its tokens past the step are then its beam's own next step."""
+    from tts.engine.requests import Request
+    from tts.engine.speculation.memory import WAIT_STEPS
+
+    for mode in ("context", "stream"):
+        gen = FakeGenerator(straggling, batch_cap=8, sampling=mode)
+        prompt = tuple(gen.encode_prompt("q", "s"))
+        fast = Request(Beam("p", prompt, 10), limit=30, spec_priority=1)  # its steps: 6 tokens and the boundary
+        straggler = Request(Beam("p", prompt, 3), limit=80)
+        generation = Generation(gen)  # run-on, the default rule
+        seen = short_memory_at(gen, lambda: (fast, fast.spec))  # from its third token past the step
+        generation.run([fast, straggler])
+        assert seen["before"] == 2 + WAIT_STEPS and straggler.finished
+        steps = generation.collector.speculation.steps
+        assert steps["preempted"] == 1 and steps["reset"] == (mode == "stream"), mode
+        assert generation.collector.speculation.wasted == (seen["before"] if mode == "stream" else 0)
+        assert generation.runner.free_slots() == 8 and gen.num_unfinished() == 0
+        assert gen.decode(fast.spec).startswith("b" * 6 + "\n\n"), mode  # its beam's own next step
 
 
 def test_one_memory_rule_stops_speculation_in_both_disciplines():
@@ -620,7 +689,7 @@ def test_one_memory_rule_stops_speculation_in_both_disciplines():
     hold this guard, with the one default limit."""
     from tts.backends.base import StepStats
     from tts.config.schema import EngineKind, OptimConfig
-    from tts.engine.memory_guard import PAUSE_STEPS, WAIT_STEPS, MemoryGuard
+    from tts.engine.speculation.memory import PAUSE_STEPS, WAIT_STEPS, MemoryGuard
     from tts.engine.options import KV_SPEC_LIMIT, decoupled_options
 
     def stats(waiting=0, kv=0.1):

@@ -42,4 +42,4 @@ def _preset_name(optim: OptimConfig) -> str:
     if optim.engine is EngineKind.decoupled:
         return f"decoupled-{optim.decoupled_policy.value}"
     flags = "P" * optim.prefix_aware + "M" * optim.roofline_memory + "S" * optim.speculative
-    return (flags or "flash") + "_branches" * optim.spec_branches
+    return (flags or "flash") + ("" if optim.spec_rule in ("auto", "runon") else f"_{optim.spec_rule}")

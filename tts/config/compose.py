@@ -149,6 +149,8 @@ def validate(cfg: DictConfig):
 def explain(err: Exception) -> str:
     from omegaconf.errors import ConfigKeyError, ValidationError
 
+    from tts.config.replaced import REPLACED_OPTIM_KEYS
+
     cause = err
     while cause.__cause__ is not None and not isinstance(cause, (ConfigKeyError, ValidationError)):
         cause = cause.__cause__
@@ -156,6 +158,8 @@ def explain(err: Exception) -> str:
         return _unknown_key(str(err).split("'")[1])
     if isinstance(cause, ConfigKeyError):
         key = getattr(cause, "full_key", None) or getattr(cause, "key", "?")
+        if (new := REPLACED_OPTIM_KEYS.get(str(key).rpartition(".")[2])) is not None:
+            return f"'{key}' is no longer a config key: use {new}"
         obj = getattr(cause, "object_type", None)
         valid = ""
         if obj is not None and dataclasses.is_dataclass(obj):
@@ -169,8 +173,11 @@ def explain(err: Exception) -> str:
 
 
 def _unknown_key(dotted: str) -> str:
+    from tts.config.replaced import REPLACED_OPTIM_KEYS
     from tts.config.schema import Config
 
+    if dotted.startswith("optim.") and (new := REPLACED_OPTIM_KEYS.get(dotted.partition(".")[2])) is not None:
+        return f"'{dotted}' is no longer a config key: use {new}"
     node, parts = Config, dotted.split(".")
     for part in parts[:-1]:
         fields = {f.name: f for f in dataclasses.fields(node)} if dataclasses.is_dataclass(node) else {}

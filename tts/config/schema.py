@@ -158,9 +158,9 @@ class OptimConfig:
     # a duplicate samples at least this many tokens of its own step (kept at most step -
     # this): without it a draw near 1 makes a clone selection keeps together. 0: Algorithm 1
     spec_own_min_tokens: int = 4
-    # speculate by branches: one request per child a finished beam may have (child k's seed:
-    # each adopts its own step); false = the paper's run-on, truncated copies for duplicates
-    spec_branches: bool = False
+    # speculation's start rule (tts/engine/speculation/registry.py): runon (the paper's), branches
+    # (child k's own step, child k's seed), scoped (decoupled), none; auto: runon on flash, scoped on decoupled
+    spec_rule: str = "auto"
     spec_max_tokens: int = 0  # cap on speculative tokens per beam; 0 = generator.step_max_tokens
     # requests kept running while speculating: -1 = the decode roofline's ridge batch (beyond
     # it each sequence slows the stragglers), 0 = the batch cap (the paper's), N = at most N
@@ -171,7 +171,7 @@ class OptimConfig:
     spec_prune: bool = False
     decoupled_policy: DecoupledPolicy = DecoupledPolicy.eager_first
     verifier_batch_size: int = 0  # decoupled: PRM items per call; 0 = no cap
-    # decoupled: what speculation generates ahead of selection (see tts/engine/spec_scope.py)
+    # decoupled: what speculation generates ahead of selection (see tts/engine/speculation/scoped.py)
     decoupled_spec_scope: DecoupledSpecScope = DecoupledSpecScope.survivors
     # decoupled: start no speculation while the run's cost model says it does not pay
     decoupled_spec_guard: bool = True
@@ -193,8 +193,8 @@ class OptimConfig:
         _require(self.spec_batch_cap >= -1, "optim.spec_batch_cap", "must be -1 (auto), 0 (batch cap) or >= 1")
         _require(self.spec_truncate_std >= 0.0, "optim.spec_truncate_std", "must be >= 0")
         _require(self.spec_own_min_tokens >= 0, "optim.spec_own_min_tokens", "must be >= 0")
-        _require(not (self.spec_branches and not self.speculative), "optim.spec_branches",
-                 "needs optim.speculative=true")
+        _require(self.spec_rule in ("auto", "none") or self.speculative or self.engine == EngineKind.decoupled,
+                 "optim.spec_rule", "needs optim.speculative=true (or engine=decoupled)")
         _require(not (self.lookahead and not self.speculative), "optim.lookahead",
                  "needs optim.speculative=true (it verifies speculative steps)")
         _require(self.engine != EngineKind.baseline or not (self.speculative or self.prefix_aware),

@@ -4,8 +4,8 @@ With every optimisation off this is the baseline loop of search-and-learn (all b
 an iteration run to their step end, the slowest beam sets the pace, then all new steps
 are verified). The FlashTTS switches change how the loop runs, never what the policy
 decides: request order (P), speculative extension (S, `barrier_generation.py` with
-a start rule, `spec_runon.py` or `spec_branches.py`), lookahead verification
-(`lookahead.py`), and the memory split (M, `ScheduleParts.replan`).
+a start rule of `tts.engine.speculation`: run-on, branches, or one registered by name),
+lookahead verification (`lookahead.py`), and the memory split (M, `ScheduleParts.replan`).
 
 It is a gate over the shared frontier (`frontier.py`): a committed step's beam joins the
 verifier's queue where the policy needs a step of it scored, and once the iteration's
@@ -28,10 +28,11 @@ from tts.engine.requests import Request
 from tts.engine.messages import Generate, Purpose, Score
 from tts.engine.problem import Problem
 from tts.engine.schedule import Schedule
-from tts.engine.lookahead import Lookahead, next_runs_to_eos
+from tts.engine.lookahead import Lookahead
 from tts.engine.scoring import ScoreItem, ScoringStats
 from tts.engine.spec_prune import SpeculationPruning
-from tts.engine.speculation import spec_priorities
+from tts.engine.speculation.policy import spec_priorities
+from tts.engine.speculation.registry import make_rule
 from tts.metrics.events import ModelTime
 from tts.search.base import ProblemSearch
 from tts.search.tree import Beam, BeamState
@@ -50,10 +51,8 @@ class BarrierSchedule(Schedule):
         self.parts = parts
         self.frontier = Frontier(parts, self.selected)
         opts, policy, runner = parts.opts, parts.policy, parts.runner
-        self.generation = IterationGeneration(
-            runner, parts.cut, self.frontier.complete, self.frontier.requests_ahead, opts.speculative,
-            opts.spec_max_tokens or policy.step_max_tokens, opts.kv_spec_limit,
-            spec_batch_cap=opts.spec_batch_cap, spec_branches=opts.spec_branches)
+        self.rule = make_rule(parts, self.frontier.requests_ahead, "barrier")  # speculation's start rule
+        self.generation = IterationGeneration(runner, parts.cut, self.frontier.complete, self.rule, opts.spec_batch_cap)
         self.lookahead = Lookahead(opts, policy, runner, parts.cut)
         self._stage = _Stage.SELECTED
         self._requests: list[Request] = []
@@ -70,8 +69,8 @@ class BarrierSchedule(Schedule):
         self.generation.release()
 
     def step_logs(self) -> dict[str, dict]:
-        """With speculation, the run's speculative steps, counted as the decoupled schedule's are."""
-        return self.generation.steps.step_logs() if self.parts.opts.speculative else {}
+        """With speculation, the run's speculative work, counted as the decoupled schedule's is."""
+        return self.rule.step_logs()
 
     def next(self) -> Generate | Score | None:
         frontier = self.frontier
@@ -100,7 +99,7 @@ class BarrierSchedule(Schedule):
         return Score(items, frontier.charge(), Purpose.LOOKAHEAD)
 
     def generated(self, outputs: list[tuple[Request, GenDelta]], stats: StepStats) -> None:
-        self.generation.advance(outputs, stats)
+        self.generation.advance(outputs, stats, self.frontier.live)
         if self.frontier.rejection is not None:
             self.frontier.rejection.stepped()
 
@@ -161,7 +160,7 @@ class BarrierSchedule(Schedule):
             self.pruning.begin(frontier.live)
         self.parts.collector.logs["generator"].start_phase()
         self._generation_started, self._verifier_wall = clock.now(), 0.0
-        self.generation.begin(self._requests)
+        self.generation.begin(self._requests, frontier.live)
         self._stage = _Stage.GENERATING
 
     def _end_generation(self) -> None:
@@ -180,35 +179,28 @@ class BarrierSchedule(Schedule):
 
     def _spec_priorities(self, search: ProblemSearch) -> list[int] | None:
         """Speculative extension (S): each beam's branch count from its previous score's bin."""
-        opts, policy = self.parts.opts, self.parts.policy
-        if not opts.speculative:
+        if not self.rule.speculates(search):
             return None
-        if (next_runs_to_eos(opts, policy, search) and self.generation.spec_branches
-                and not self.parts.runner.gen.resumable_sampling):
-            return None  # no child could take a branch: its request runs past the step
+        policy = self.parts.policy
         prev = [policy.path_score(b) if b.depth else None for b in search.frontier]
         return spec_priorities(prev, max(1, policy.cfg.beam_width))
 
     def _apply_generation(self) -> None:
-        """Each beam's speculative tokens: what its request ran on, or child 0's branch,
-        which doubles as the lookahead step."""
-        steps = self.generation.steps
+        """Each beam's speculative tokens by the rule (what its request ran on, or child 0's
+        branch, which doubles as the lookahead step), and the speculative tokens used."""
         for request in self._requests:
             if not request.rejected:  # (a rejected beam has no step: it leaves the frontier)
-                request.beam.spec_tokens = steps.spec_tokens(request)
-        if not self.generation.spec_branches:  # (a branch is counted as its child adopts it)
-            for p in self.frontier.live:
-                steps.count_used(p, self._requests_of(p))
+                request.beam.spec_tokens = self.rule.spec_tokens(request)
+        for p in self.frontier.live:
+            self.rule.count_used(p, self._requests_of(p))
 
     # ------------------------------------------------------------ selection
 
     def selected(self, p: Problem, parents: dict[int, Beam]) -> None:
-        """Run-on speculation's tokens are handed down to the children selection kept; the
-        parents no longer in the frontier let theirs go (either start rule)."""
-        opts = self.parts.opts
-        if opts.speculative and not self.generation.spec_branches:  # (a child takes its branch over as it starts)
-            self.generation.steps.hand_down(p, parents, self.parts.policy, opts.spec_truncate_ratio,
-                                            opts.spec_truncate_std, opts.spec_own_min_tokens)
+        """The rule hands its speculation down to the children selection kept (run-on's
+        tokens; a branch is taken over as its child starts); the parents no longer in the
+        frontier let theirs go."""
+        self.rule.selected(p, parents)
         for beam in parents.values():
             if beam.state is not BeamState.ACTIVE:
                 beam.spec_tokens = ()  # handed down; the tokens live on in the children

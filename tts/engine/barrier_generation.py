@@ -3,18 +3,18 @@ FlashTTS's speculative extension filling the slots of requests that finished ear
 
 The backend never stops at a step boundary; the step rule (`StepCutter`) ends each
 request's step at "\\n\\n", EOS or its token limit, and commits it to its beam at once
-(`Schedule.complete`). Then the request is stopped or, with speculation on, speculates by
-one of two start rules over the speculative steps (`spec_steps.py`):
+(`Frontier.complete`). Then the request is stopped or, with speculation on, speculates by
+the run's start rule (`tts.engine.speculation`), for example:
 
-- run-on (the paper's Algorithm 1, `spec_runon.py`): the request runs on past the
+- run-on (the paper's Algorithm 1, `speculation/runon.py`): the request runs on past the
   boundary; selection hands its tokens down to the children;
-- branches (`spec_branches.py`): the request stops, and its children's own steps start on
-  its committed path; each kept child takes its own over.
+- branches (`speculation/branches.py`): the request stops, and its children's own steps
+  start on its committed path; each kept child takes its own over.
 
 Real work always has priority (two-phase scheduling): speculation takes only the slots
 real requests leave free, up to `spec_batch_cap` requests in all. Memory pressure stops it
-by the rule the decoupled schedule follows too (`memory_guard.py`). Generation ends when
-every real request has its step.
+by the rule the decoupled schedule follows too (`speculation/memory.py`). Generation ends
+when every real request has its step.
 """
 
 from __future__ import annotations
@@ -22,15 +22,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from tts.backends.base import GenDelta, StepStats
-from tts.engine.memory_guard import MemoryGuard
 from tts.engine.model_runner import ModelRunner
-from tts.engine.options import KV_SPEC_LIMIT
-from tts.engine.requests import Request, RequestState
 from tts.engine.problem import Problem
-from tts.engine.spec_branches import Branches
-from tts.engine.spec_runon import RunOn
+from tts.engine.requests import Request, RequestState
+from tts.engine.speculation.memory import MemoryGuard
+from tts.engine.speculation.rule import StartRule, Stops
 from tts.engine.steps import StepCutter, completes_path
-from tts.search.tree import Beam
 
 _FINISHED = RequestState.FINISHED
 
@@ -39,20 +36,14 @@ class IterationGeneration:
     """Runs an iteration's requests on the generator until every one has its step:
     `begin`, then `advance` with each generator step's output while `active`, then `end`.
     `complete(request)` commits a request's step to its beam as soon as the step is whole
-    (the schedule's `Schedule.complete`); `requests_for(problem, beams, iteration)` makes
-    the requests a speculative step starts from."""
+    (`Frontier.complete`); `rule` is speculation's start rule."""
 
     def __init__(self, runner: ModelRunner, cut: StepCutter, complete: Callable[[Request], None],
-                 requests_for: Callable[[Problem, list[Beam], int], list[Request]], speculative: bool = False,
-                 spec_max_tokens: int = 0, kv_spec_limit: float = KV_SPEC_LIMIT, spec_batch_cap: int = 0,
-                 spec_branches: bool = False) -> None:
+                 rule: StartRule, spec_batch_cap: int = 0) -> None:
         self.runner = runner
         self.cut = cut
         self.complete = complete
-        self.spec_branches = speculative and spec_branches
-        self.speculative = speculative
-        rule = Branches if self.spec_branches else RunOn
-        self.steps: Branches | RunOn = rule(runner, cut, requests_for, spec_max_tokens, kv_spec_limit)
+        self.rule = rule
         # Speculation may keep at most this many requests running (real + speculative);
         # 0 = the generator's batch cap. Beyond the decode roofline's ridge batch every
         # extra sequence slows the stragglers, so the engine passes that batch here.
@@ -61,29 +52,30 @@ class IterationGeneration:
 
     @property
     def memory(self) -> MemoryGuard:
-        """The one memory rule of speculation (`memory_guard.py`)."""
-        return self.steps.memory
+        """The one memory rule of speculation (`speculation/memory.py`)."""
+        return self.rule.memory
 
     @property
     def active(self) -> bool:
         """Some request still lacks its step."""
         return bool(self._pending)
 
-    def begin(self, requests: Sequence[Request]) -> None:
-        """Send each request; a request that adopted a whole step speculates at once (the
-        slots real work leaves free are idle from the start)."""
+    def begin(self, requests: Sequence[Request], problems: Sequence[Problem] = ()) -> None:
+        """Send each request of `problems`; a request that adopted a whole step speculates
+        at once (the slots real work leaves free are idle from the start)."""
         self._pending = set()
         self._start(requests)
-        self.steps.begin([r for r in requests if r.finished and self._may_speculate(r)])
+        self.rule.begin([r for r in requests if r.finished and self._may_speculate(r)])
         if self._pending:
-            self._stop(self.steps.fill(self._speculative_slots()))
+            self._stop(self.rule.fill(problems, self._speculative_slots()))
 
-    def advance(self, outputs: list[tuple[Request, GenDelta]], step: StepStats) -> None:
+    def advance(self, outputs: list[tuple[Request, GenDelta]], step: StepStats,
+                problems: Sequence[Problem] = ()) -> None:
         """Take one generator step's output: cut steps, start and stop speculation."""
-        stops: list[tuple[Request, RequestState]] = []
+        stops: Stops = []
         for request, d in outputs:
-            if self.steps.owns(request):
-                if self.steps.take(request, d):
+            if self.rule.owns(request):
+                if self.rule.take(request, d):
                     stops.append((request, _FINISHED))
                 continue
             out = self.cut.finish(request, d)
@@ -91,14 +83,14 @@ class IterationGeneration:
                 continue
             self._pending.discard(request)
             self.complete(request)
-            keep = self.steps.step_done(request, self._may_speculate(request), d, out.overflow)
+            keep = self.rule.step_done(request, self._may_speculate(request), d, out.overflow)
             if out.stop and not keep:
                 stops.append((request, _FINISHED))
-        self.memory.relieve(step, self.steps.live_count(), lambda: stops.extend(self.steps.preempt_live()))
-        if self._pending and self.memory.allows():
-            stops += self.steps.fill(self._speculative_slots())
+        self.rule.relieve(step)
+        if self._pending and self.rule.allows():
+            stops += self.rule.fill(problems, self._speculative_slots())
         else:  # real work only: memory is short, or speculation pauses after it was
-            stops += self.steps.hold()
+            stops += self.rule.hold()
         self._stop(stops)
 
     def running(self) -> list[Request]:
@@ -107,7 +99,7 @@ class IterationGeneration:
 
     def speculating(self) -> bool:
         """Some speculation runs or waits for a slot."""
-        return self.steps.speculating()
+        return self.rule.speculating()
 
     def stop_speculating(self, beams: set[int]) -> int:
         """Speculation pruning: these beams' finished steps cannot make selection's cut, so
@@ -115,7 +107,7 @@ class IterationGeneration:
         steps are finished, so nothing claims a slot for them again this iteration); the slots
         go to the others from the next step. Returns how many speculative requests stopped or
         left the queue."""
-        stops, queued = self.steps.stop_beams(beams)
+        stops, queued = self.rule.stop_beams(beams)
         self._stop([(r, _FINISHED) for r in stops])
         return len(stops) + queued
 
@@ -125,15 +117,15 @@ class IterationGeneration:
         self.runner.stop(requests)
 
     def end(self) -> None:
-        """Every request has its step: the branches wait for selection (a kept child adopts
-        its own, a running one goes on running), running run-ons stop."""
-        self.steps.end()
+        """Every request has its step: the rule's speculation waits for selection, or
+        stops (`StartRule.end`)."""
+        self.rule.end()
 
     def release(self) -> None:
         """Stop the speculative requests no child adopted (the search ended)."""
-        self.steps.release()
+        self.rule.release()
 
-    def _stop(self, stops: list[tuple[Request, RequestState]]) -> None:
+    def _stop(self, stops: Stops) -> None:
         """Stop backend requests in one call, each left in its state."""
         if stops:
             self.runner.stop([r for r, _ in stops])
@@ -141,21 +133,22 @@ class IterationGeneration:
                 request.state = state
 
     def _start(self, requests: Sequence[Request]) -> None:
-        """Send each request: a kept child takes over its branch, or starts from its beam's
-        speculative tokens (`SpeculativeSteps.take_over_all`); one that may run on asks
-        for more than its step (`RunOn.extra_tokens`)."""
-        running, to_send = self.steps.take_over_all(requests, self.complete)
+        """Send each request: a kept child takes over its speculative step, or starts from
+        its beam's speculative tokens (`SpeculativeSteps.take_over_all`); one that may run
+        on asks for more than its step (`StartRule.extra_tokens`)."""
+        running, to_send = self.rule.steps.take_over_all(requests, self.complete)
         self._pending.update(running)
-        self.steps.release()  # branches of problems that ended
+        self.rule.release()  # speculation of problems that ended
         for request in to_send:
-            extra = self.steps.extra_tokens(request) if self.speculative else 0
+            extra = self.rule.extra_tokens(request)
             self.runner.submit(request, request.limit - len(request.tokens) + extra, request.tokens)
             self._pending.add(request)
 
     def _may_speculate(self, request: Request) -> bool:
-        """Speculation on a finished step: not past EOS, nor past a step with a boxed
-        answer, which completes the path (no child would use what it generated)."""
-        return (self.speculative and request.spec_priority > 0 and not request.to_eos
+        """Speculation on a finished step: a bin that claims some, not past EOS, nor past a
+        step with a boxed answer, which completes the path (no child would use what it
+        generated)."""
+        return (request.spec_priority > 0 and not request.to_eos
                 and not completes_path(request, self.runner.gen.decode))
 
     def _speculative_slots(self) -> int:
@@ -165,4 +158,4 @@ class IterationGeneration:
         requests running."""
         batch_cap = self.runner.gen.batch_cap
         cap = min(self.spec_batch_cap or batch_cap, batch_cap)
-        return cap - len(self._pending) - self.steps.live_count()
+        return cap - len(self._pending) - len(self.rule.running())

@@ -25,7 +25,7 @@ The LLM fills its batch (the generator's `batch_cap`) in this order:
    far, `optim.decoupled_spec_scope`).
 
 Speculative steps, their adoption by the children that selection keeps, their dropping
-(counted as wasted) and preemption are in `spec_scope.py`; early rejection's call
+(counted as wasted) and preemption are its start rule's (`speculation/scoped.py`); early rejection's call
 (`rejection.py`) ends an LLM round, after the PRM's queue; the run's counters and the step-log
 summary in `tts/metrics/work.py`. The memory policy (M,
 `ScheduleParts.replan`) sees the committed beams of every problem in flight after each
@@ -42,16 +42,15 @@ from collections import deque
 
 from tts import clock
 from tts.backends.base import GenDelta, StepStats
-from tts.config.schema import DecoupledSpecScope
 from tts.engine.decoupled_policy import EAGER_FIRST, Filler, FillPolicy, FillState, make_fill_policy
-from tts.engine.spec_scope import ScopedSteps
 from tts.engine.requests import Request, RequestKind, RequestState
 from tts.engine.decoupled_problem import LLMRound, PRMCall
 from tts.engine.frontier import Frontier, ScheduleParts
 from tts.engine.messages import Generate, Purpose, Score
 from tts.engine.problem import Problem, next_unscored
 from tts.engine.schedule import Schedule
-from tts.engine.spec_guard import SpeculationGuard
+from tts.engine.speculation.guard import SpeculationGuard
+from tts.engine.speculation.registry import make_rule
 from tts.engine.scoring import ScoreItem, ScoringStats
 from tts.metrics.events import ModelTime
 from tts.metrics.work import DecoupledLog
@@ -74,18 +73,14 @@ class DecoupledSchedule(Schedule):
     def __init__(self, parts: ScheduleParts) -> None:
         self.parts = parts
         self.frontier = Frontier(parts, self.selected)
-        opts, policy = parts.opts, parts.policy
-        own = opts.decoupled
+        own, policy = parts.opts.decoupled, parts.policy
         self.fill_policy: FillPolicy = make_fill_policy(own.fill_policy)
         self.prm_cap = max(0, own.verifier_batch_size)
         self.round_steps = max(1, policy.step_max_tokens)  # an LLM round's bound
         self.stats = DecoupledLog()  # (its generation and PRM calls: `collector.work`)
         self.trace: list[tuple] | None = None
-        survivors = DecoupledSpecScope(own.spec_scope) is DecoupledSpecScope.survivors
-        # speculative tokens per beam: `spec_max_tokens`, 0 meaning one step's limit
-        self.speculation = ScopedSteps(
-            parts.runner, parts.cut, self.frontier.requests_ahead, max(0, opts.spec_max_tokens) or policy.step_max_tokens,
-            opts.kv_spec_limit, self._event, policy=policy, survivors=survivors)
+        # speculation's start rule (`optim.spec_rule`; its own: `scoped`)
+        self.speculation = make_rule(parts, self.frontier.requests_ahead, "decoupled", self._event)
         if own.spec_guard:
             self.speculation.guard = SpeculationGuard(parts.collector.speculation)
         self._real: deque[Request] = deque()  # real requests waiting for a batch slot
@@ -101,8 +96,7 @@ class DecoupledSchedule(Schedule):
     def backlog(self) -> bool:
         """Work that could fill a free batch slot: real requests, a problem to admit, or
         a speculative step to start."""
-        return (bool(self._real) or self.frontier.admissible()
-                or bool(self.speculation.candidates(self.frontier.live)))
+        return bool(self._real) or self.frontier.admissible() or self.speculation.pending(self.frontier.live)
 
     # ------------------------------------------------------------------ the turns
 
@@ -164,19 +158,28 @@ class DecoupledSchedule(Schedule):
     def _speculating(self) -> bool:
         return bool(self.speculation.running())
 
+    def _speculate(self) -> bool:
+        """Free batch slots go to speculation, where it may start; True when some did."""
+        runner, rule = self.parts.runner, self.speculation
+        free = runner.free_slots()
+        if free <= 0 or not rule.allows():
+            return False
+        rule.fill(self.frontier.live, free)
+        return runner.free_slots() < free
+
     def _fill(self) -> bool:
         """Fill free batch slots: real work, then eager and speculative in policy order."""
-        progressed, live = False, self.frontier.live
+        progressed = False
         while True:
             progressed = self._submit_real() or progressed
             if not self.frontier.admissible():
-                return self.speculation.start_all(live) or progressed
+                return self._speculate() or progressed
             if not (self.parts.runner.free_slots() > 0 or self._speculating()):
                 return progressed
-            has_spec = not self.speculation.exhausted and bool(self.speculation.candidates(live))
+            has_spec = self.speculation.pending(self.frontier.live)
             order = self.fill_policy.order(self._fill_state()) if has_spec else EAGER_FIRST
             if order[0] is Filler.SPECULATIVE:
-                progressed = self.speculation.start_all(live) or progressed
+                progressed = self._speculate() or progressed
                 if self.parts.runner.free_slots() <= 0:
                     return progressed
             self._admit()  # eager first: its requests preempt running speculation
@@ -190,7 +193,7 @@ class DecoupledSchedule(Schedule):
     def _submit_real(self) -> bool:
         progressed = False
         while self._real:
-            if self.parts.runner.free_slots() <= 0 and not self.speculation.preempt_newest(1):
+            if self.parts.runner.free_slots() <= 0 and not self.speculation.preempt(1):
                 break
             self._submit(self._real.popleft())
             progressed = True
@@ -224,8 +227,12 @@ class DecoupledSchedule(Schedule):
         if self.speculation.guard is not None:
             self.speculation.guard.observe(st, max(0, st.num_running - len(self.speculation.running())))
         self._event("step", st.num_running, st.kv_usage)
-        stopped, done = [], []
+        rule, stopped, done = self.speculation, [], []
         for request, d in outputs:
+            if rule.owns(request):
+                if rule.take(request, d):
+                    stopped.append(request)
+                continue
             out = self.parts.cut.finish(request, d)
             if out.ended:
                 done.append(request)
@@ -233,11 +240,8 @@ class DecoupledSchedule(Schedule):
                     stopped.append(request)
         self.parts.runner.stop(stopped, RequestState.FINISHED)
         for request in done:
-            if request.kind is RequestKind.SPEC:
-                self.speculation.stopped(request)
-            else:
-                self._complete(request)
-        self.speculation.relieve_memory(st)
+            self._complete(request)
+        rule.relieve(st)
         self.frontier.select_ready()
         if self._round is not None:
             self._round.steps += 1
@@ -248,7 +252,7 @@ class DecoupledSchedule(Schedule):
         """A real request has its step: commit it to the beam and queue its score."""
         problem, beam = request.problem, request.beam
         self.frontier.complete(request)
-        self.speculation.exhausted = False
+        self.speculation.changed()
         self._event("commit", request.kind.value, problem.id, beam.uid, beam.step_texts)
 
     # ------------------------------------------------------------------ scoring
@@ -263,7 +267,7 @@ class DecoupledSchedule(Schedule):
     def scored(self, work: Score, stats: ScoringStats) -> None:
         if work.purpose is Purpose.REJECT:
             if self.frontier.reject_steps(stats.partial, self._decoding, self.parts.runner.stop):
-                self.speculation.exhausted = False
+                self.speculation.changed()
                 self.frontier.select_ready()
             self._progressed = True
             return
@@ -272,7 +276,7 @@ class DecoupledSchedule(Schedule):
         for (problem, beam), item, b0 in zip(call.batch, work.items, call.before):
             self._event("prm", problem.id, beam.uid, item.indices[0], b0, beam.last_scored, beam.step_texts)
         self.frontier.scores_made(call.batch)
-        self.speculation.exhausted = False  # new scores change which beams look like survivors
+        self.speculation.changed()  # new scores change which beams look like survivors
         self._progressed = True
         self.frontier.select_ready()
 
@@ -293,7 +297,7 @@ class DecoupledSchedule(Schedule):
         """The children that selection kept take their speculative steps over (the rest
         queue as real requests); the problem's other speculative steps are dropped."""
         search = problem.search
-        self.speculation.exhausted = False
+        self.speculation.changed()
         self._event("select", problem.id, search.iteration, [(b.uid, b.parent) for b in search.frontier])
         if search.done:
             if self._round is not None and problem.id in self._round.touched:  # its share of the round so far
@@ -301,15 +305,16 @@ class DecoupledSchedule(Schedule):
                 self.parts.collector.emit(ModelTime("generator", (problem.id,), clock.now() - self._round.start))
         else:
             requests = self.frontier.order(self.frontier.requests_for(search, problem=problem))
-            self._real.extend(self.speculation.take_over_all(requests, self._complete)[1])
-        self.speculation.drop_table(problem)  # (the search ended: nobody takes them over)
+            self._real.extend(self.speculation.steps.take_over_all(requests, self._complete)[1])
+        self.speculation.steps.drop_table(problem)  # (the search ended: nobody takes them over)
+        self.speculation.selected(problem, parents)
         self._replan()
 
     # ------------------------------------------------------------------ reports
 
     def speculative_paths(self) -> set[tuple[str, tuple[str, ...]]]:
         """(problem id, path) of every speculative step held now, for checks and tests."""
-        return self.speculation.paths(self.frontier.live)
+        return self.speculation.steps.paths(self.frontier.live)
 
     def step_logs(self) -> dict[str, dict]:
         fill = (self.fill_policy.name, self.fill_policy.decisions)

@@ -24,12 +24,12 @@ from collections.abc import Sequence
 from tts.config.schema import LookaheadScope
 from tts.engine.model_runner import ModelRunner
 from tts.engine.options import EngineOptions
-from tts.engine.requests import Request
 from tts.engine.problem import Problem
 from tts.engine.scoring import ScoreItem
+from tts.engine.speculation.policy import next_runs_to_eos, spec_step
 from tts.engine.steps import StepCutter
 from tts.search.base import ProblemSearch, SearchPolicy
-from tts.search.tree import Beam, StepEnd
+from tts.search.tree import Beam
 
 log = logging.getLogger(__name__)
 
@@ -41,20 +41,6 @@ def lookahead_scope(value: LookaheadScope | str) -> LookaheadScope:
     except ValueError:
         choices = ", ".join(s.value for s in LookaheadScope)
         raise ValueError(f"lookahead_scope: {value!r}; valid choices: {choices}") from None
-
-
-def next_runs_to_eos(opts: EngineOptions, policy: SearchPolicy, search: ProblemSearch) -> bool:
-    """The next iteration is the last and samples to EOS."""
-    return opts.eos_at_depth_limit and policy.is_last_iteration(search, ahead=1)
-
-
-def spec_step(cut: StepCutter, policy: SearchPolicy, beam: Beam, search: ProblemSearch) -> Request:
-    """The next step held in the beam's speculative tokens, cut by the rule its real step
-    follows (boundary, EOS, the step's token limit); `end` is None when the tokens stop
-    inside it."""
-    probe = Request(beam.fork(beam.seed), limit=policy.step_limit(beam, search))
-    cut.consume(probe, beam.spec_tokens)
-    return probe
 
 
 class Lookahead:
@@ -104,11 +90,3 @@ class Lookahead:
         if probe.end is None or not probe.tokens:
             return None
         return self.runner.gen.decode(probe.tokens)
-
-
-def spec_step_len(cut: StepCutter, policy: SearchPolicy, beam: Beam, search: ProblemSearch) -> int:
-    """How many of the beam's speculative tokens its next step takes (EOS included)."""
-    probe = spec_step(cut, policy, beam, search)
-    if probe.end is None:
-        return len(beam.spec_tokens)
-    return len(probe.tokens) + (probe.end is StepEnd.EOS)

@@ -58,7 +58,9 @@ class EngineOptions:
     spec_truncate_ratio: float = _OPTIM.spec_truncate_ratio
     spec_truncate_std: float = _OPTIM.spec_truncate_std
     spec_own_min_tokens: int = _OPTIM.spec_own_min_tokens  # a duplicate samples this many of its own step
-    spec_branches: bool = _OPTIM.spec_branches  # speculate child k's step with child k's seed (exact)
+    # the start rule of speculation by name (`tts.engine.speculation.registry`); auto: the
+    # discipline's own (run-on on the barrier with `speculative`, scoped on the decoupled one)
+    spec_rule: str = _OPTIM.spec_rule
     spec_prune: bool = _OPTIM.spec_prune  # stop the speculation of beams selection cannot keep (barrier.py)
     kv_spec_limit: float = KV_SPEC_LIMIT
     temperature: float = 0.8
@@ -93,7 +95,7 @@ def options_for(optim: OptimConfig, *, concurrency: int = 1, seed: int = 0, spec
         ordering="prefix_aware" if optim.prefix_aware else optim.request_order,
         spec_max_tokens=optim.spec_max_tokens, spec_batch_cap=spec_batch_cap,
         spec_truncate_ratio=optim.spec_truncate_ratio, spec_truncate_std=optim.spec_truncate_std,
-        spec_own_min_tokens=optim.spec_own_min_tokens, spec_branches=optim.spec_branches,
+        spec_own_min_tokens=optim.spec_own_min_tokens, spec_rule=optim.spec_rule,
         spec_prune=optim.spec_prune, temperature=temperature, top_p=top_p,
         fresh_cache_per_problem=fresh_cache_per_problem,
         adaptive=adaptive_options(optim), decoupled=decoupled_options(optim))

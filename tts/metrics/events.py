@@ -81,7 +81,7 @@ class SpeculationAdopted:
 
 @dataclass(frozen=True)
 class SpeculativeStep:
-    """What became of a speculative step (`tts.engine.spec_steps`): adopted by its kept
+    """What became of a speculative step (`tts.engine.speculation.steps`): adopted by its kept
     child (`whole`, `promoted`, `partial`, `discarded`), `dropped` (no kept child took it),
     `preempted` (stopped to make room; it may resume), or `reset` (preempted where sampling
     is not resumable: its tokens are thrown away); `wasted` of its tokens go unused."""

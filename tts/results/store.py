@@ -72,8 +72,10 @@ class RunStore:
         path = self.path / CONFIG
         if not path.exists():
             return {}
+        from tts.config.replaced import upgrade_saved
+
         try:
-            return yaml.safe_load(path.read_text()) or {}
+            return upgrade_saved(yaml.safe_load(path.read_text()) or {})
         except yaml.YAMLError as err:
             raise ValueError(f"{path}: corrupt config ({err})") from err
 

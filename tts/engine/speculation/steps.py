@@ -1,10 +1,10 @@
-"""Speculative steps, one mechanism for both disciplines: child k's step generated before
-selection has chosen child k, and how the kept child adopts it.
+"""Speculative steps, the one mechanism under every start rule: child k's step generated
+before selection has chosen child k, and how the kept child adopts it.
 
 A speculative step is a request on its parent's path with child k's seed (`child_seed`),
-kept by (parent uid, child seed) until selection runs: the barrier's branches
-(`spec_branches.py`) and the decoupled schedule's speculative steps (`spec_scope.py`) are
-such steps, each start rule deciding only which start, and when.
+kept by (parent uid, child seed) in its problem's table until selection runs: the
+barrier's branches (`branches.py`) and the decoupled schedule's speculative steps
+(`scoped.py`) are such steps, each start rule deciding only which start, and when.
 When selection keeps the parent and gives it child k, child k's request adopts the step
 (`adopt`):
 
@@ -20,17 +20,16 @@ When selection keeps the parent and gives it child k, child k's request adopts t
   than the child's own request would, which would change the search.
 
 A step no kept child adopts is dropped: its backend request, if it still runs, stops.
-Each of these ends is counted here, once for both disciplines (a `SpeculativeStep` event
-for the run's `SpeculationLog`).
+Each of these ends is counted here, once for every rule (a `SpeculativeStep` event for
+the run's `SpeculationLog`).
 
-`SpeculativeSteps` holds what both disciplines share of the steps while they run: their
-start (child k's request for the next iteration, within the speculative token cap
-`spec_max_tokens`: a step stopped at the cap is partial, `Request.stalled`), their
-preemption, and the one memory rule (`memory_guard.py`). Which steps start, and when, is
-a named start rule's, each a `SpeculativeSteps`: the barrier's branches (children of the
-steps finished this iteration, by their score's bin, `spec_branches.py`) and run-on (the
-paper's: a finished request runs on, its tokens handed down, `spec_runon.py`); the
-decoupled schedule's scope (`spec_scope.py`), with its cost guard (`spec_guard.py`).
+`SpeculativeSteps` holds what every rule shares of speculation while it runs: the start
+of a step (child k's request for the next iteration) and of a run-on (a real request past
+its step, `run_on`), both within the speculative token cap `spec_max_tokens` (a step
+stopped at the cap is partial, `Request.stalled`); their preemption, counted, and reset
+where sampling is not resumable (`preempt`); the adoption after selection
+(`take_over_all`); and the one memory rule (`memory.py`). Which steps start, and when, is
+a start rule's (`rule.py`).
 """
 
 from __future__ import annotations
@@ -38,12 +37,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Sequence
 
-from tts.engine.memory_guard import MemoryGuard
 from tts.engine.model_runner import ModelRunner
 from tts.engine.options import KV_SPEC_LIMIT
 from tts.engine.problem import Problem, Table
-from tts.engine.spec_guard import SpeculationGuard
 from tts.engine.requests import Request, RequestKind, RequestState
+from tts.engine.speculation.memory import MemoryGuard
 from tts.engine.steps import StepCutter
 from tts.metrics.events import SpeculationAdopted, SpeculativeStep
 from tts.search.tree import Beam, StepEnd, child_seed
@@ -117,14 +115,16 @@ def _adopt(runner: ModelRunner, cut: StepCutter, node: Request, request: Request
 
 
 def preempted(runner: ModelRunner, node: Request) -> bool:
-    """A running speculative step is stopped before its end (memory, or real work needs its
-    slot), counted once for both disciplines. Returns whether its tokens are lost: where the
-    generator's sampling is not resumable (vLLM's own sampler) a request resumed from them
-    would sample another step than the child's own request, so it restarts from its path."""
+    """A running speculative request is stopped before its end (memory, or real work needs
+    its slot), counted once for every rule. Returns whether its speculative tokens (a
+    step's all, a run-on's past its step) are lost: where the generator's sampling is not
+    resumable (vLLM's own sampler) a request resumed from them would sample another step
+    than the child's own request, so it restarts from its path."""
     runner.collector.emit(SpeculativeStep(node.problem_id, "preempted"))
     if runner.gen.resumable_sampling:
         return False
-    runner.collector.emit(SpeculativeStep(node.problem_id, "reset", node.generated))
+    lost = node.generated if node.kind is RequestKind.SPEC else len(node.spec)
+    runner.collector.emit(SpeculativeStep(node.problem_id, "reset", lost))
     return True
 
 
@@ -138,7 +138,7 @@ def drop(runner: ModelRunner, nodes: list[Request]) -> None:
 
 
 class SpeculativeSteps:
-    """The speculative steps of the problems in flight, as they run (module docstring).
+    """The speculative requests of the problems in flight, as they run (module docstring).
     `requests_for(problem, beams, iteration)` makes the requests an iteration would make;
     `event(*fields)` records a trace event."""
 
@@ -149,16 +149,7 @@ class SpeculativeSteps:
         self._requests_for = requests_for
         self.spec_max_tokens = spec_max_tokens
         self.memory = MemoryGuard(kv_spec_limit)
-        self.guard: SpeculationGuard | None = None  # whether speculation pays (`spec_guard.py`)
         self._event = event or (lambda *fields: None)
-
-    def step_logs(self) -> dict[str, dict]:
-        """The run's speculative work (`SpeculationLog`), and the cost guard's where there
-        is one: the one step-log entry of speculation, whichever discipline runs it."""
-        out = self.runner.collector.speculation.summary()
-        if self.guard is not None:
-            out.update(self.guard.summary())
-        return {"speculation": out}
 
     def running(self) -> list[Request]:
         """The speculative steps running in the backend, oldest first."""
@@ -199,6 +190,16 @@ class SpeculativeSteps:
             return False
         node.capped = max_tokens < budget
         self.runner.submit(node, max_tokens, node.tokens, speculative=True)
+        self._event("submit", node.kind.value, node.beam.uid, node.request_id)
+        return True
+
+    def run_on(self, request: Request) -> bool:
+        """Send a real request whose step is committed on from its tokens past the step
+        (`Request.spec`), within the cap; False when its speculation is spent."""
+        budget = self.spec_max_tokens - len(request.spec)
+        if budget <= 0:
+            return False
+        self.runner.submit(request, budget, request.spec, speculative=True)
         return True
 
     def stopped(self, node: Request) -> None:
@@ -207,13 +208,18 @@ class SpeculativeSteps:
         self._event("spec_done", node.beam.parent, node.generated)
 
     def preempt(self, nodes: Sequence[Request]) -> None:
-        """Stop these running speculative steps. Their tokens are kept to resume from
-        where the generator's sampling is resumable; otherwise (vLLM's own sampler) the step
-        is wasted and leaves its table: it starts again from its path (`preempted`)."""
+        """Stop these running speculative requests; they wait. Their tokens are kept to
+        resume from where the generator's sampling is resumable; otherwise (vLLM's own
+        sampler) they are wasted (`preempted`): a step leaves its table, a run-on drops its
+        tokens past its step, and either starts again from its path."""
         for node in nodes:
             self._event("preempt", node.beam.parent, len(node.tokens))
-            if preempted(self.runner, node):
+            if not preempted(self.runner, node):
+                continue
+            if node.kind is RequestKind.SPEC:
                 del node.problem.spec[(node.beam.parent, node.beam.seed)]
+            else:
+                node.spec.clear()
         self.runner.stop(nodes, RequestState.WAITING)
 
     def take_over_all(self, requests: Sequence[Request], complete: Callable[[Request], None],

@@ -1,15 +1,17 @@
-"""Run-on, the paper's speculative extension (Algorithm 1), as a start rule over the
-speculative steps (`spec_steps.py`).
+"""Run-on (`optim.spec_rule=runon`, the default), the paper's speculative extension
+(Algorithm 1), as a start rule of the barrier over the shared mechanism (`steps.py`).
 
 A request whose step finished early runs on past its boundary in its own backend request,
 in a batch slot real work leaves free; the extra tokens are its beam's speculative tokens
 (`Beam.spec_tokens`), up to `spec_max_tokens`. Slots go to the highest priority bins first
-(`speculation.spec_priorities`); a step that finished while none was free waits for one
-and then restarts from its path (served from the prefix cache). After selection the
-tokens are handed down (`hand_down`): in full to the original child, truncated to the
-duplicates (`speculation.inherit_speculation`), and each kept child's request starts from
-them (`SpeculativeSteps.take_over_all`). Memory pressure stops every running run-on by the
-one rule (`memory_guard.py`); it waits for a slot again and resumes from its tokens.
+(`policy.spec_priorities`); a step that finished while none was free waits for one and
+then restarts from its path (served from the prefix cache, `SpeculativeSteps.run_on`).
+After selection the tokens are handed down (`selected`): in full to the original child,
+truncated to the duplicates (`policy.inherit_speculation`), and each kept child's request
+starts from them (`SpeculativeSteps.take_over_all`). Memory pressure preempts every
+running run-on by the one rule (`memory.py`), counted as every rule's preemptions are
+(`SpeculativeSteps.preempt`); it waits for a slot again and resumes from its tokens, or,
+where sampling is not resumable, restarts from its committed path.
 
 The child 0 tree is the one without speculation (R = 0, preset `PMS_exact`) only where
 sampling is resumable (vLLM with the position-keyed sampler, the default): with vLLM's own
@@ -22,26 +24,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tts.backends.base import GenDelta
-from tts.engine.lookahead import spec_step_len
-from tts.engine.requests import Request, RequestState
+from tts.engine.frontier import ScheduleParts
 from tts.engine.problem import Problem
-from tts.engine.spec_steps import SpeculativeSteps
-from tts.engine.speculation import inherit_speculation
+from tts.engine.requests import Request, RequestState
+from tts.engine.speculation.policy import inherit_speculation, spec_step_len
+from tts.engine.speculation.rule import StartRule, Stops
+from tts.engine.speculation.steps import SpeculativeSteps
 from tts.metrics.events import SpeculationAdopted
-from tts.search.base import SearchPolicy
 from tts.search.tree import Beam
 
 _WAITING, _FINISHED = RequestState.WAITING, RequestState.FINISHED
-Stops = list[tuple[Request, RequestState]]
 
 
-class RunOn(SpeculativeSteps):
-    """The iteration's run-on requests (module docstring), as `IterationGeneration` drives
-    a start rule: `begin`, `take`/`step_done` with each delta, `fill` or `hold` after each
-    generator step, `end`."""
+class RunOn(StartRule):
+    """The iteration's run-on requests (module docstring)."""
 
-    def __init__(self, *args, **kw) -> None:
-        super().__init__(*args, **kw)
+    name = "runon"
+
+    def __init__(self, steps: SpeculativeSteps, parts: ScheduleParts) -> None:
+        super().__init__(steps, parts)
         self._running: dict[Request, int] = {}  # running run-on request -> priority
         self._waiting: dict[int, Request] = {}  # finished steps waiting for a slot, by beam uid
         self._finished_now: list[Request] = []  # steps that finished in this generator step, still running
@@ -52,10 +53,13 @@ class RunOn(SpeculativeSteps):
 
     def extra_tokens(self, request: Request) -> int:
         """A request that may speculate asks for `spec_max_tokens` more than its step."""
-        return self.spec_max_tokens if request.spec_priority > 0 and not request.to_eos else 0
+        return self.steps.spec_max_tokens if request.spec_priority > 0 and not request.to_eos else 0
 
     def owns(self, request: Request) -> bool:
         return request in self._running
+
+    def running(self) -> list[Request]:
+        return list(self._running)
 
     def take(self, request: Request, d: GenDelta) -> bool:
         """A running run-on's delta: its tokens are speculative (a final EOS is kept: the
@@ -75,10 +79,7 @@ class RunOn(SpeculativeSteps):
             return True
         return False
 
-    def live_count(self) -> int:
-        return len(self._running)
-
-    def fill(self, free: int) -> Stops:
+    def fill(self, problems: Sequence[Problem], free: int) -> Stops:
         """Speculative slots go to the highest priority bins first. A request that just
         finished its step runs on in place; one awaiting a slot restarts from its path.
         Returns the requests to stop (those that just finished and got no slot wait)."""
@@ -94,9 +95,7 @@ class RunOn(SpeculativeSteps):
                     free -= 1
                 else:
                     del self._waiting[request.beam.uid]
-                    budget = self.spec_max_tokens - len(request.spec)
-                    if budget > 0:  # a request whose speculation is spent takes no slot
-                        self.runner.submit(request, budget, request.spec, speculative=True)
+                    if self.steps.run_on(request):  # a request whose speculation is spent takes no slot
                         self._running[request] = prio
                         free -= 1
             elif running:
@@ -111,12 +110,14 @@ class RunOn(SpeculativeSteps):
         self._waiting.update((r.beam.uid, r) for r in out)
         return [(r, _WAITING) for r in out]
 
-    def preempt_live(self) -> Stops:
-        """Memory is short: every running run-on waits for a slot again, and resumes from
-        its speculative tokens."""
-        out, self._running = list(self._running), {}
-        self._waiting.update((r.beam.uid, r) for r in out)
-        return [(r, _WAITING) for r in out]
+    def preempt(self, k: int | None = None) -> list[Request]:
+        """Running run-ons wait for a slot again (`StartRule.preempt`): they resume from
+        their speculative tokens, or restart from their path where those were reset."""
+        nodes = super().preempt(k)
+        for r in nodes:
+            del self._running[r]
+            self._waiting[r.beam.uid] = r
+        return nodes
 
     def stop_beams(self, beams: set[int]) -> tuple[list[Request], int]:
         """Speculation pruning: these beams' run-ons stop, their waiting steps lose their
@@ -135,11 +136,8 @@ class RunOn(SpeculativeSteps):
     def end(self) -> None:
         """Every real request has its step: the running run-ons stop."""
         if self._running:
-            self.runner.stop(list(self._running), _FINISHED)
+            self.parts.runner.stop(list(self._running), _FINISHED)
         self._running = {}
-
-    def release(self) -> None:
-        """Nothing is held past an iteration."""
 
     def spec_tokens(self, request: Request) -> tuple[int, ...]:
         """The beam's speculative tokens after generation: what its request ran on."""
@@ -151,12 +149,13 @@ class RunOn(SpeculativeSteps):
         used: dict[int | None, int] = {}
         for r in requests:
             used[r.beam.parent] = max(used.get(r.beam.parent, 0), r.adopted)
-        self.runner.collector.emit(SpeculationAdopted(problem.id, sum(used.values())))
+        self.parts.collector.emit(SpeculationAdopted(problem.id, sum(used.values())))
 
-    def hand_down(self, problem: Problem, parents: dict[int, Beam], policy: SearchPolicy, ratio: float,
-                  std: float, own_min: int) -> None:
+    def selected(self, problem: Problem, parents: dict[int, Beam]) -> None:
         """After selection: each child gets its parent's speculative tokens, all for child 0,
         for a duplicate a prefix of the next step they hold (`inherit_speculation`)."""
-        search = problem.search
-        step_lens = {uid: spec_step_len(self.cut, policy, b, search) for uid, b in parents.items() if b.spec_tokens}
-        inherit_speculation(search.frontier, parents, ratio, std, problem.rng, step_lens, own_min)
+        search, opts, policy = problem.search, self.parts.opts, self.parts.policy
+        step_lens = {uid: spec_step_len(self.parts.cut, policy, b, search)
+                     for uid, b in parents.items() if b.spec_tokens}
+        inherit_speculation(search.frontier, parents, opts.spec_truncate_ratio, opts.spec_truncate_std,
+                            problem.rng, step_lens, opts.spec_own_min_tokens)

@@ -3,14 +3,14 @@
 Priority comes from the previous step's verifier score: the frontier's scores are cut
 into B bins (B = the branching factor), bin 1 the highest, and a beam in bin j may claim
 up to B - j + 1 speculative branches. After selection the original child (child 0, same
-seed) keeps all of its parent's speculative tokens; each duplicate keeps a prefix of the
-speculative *next step* whose length is a fraction drawn around R of that step, so
-duplicates start ahead yet diverge within it; a duplicate always samples at least
-`spec_own_min_tokens` of its own step, or a draw near 1 would make it child 0's clone. (Run-on speculation may run past the next
-step while stragglers finish; a fraction of all those tokens would often hold child 0's
-whole next step, and the duplicates would start as copies of child 0.) With
-speculative branches (`spec_branches.py`) each child adopts its own
-branch instead (`spec_steps.py`): exactly the step it would have generated.
+seed) keeps all of its parent's run-on tokens; each duplicate keeps a prefix of the
+speculative *next step* (`spec_step`, cut by the rule its real step follows) whose length
+is a fraction drawn around R of that step, so duplicates start ahead yet diverge within
+it; a duplicate always samples at least `spec_own_min_tokens` of its own step, or a draw
+near 1 would make it child 0's clone. (Run-on may run past the next step while stragglers
+finish; a fraction of all those tokens would often hold child 0's whole next step, and the
+duplicates would start as copies of child 0.) With branches (`branches.py`) each child
+adopts its own step instead (`steps.py`): exactly the step it would have generated.
 """
 
 from __future__ import annotations
@@ -18,7 +18,11 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from tts.search.tree import Beam
+from tts.engine.options import EngineOptions
+from tts.engine.requests import Request
+from tts.engine.steps import StepCutter
+from tts.search.base import ProblemSearch, SearchPolicy
+from tts.search.tree import Beam, StepEnd
 
 
 def spec_priorities(prev_scores: Sequence[float | None], bins: int) -> list[int]:
@@ -53,7 +57,7 @@ def inherit_speculation(children: Sequence[Beam], parents: dict[int, Beam], rati
     make its next step (its end token included; absent: all of them); a duplicate keeps
     `truncate_len` of that many, sampling at least `own_min` of its own. Returns (tokens
     handed down in full, tokens handed down truncated). (Speculative branches are not
-    handed down: each kept child adopts its own, `spec_steps.adopt`.)"""
+    handed down: each kept child adopts its own, `steps.adopt`.)"""
     full = trunc = 0
     for child in children:
         parent = parents.get(child.parent) if child.parent is not None else None
@@ -69,3 +73,25 @@ def inherit_speculation(children: Sequence[Beam], parents: dict[int, Beam], rati
             child.spec_tokens = spec[:k]
             trunc += k
     return full, trunc
+
+
+def next_runs_to_eos(opts: EngineOptions, policy: SearchPolicy, search: ProblemSearch) -> bool:
+    """The next iteration is the last and samples to EOS."""
+    return opts.eos_at_depth_limit and policy.is_last_iteration(search, ahead=1)
+
+
+def spec_step(cut: StepCutter, policy: SearchPolicy, beam: Beam, search: ProblemSearch) -> Request:
+    """The next step held in the beam's speculative tokens, cut by the rule its real step
+    follows (boundary, EOS, the step's token limit); `end` is None when the tokens stop
+    inside it."""
+    probe = Request(beam.fork(beam.seed), limit=policy.step_limit(beam, search))
+    cut.consume(probe, beam.spec_tokens)
+    return probe
+
+
+def spec_step_len(cut: StepCutter, policy: SearchPolicy, beam: Beam, search: ProblemSearch) -> int:
+    """How many of the beam's speculative tokens its next step takes (EOS included)."""
+    probe = spec_step(cut, policy, beam, search)
+    if probe.end is None:
+        return len(beam.spec_tokens)
+    return len(probe.tokens) + (probe.end is StepEnd.EOS)
