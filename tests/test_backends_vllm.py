@@ -181,6 +181,104 @@ def test_vllms_own_sampler_does_not_resume(own_sampler_gen) -> None:
     assert sum(got != whole[k:] for k, got in resumed.items()) >= 3
 
 
+def test_vllms_own_sampler_survives_a_chunked_prefill(own_sampler_gen) -> None:
+    """Regression: n=512 crashed vLLM's seeded sampler on CPU (`RuntimeError: CPU Generator
+    does not use offset`) once the token budget split a seeded prompt's prefill. Here four
+    prompts overrun the 1024-token budget of the first step, so one is chunked: none
+    crashes, and each request samples exactly what it samples alone (float32: the same
+    logits), so the discarded draws left its seeded stream untouched
+    (`internals.keep_seeded_streams`)."""
+    from tts.backends.vllm.internals import model_runner
+
+    gen = own_sampler_gen
+    runner = model_runner(gen.llm)
+    chunked = []  # seeded rows whose sampled token vLLM discarded (a partial prefill)
+    hooked = runner.sample_tokens
+
+    def spy(*args, **kwargs):
+        mask = runner.discard_request_mask.np[: runner.input_batch.num_reqs]
+        chunked.extend(i for i in mask.nonzero()[0].tolist() if i in runner.input_batch.generators)
+        return hooked(*args, **kwargs)
+
+    # about 320 tokens each, distinct from their first block on (none is served from
+    # another's cache): the first step prefills three and part of the fourth
+    prompts = [tuple(gen.encode_prompt(f"What is {i} + {7 * i}?", f"Set {i}. {LONG_SYSTEM * 4}"))
+               for i in range(4)]
+    assert sum(map(len, prompts)) > ENGINE["max_num_batched_tokens"]
+    batch = [GenRequest(f"c{i}", p, max_tokens=6, seed=100 + i) for i, p in enumerate(prompts)]
+    runner.sample_tokens = spy
+    try:
+        crowd, _ = run_all(gen, batch)
+    finally:
+        runner.sample_tokens = hooked
+    assert chunked, "no seeded prefill was chunked: the test no longer reaches the path"
+    for request in batch:
+        alone, _ = run_all(gen, [GenRequest("alone", request.prompt_token_ids, max_tokens=6, seed=request.seed)])
+        assert tokens(alone["alone"]) == tokens(crowd[request.request_id])
+
+
+def _runner_llm(device: str, generators: dict, discard: list[bool], seen: list):
+    """A stand-in `vllm.LLM` whose in-process V1 runner records the generators the sampler
+    sees (`keep_seeded_streams` reads nothing else)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    batch = SimpleNamespace(generators=generators, num_reqs=len(discard))
+    runner = SimpleNamespace(device=SimpleNamespace(type=device), input_batch=batch,
+                             discard_request_mask=SimpleNamespace(np=np.array(discard + [False] * 4)))
+    runner.sample_tokens = lambda grammar: seen.append(dict(batch.generators)) or "out"
+    executor = SimpleNamespace(driver_worker=SimpleNamespace(worker=SimpleNamespace(model_runner=runner)))
+    core = SimpleNamespace(engine_core=SimpleNamespace(model_executor=executor))
+    return SimpleNamespace(llm_engine=SimpleNamespace(engine_core=core)), runner
+
+
+def test_cpu_runner_holds_out_the_generators_of_discarded_rows() -> None:
+    from tts.backends.vllm.internals import keep_seeded_streams, seeded_sampling_safe
+
+    generators, seen = {0: "g0", 2: "g2", 3: "g3"}, []
+    llm, runner = _runner_llm("cpu", generators, [False, True, True, False], seen)
+    assert not seeded_sampling_safe(llm)
+    assert keep_seeded_streams(llm) and keep_seeded_streams(llm)  # installed once
+    assert seeded_sampling_safe(llm)
+    assert runner.sample_tokens(None) == "out"
+    assert seen == [{0: "g0", 3: "g3"}]  # row 2 (partial prefill) drew nothing from its own
+    assert generators == {0: "g0", 2: "g2", 3: "g3"}  # and has it back for its next step
+
+
+def test_gpu_runner_keeps_vllms_own_rewind() -> None:
+    from tts.backends.vllm.internals import keep_seeded_streams, seeded_sampling_safe
+
+    llm, runner = _runner_llm("cuda", {0: "g0"}, [True], [])
+    vllms = runner.sample_tokens
+    assert not keep_seeded_streams(llm) and runner.sample_tokens is vllms  # left as it is
+    assert seeded_sampling_safe(llm)  # CUDA's Philox offset rewinds exactly (internals.py)
+
+
+def test_seeded_vllm_sampling_without_the_hook_is_refused_in_one_line(monkeypatch) -> None:
+    """A CPU engine tts cannot hook (multiprocess: no runner in this process) would crash
+    at its first chunked seeded prefill; a seeded request is refused first, in one line
+    naming the cause and the fix. A greedy one is not seeded: it runs."""
+    import torch
+
+    from tts.backends.vllm.generator import VllmGenerator
+    from tts.backends.vllm.internals import UnsupportedVllmError, seeded_sampling_safe
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    multiprocess = type("LLM", (), {"llm_engine": None})()
+    assert not seeded_sampling_safe(multiprocess)
+    gen = object.__new__(VllmGenerator)
+    gen._live, gen.resumable_sampling, gen._seeded_ok = {}, False, False
+    gen._llm = gen._engine = None
+    with pytest.raises(UnsupportedVllmError) as err:
+        gen._add(GenRequest("r", (1, 2, 3), max_tokens=4, seed=1))
+    message = str(err.value)
+    assert "\n" not in message and "CPU Generator does not use offset" in message
+    assert "generator.sampler=position" in message and "VLLM_ENABLE_V1_MULTIPROCESSING" in message
+    with pytest.raises(AttributeError):  # past the guard: greedy reaches the (absent) engine
+        gen._add(GenRequest("g", (1, 2, 3), max_tokens=4, seed=1, temperature=0.0))
+
+
 def test_prefix_cache_hits_after_finish_and_within_a_batch(gen) -> None:
     prompt = tuple(gen.encode_prompt("What is 3*4?", LONG_SYSTEM))
     assert len(prompt) > 64

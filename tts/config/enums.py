@@ -46,7 +46,9 @@ class Sampler(str, enum.Enum):
     or run on past a step boundary, samples what a fresh request with that seed would, as
     long as its logits are the same: in float32, or with batch-invariant kernels
     (speculative steps are then reused exactly; `tts.backends.vllm.sampling`).
-    vllm: vLLM's own per-request generator, started at the request's first sampled token.
+    vllm: vLLM's own per-request generator, started at the request's first sampled token
+    (on CPU tts keeps that stream whole through chunked prefills, which vLLM 0.32 alone
+    cannot: `tts.backends.vllm.internals.keep_seeded_streams`).
     auto: position where the generator runs float32 (or vLLM's batch-invariant kernels),
     vllm elsewhere (bf16: the logits move with the batch, so exactness cannot hold).
     """

@@ -220,7 +220,9 @@ def make_llm(
     given. Prefix caching is on; `enforce_eager` (`memory.enforce_eager`; None: eager on
     CPU, with vLLM's fused RMSNorm kernels, `cpu_kernels.py`, and CUDA graphs on a GPU,
     `eager_mode`); per-step stats are kept, and
-    scheduling is synchronous, so each `step()` returns the tokens of the batch it ran.
+    scheduling is synchronous, so each `step()` returns the tokens of the batch it ran. On
+    CPU, vLLM's own seeded sampling is kept working through chunked prefills
+    (`internals.keep_seeded_streams`).
     `engine_kwargs` go to `vllm.LLM` as they are (e.g. `runner="pooling"` for reward heads).
     """
     config = read_hf_config(model_path)
@@ -241,7 +243,11 @@ def make_llm(
     )
     kwargs.update(cpu_kernels.engine_kwargs(on_gpu=has_cuda()))  # fused RMSNorm on CPU (cpu_kernels.py)
     kwargs.update(engine_kwargs or {})
-    return vllm.LLM(**kwargs)
+    llm = vllm.LLM(**kwargs)
+    from tts.backends.vllm.internals import keep_seeded_streams
+
+    keep_seeded_streams(llm)  # on CPU: seeded requests survive a chunked prefill (internals.py)
+    return llm
 
 
 def _max_len(config: dict[str, Any], min_tokens_per_seq: int | None, block_size: int) -> int:

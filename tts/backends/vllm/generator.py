@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Any
 from tts.backends.base import FinishReason, GenDelta, Generator, GenRequest, StepStats
 from tts.backends.codec import ChatCodec
 from tts.backends.vllm.engine import make_llm
-from tts.backends.vllm.internals import shutdown_llm, token_prompt
+from tts.backends.vllm.internals import (
+    SEEDED_CPU_ERROR, UnsupportedVllmError, seeded_sampling_safe, shutdown_llm, token_prompt,
+)
 from tts.backends.vllm.stats import SchedulerProbe
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -63,6 +65,8 @@ class VllmGenerator(Generator):
         self._engine = llm.llm_engine
         self._codec = ChatCodec(llm.get_tokenizer())
         self._probe = SchedulerProbe(llm)
+        # False on a CPU engine vLLM's seeded sampler would crash on (internals.py)
+        self._seeded_ok = seeded_sampling_safe(llm)
         self._live: dict[str, _Live] = {}
         self._eos = self._codec.eos_token_id
         # vLLM also stops at the generation config's end-of-sequence ids (its stop_token_ids)
@@ -111,7 +115,7 @@ class VllmGenerator(Generator):
 
     def _add(self, request: GenRequest) -> None:
         from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, SamplingType
 
         if request.request_id in self._live:
             raise ValueError(f"request_id: {request.request_id!r} is already running")
@@ -125,6 +129,8 @@ class VllmGenerator(Generator):
             params = position_params(**kwargs)
         else:
             params = SamplingParams(**kwargs)
+            if params.sampling_type is SamplingType.RANDOM_SEED and not self._seeded_ok:
+                raise UnsupportedVllmError(SEEDED_CPU_ERROR)
         prompt = token_prompt(self._llm, list(request.prompt_token_ids))
         self._engine.add_request(request.request_id, prompt, params)
         self._live[request.request_id] = _Live(num_prompt_tokens=len(request.prompt_token_ids))

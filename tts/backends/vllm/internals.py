@@ -13,6 +13,8 @@ public. But the engine also reads and steers parts vLLM does not promise to keep
   `BLOCK_POOL_METHODS`), hooked by `tts.backends.vllm.thrash` to count hits, evictions and thrash;
 - the renderer (`token_prompt`: 0.32 wants rendered prompts in `add_request`);
 - the logits-processor API (`logits_processor_api`), for position sampling;
+- the V1 model runner's `sample_tokens`, wrapped on CPU so vLLM's own seeded sampler survives
+  a chunked prefill (`keep_seeded_streams`, `seeded_sampling_safe`);
 - vLLM's logging configuration (`configure_vllm_logging`).
 
 The modules that use them (`engine`, `stats`, `sampling`, `thrash` and `memory_breakdown`,
@@ -73,7 +75,7 @@ def check_vllm_version() -> str:
 
 def engine_core(llm: vllm.LLM) -> Any | None:
     """The in-process `EngineCore` of `llm`, or None (multiprocess engine, other layout)."""
-    client = getattr(llm.llm_engine, "engine_core", None)
+    client = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
     return getattr(client, "engine_core", None)
 
 
@@ -251,6 +253,93 @@ def kv_cache_tensor_bytes(llm: vllm.LLM) -> int | None:
     """Bytes of the KV cache tensors the scheduler's config describes, or None."""
     config = getattr(find_scheduler(llm), "kv_cache_config", None)
     return None if config is None else sum(int(t.size) for t in config.kv_cache_tensors)
+
+
+# -- vLLM's own seeded sampler through a chunked prefill --------------------------------------
+
+SEEDED_RUNNER_ATTRS = ("sample_tokens", "discard_request_mask", "input_batch")
+_HELD_OUT = "_tts_holds_out_discarded_draws"
+
+
+def model_runner(llm: vllm.LLM) -> Any | None:
+    """The in-process worker's model runner, or None (multiprocess engine, other layout)."""
+    return getattr(driver_worker(llm), "model_runner", None)
+
+
+def keep_seeded_streams(llm: vllm.LLM) -> bool:
+    """On a CPU engine, keep a seeded request's random stream through a chunked prefill;
+    True when the hook is in place (else nothing changes, `seeded_sampling_safe` says why).
+
+    The crash it prevents: vLLM's V1 runner samples a token for every scheduled request,
+    also for one whose prompt is only partly prefilled (the step's token budget split its
+    prefill), and throws that token away (`discard_request_mask`, set in `_prepare_inputs`).
+    So that the throw-away draw does not shift the request's seeded stream,
+    `_bookkeeping_sync` rewinds its generator (`vllm/v1/worker/gpu_model_runner.py:3502`,
+    `gen.set_offset(gen.get_offset() - 4)`). A CPU `torch.Generator` (Mersenne Twister) has no
+    offset: `RuntimeError: CPU Generator does not use offset`, as soon as a seeded request's
+    prefill is chunked (many requests admitted at once: n=512). `CPUModelRunner` inherits
+    that code as it is.
+
+    The hook: `sample_tokens` runs with those requests' generators taken out of the batch's
+    generator dict (shared with the sampling metadata) and put back after. Their throw-away
+    rows draw from the global generator instead; their seeded streams are untouched, which
+    is exactly what vLLM's rewind restores, and `_bookkeeping_sync` finds nothing to rewind.
+
+    A GPU needs no hook. The V1 runner's seeded rows each draw one `exponential_` over the
+    vocabulary from a CUDA generator (`random_sample`, `vllm/v1/sample/ops/topk_topp_sampler.py`),
+    which is Philox: counter-based, its offset the stream's position. PyTorch's kernel
+    advances it by 4 per thread-round (`calc_execution_policy`), one round while the row fits
+    in the blocks resident at once (256 threads x SMs x blocks per SM x 2 or 4 elements:
+    over 400,000 on an A100 or H100, above Qwen2.5's 152,064-token vocabulary), so vLLM's
+    rewind by 4 is exact there. The V2 runner (CUDA's default) draws a seeded
+    row's noise from a hash of (seed, position) (`vllm/v1/worker/gpu/sample/gumbel.py`): no
+    generator state, nothing to rewind.
+    """
+    runner = model_runner(llm)
+    if runner is None or getattr(getattr(runner, "device", None), "type", None) != "cpu":
+        return False
+    if not all(hasattr(runner, name) for name in SEEDED_RUNNER_ATTRS):
+        return False
+    if vars(runner).get(_HELD_OUT):
+        return True
+    original = runner.sample_tokens
+
+    def sample_tokens(*args: Any, **kwargs: Any) -> Any:
+        batch = runner.input_batch
+        generators = batch.generators
+        if not generators:
+            return original(*args, **kwargs)
+        discarded = runner.discard_request_mask.np[: batch.num_reqs].nonzero()[0].tolist()
+        held = {i: generators.pop(i) for i in discarded if i in generators}
+        try:
+            return original(*args, **kwargs)
+        finally:
+            generators.update(held)
+
+    runner.sample_tokens = sample_tokens  # an instance attribute: no vLLM class is patched
+    setattr(runner, _HELD_OUT, True)
+    return True
+
+
+def seeded_sampling_safe(llm: vllm.LLM) -> bool:
+    """Whether seeded requests sampled by vLLM's own sampler can run on `llm` without the
+    crash `keep_seeded_streams` prevents: on a GPU (CUDA rewinds exactly), or on CPU with
+    the hook in place. Not on CPU without it: a multiprocess engine
+    (`VLLM_ENABLE_V1_MULTIPROCESSING=1`: the runner lives in another process) or a runner
+    of another shape."""
+    runner = model_runner(llm)
+    if runner is None:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    return getattr(getattr(runner, "device", None), "type", None) != "cpu" or bool(vars(runner).get(_HELD_OUT))
+
+
+SEEDED_CPU_ERROR = (
+    "generator.sampler=vllm (or auto in bf16) on CPU: vLLM cannot rewind a CPU random generator "
+    "after the token budget splits a seeded request's prefill (RuntimeError: CPU Generator does not "
+    "use offset), and tts's fix needs vLLM's model runner in this process, which this engine lacks; "
+    "use generator.sampler=position, or run the engine in-process (unset VLLM_ENABLE_V1_MULTIPROCESSING)")
 
 
 # -- sampling and logging ----------------------------------------------------------------------
