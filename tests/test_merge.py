@@ -70,7 +70,7 @@ def test_three_shards_merged_are_the_unsharded_run(tmp_path):
     assert merged.saved_config()["bench"]["shard"] is None
     steps = lambda s, v: s.step_logs()[v]["generator"]["steps"]  # noqa: E731
     assert steps(merged, "PMS") == sum(steps(RunStore(p), "PMS") for p in parts)
-    from tts.replay.trace import TRACE, read_trace
+    from tts.trace.format import TRACE, read_trace
 
     assert read_trace(merged.path / TRACE).drift("baseline", "PMS") == read_trace(whole.path / TRACE).drift(
         "baseline", "PMS")

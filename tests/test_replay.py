@@ -15,9 +15,9 @@ from tts.metrics.cost_model import CostModel
 from tts.replay.backends import SimEngine, Slot
 from tts.replay.cost import FittedCost, RooflineCost
 from tts.replay.run import run_replay
-from tts.replay.trace import TRACE, extend_hash, read_trace
 from tts.results.store import RunStore
 from tts.runner import run_bench
+from tts.trace.format import TRACE, extend_hash, read_trace
 
 FAKE = ["generator=fake", "verifier=fake", "logger=none", "dataset.first_k=3", "search.n=4",
         "search.beam_width=2", "search.max_iterations=5"]
@@ -142,7 +142,7 @@ def test_cost_from_prices_a_trace_with_another_runs_fitted_step_models(tmp_path)
 def test_a_resumed_prompt_is_served_the_rest_of_its_recorded_step():
     """With a resumable sampler, a prompt that is a recorded prompt plus the first k tokens
     of its output is served the rest of that output; without, it is not found."""
-    from tts.replay.trace import Generation, Trace
+    from tts.trace.format import Generation, Trace
 
     trace = Trace({"t": "h"})
     trace.add({"t": "g", "seed": 7, "h": extend_hash(0, [1, 2]), "o": [5, 6, 7], "f": "eos"})
@@ -157,7 +157,8 @@ def test_each_variant_is_served_its_own_recorded_outputs_in_the_order_sent():
     speculative one preferring one recorded as speculation); then another variant's; then
     its own again. An aborted output goes on in a longer recording of the same request.
     Scores likewise."""
-    from tts.replay.trace import Trace, VariantReader, Whose
+    from tts.replay.reader import VariantReader, Whose
+    from tts.trace.format import Trace
 
     trace = Trace({"t": "h"})
     h = extend_hash(0, [1, 2])

@@ -6,11 +6,12 @@ import gzip
 import json
 from pathlib import Path
 
-from tts.replay.provenance import UNKNOWN, code_identity
+from tts.replay.provenance import UNKNOWN
 from tts.replay.run import run_replay
-from tts.replay.trace import TRACE, read_trace
 from tts.results.host import host_line
 from tts.results.store import RunStore
+from tts.trace.format import TRACE, read_trace
+from tts.trace.provenance import code_identity
 
 from tests.test_replay import bench
 

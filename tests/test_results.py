@@ -646,7 +646,7 @@ def test_a_warm_up_problem_runs_first_and_leaves_no_trace(tmp_path, monkeypatch)
     round, on the engines the run keeps; no record, trace entry or step statistic comes of
     it. A resume with nothing left to run warms nothing up."""
     from tts.engine.engine import Engine
-    from tts.replay.trace import TRACE, read_trace
+    from tts.trace.format import TRACE, read_trace
 
     ran = []
     real = Engine.run

@@ -14,11 +14,11 @@ from eval.verifier_quality import (
     speculation_vs_chance,
 )
 from tts.config.compose import compose
-from tts.replay.trace import Trace
 from tts.results.store import RunStore
 from tts.results.summary import write_summary
 from tts.results.tree import diversity, tree_line, tree_stats, verifier_line
 from tts.runner import run_bench
+from tts.trace.format import Trace
 
 FAKE = ["generator=fake", "verifier=fake", "logger=none", "dataset.first_k=3", "search.n=4",
         "search.beam_width=2", "search.max_iterations=4", "generator.step_max_tokens=20"]
@@ -152,7 +152,7 @@ def test_a_summary_counts_the_drift_of_a_variant_that_kept_no_final_candidate(tm
     none of them the same (share 0) included, and the tree line then blames numerics."""
     import gzip
 
-    from tts.replay.trace import VERSION
+    from tts.trace.format import VERSION
     from tts.results.tree import describe
 
     lines = [{"t": "h", "version": VERSION}, {"t": "g", "v": "baseline", "seed": 1, "h": 5, "o": [1, 2], "f": "stop"},

@@ -32,12 +32,13 @@ from tts.engine.engine import ProblemInput
 from tts.kv_budget import kv_budget
 from tts.metrics.measures import KV_BLOCKS, merge_step_logs
 from tts.problems import fit_prompts, load_problems_for
-from tts.replay.provenance import recorded
-from tts.replay.trace import TRACE, TraceRecorder
 from tts.results.records import build_record
 from tts.results.store import RunStore
 from tts.results.summary import variant_wall, write_summary
 from tts.results.wandb_logger import RunLogger
+from tts.trace.format import TRACE
+from tts.trace.provenance import recorded
+from tts.trace.recorder import TraceRecorder
 
 log = logging.getLogger(__name__)
 

@@ -28,9 +28,10 @@ from tts.backends.prefix_cache import PrefixCache, block_keys
 from tts.clock import VirtualClock
 from tts.engine.model_runner import SPECULATIVE_PREFIX
 from tts.replay.cost import StepCost
+from tts.replay.reader import VariantReader, Whose
 from tts.replay.sampler import StepSampler
 from tts.replay.served import ReplayCounts
-from tts.replay.trace import Generation, VariantReader, Whose, extend_hash, score_key
+from tts.trace.format import Generation, extend_hash, score_key
 
 
 @dataclass(eq=False)

@@ -26,8 +26,8 @@ from tts.config.compose import ConfigError, compose, validate
 from tts.config.schema import Config
 from tts.kv_budget import kv_of_working_set
 from tts.replay.provenance import ReplayProvenance, write_markdown
-from tts.replay.trace import TRACE, read_trace
 from tts.results.store import RunStore
+from tts.trace.format import TRACE, read_trace
 
 GROUPS = ("device", "generator", "verifier", "memory")
 # Groups a replay keeps from the recorded run: the trace's tree is theirs. `logger` is

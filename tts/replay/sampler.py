@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 
 from tts.engine.steps import BOUNDARY
-from tts.replay.trace import Trace
+from tts.trace.format import Trace
 from tts.search.tree import has_answer
 
 

@@ -17,8 +17,9 @@ from tts.config.schema import BackendKind, Config
 from tts.metrics.cost_model import CostModel
 from tts.replay.backends import ReplayCounts, ReplayGenerator, ReplayVerifier, SimEngine
 from tts.replay.cost import FittedCost, RooflineCost, StepCost
+from tts.replay.reader import VariantReader
 from tts.replay.sampler import StepSampler
-from tts.replay.trace import Trace, VariantReader
+from tts.trace.format import Trace
 
 
 def _tokenizer(model: str):

@@ -20,8 +20,8 @@ from pathlib import Path
 from tts.config.compose import ConfigError
 from tts.config.shard import parse_shard
 from tts.metrics.measures import merge_step_logs
-from tts.replay.trace import TRACE
 from tts.results.store import CONFIG, RECORDS, RunStore, _flatten
+from tts.trace.format import TRACE
 
 # settings a shard may differ in: where it wrote, which shard it is, how it logged
 PER_SHARD = ("bench.shard", "bench.run_name", "bench.results_dir", "bench.resume", "logger.")

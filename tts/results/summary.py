@@ -17,8 +17,8 @@ from tts.results.ratios import (RATIO_METRICS, STATISTICS_ERRORS, accuracy_rows,
                                 guarded, ratio_table)
 from tts.results.records import accuracy_summary, pair_key, paired_accuracy
 from tts.results.store import RunStore
-from tts.replay.trace import TRACE
 from tts.results.tree import describe, diversity
+from tts.trace.format import TRACE
 
 
 def variant_summary(records: list[dict], step_log: dict | None, wall_s: float | None,

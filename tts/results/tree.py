@@ -174,7 +174,7 @@ def _add_drift(variants: dict, base: str, moved: list[str], trace: Path) -> None
     be read (cut off mid-member by a kill is fine; not a trace at all) costs only this."""
     import logging
 
-    from tts.replay.trace import read_trace
+    from tts.trace.format import read_trace
 
     try:
         recorded = read_trace(trace)
