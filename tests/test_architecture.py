@@ -75,7 +75,7 @@ def import_graph() -> dict[str, set[str]]:
 
 def test_no_import_cycles() -> None:
     graph = import_graph()
-    assert "tts.runner" in graph and "tts.engine.engine" in graph["tts.runner"]  # the graph is read
+    assert "tts.runner" in graph and "tts.bench.loop" in graph["tts.runner"]  # the graph is read
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -104,6 +104,41 @@ def test_no_import_cycles() -> None:
         if v not in index:
             visit(v)
     assert not cycles, f"import cycles: {cycles}"
+
+
+def reached(graph: dict[str, set[str]], module: str) -> set[str]:
+    """Every project module `module` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        for m in graph[todo.pop()] - seen:
+            seen.add(m)
+            todo.append(m)
+    return seen
+
+
+def test_no_arrows_back_up_from_results_trace_and_replay() -> None:
+    """A run's layers, bottom up: the trace format (`tts/trace/`), the results
+    (`tts/results/`), the bench loop (`tts/bench/`), and the two verbs that call it, `tts
+    replay` (`tts/replay/`) and `tts bench` (`tts.runner`). No module reaches a layer above
+    its own, directly or through another, counting the imports in functions and under
+    `TYPE_CHECKING`: results/ reads a trace through `tts.trace`, never `tts.replay`, and
+    replay/ runs its variants through `tts.bench`, never `tts.runner`."""
+    graph = import_graph()
+    above = {"tts.trace": ("tts.results", "tts.bench", "tts.replay", "tts.runner"),
+             "tts.results": ("tts.bench", "tts.replay", "tts.runner"),
+             "tts.bench": ("tts.replay", "tts.runner"),
+             "tts.replay": ("tts.runner",)}
+
+    def inside(module: str, package: str) -> bool:
+        return module == package or module.startswith(package + ".")
+
+    upward = {m: sorted(e for e in reached(graph, m) if any(inside(e, p) for p in above[layer]))
+              for m in graph for layer in above if inside(m, layer)}
+    assert not {m: e for m, e in upward.items() if e}, {m: e for m, e in upward.items() if e}
+    # the graph holds the arrows down that the layers are for
+    assert "tts.trace.format" in graph["tts.results.summary"] and "tts.trace.format" in graph["tts.results.tree"]
+    assert "tts.bench.loop" in graph["tts.replay.run"] and "tts.bench.loop" in graph["tts.runner"]
 
 
 def test_the_memory_model_is_only_the_model() -> None:

@@ -299,7 +299,7 @@ class BenchConfig:
     # problems per chunk, each run by every variant before the next (0: one chunk)
     chunk: int = 0
     # variants take turns round by round (a chunk; else one problem at concurrency 1), the
-    # order reversed each round, so drift lands on none (tts.runner.rounds, in_turn)
+    # order reversed each round, so drift lands on none (tts.bench.rounds: rounds, in_turn)
     order: VariantOrder = VariantOrder.interleaved
     # problems the first variant runs once, unrecorded, before the first round: one-time
     # costs (kernels built per shape) must not land on the first variant alone. 0: none

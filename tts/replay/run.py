@@ -106,7 +106,7 @@ def run_replay(run_dir: Path, overrides: list[str], results_dir: Path | None = N
                run_name: str | None = None, progress=None) -> Path:
     """Replay the run in `run_dir` (module docstring); returns the replay's results folder."""
     from tts.replay.setup import ReplayBackends, simulated_host
-    from tts.runner import run_problems
+    from tts.bench.loop import run_problems
 
     run_dir = Path(run_dir)
     store = RunStore(run_dir)

@@ -1,0 +1,58 @@
+"""One variant's pass over its problems under one seed, each problem recorded as it
+finishes: its record, the variant's step statistics and the trace, so a killed run keeps
+them (`run_variant`)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+from tts import clock
+from tts.backends.vllm.thrash import attach_counters, detach_counters
+from tts.engine.problem import ProblemInput
+from tts.metrics.measures import KV_BLOCKS, merge_step_logs
+from tts.results.records import build_record
+from tts.results.store import RunStore
+from tts.results.summary import variant_wall
+from tts.results.wandb_logger import RunLogger
+from tts.trace.recorder import TraceRecorder
+
+
+def run_variant(name: str, engine, todo: list, *, store: RunStore, step_logs: dict[str, dict],
+                logger: RunLogger, progress: Callable | None, trace: TraceRecorder | None,
+                on_iteration: Callable[[str, str, int], None] | None = None, seed: int = 0,
+                host: dict | None = None) -> None:
+    """Run one variant's remaining problems under one seed (the engine's): a record (with
+    its `seed`), the step statistics and the trace written as each problem finishes, so a
+    killed run keeps them. The variant's wall clock and step statistics run on across its
+    seeds' passes (and `bench.chunk`'s chunks). `host`: what each record says it ran on."""
+    if on_iteration:
+        engine.on_problem_iteration = functools.partial(on_iteration, name)
+    gold = {p.id: p for p in todo}
+    # the variant's wall clock, carried across a resume by the records themselves
+    start = clock.now() - variant_wall(store.records(), name)
+    earlier = step_logs.get(name)  # the part of this variant a killed process ran
+    # each vLLM engine's block pool: evictions and blocks recomputed after one (thrash)
+    counters = attach_counters(generator=engine.gen, verifier=engine.verifier)
+    if counters:
+        engine.log_sources[KV_BLOCKS] = lambda: {model: c.counts() for model, c in counters.items()}
+    detach_trace = trace.attach(name, engine.gen, engine.verifier) if trace else None
+    try:
+        for outcome in engine.run([ProblemInput(p.id, p.problem) for p in todo]):
+            p = gold[outcome.problem.id]
+            record = build_record(outcome, p.answer, name,
+                                  {"seed": seed, "level": p.level, "subject": p.subject, "host": host})
+            record["variant_wall_s"] = clock.now() - start
+            store.append(record)
+            step_logs[name] = merge_step_logs(earlier, engine.step_logs())
+            store.write_step_logs(step_logs)
+            if trace:
+                trace.flush()
+            logger.log_problem(record)
+            if progress:
+                progress(name, record)
+    finally:
+        detach_counters(counters)
+        if trace:
+            detach_trace()
+            trace.flush()
