@@ -645,20 +645,23 @@ def test_a_warm_up_problem_runs_first_and_leaves_no_trace(tmp_path, monkeypatch)
     """`bench.warmup=1`: the first variant runs the first problem once before the first
     round, on the engines the run keeps; no record, trace entry or step statistic comes of
     it. A resume with nothing left to run warms nothing up."""
+    from tts.bench.loop import WARM_UP_ITERATIONS
     from tts.engine.engine import Engine
     from tts.trace.format import TRACE, read_trace
 
-    ran = []
+    ran, iterations = [], []
     real = Engine.run
 
     def counting(self, problems):
         for outcome in real(self, problems):
             ran.append(outcome.problem.id)
+            iterations.append(outcome.metrics.iterations)
             yield outcome
 
     monkeypatch.setattr(Engine, "run", counting)
     path = bench(tmp_path, "bench.compare=[baseline,P]", "dataset.first_k=2", "bench.warmup=1")
     assert ran == ["embedded-1-0"] * 3 + ["embedded-2-1"] * 2  # the warm-up, then A B, B A
+    assert iterations[0] <= WARM_UP_ITERATIONS < max(iterations[1:])  # the warm-up's search is cut short
     records = RunStore(path).records()
     assert [(r["variant"], r["problem_id"]) for r in records] == [
         ("baseline", "embedded-1-0"), ("P", "embedded-1-0"), ("P", "embedded-2-1"), ("baseline", "embedded-2-1")]

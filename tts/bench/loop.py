@@ -109,12 +109,20 @@ def _run_rounds(cfg: Config, variants: list, chunks: list[list], done: set, back
                 interim.write(ran, [n for n, _, _ in turn[i + 1:]] * (c == 0) + left, first_round=c == 0)
 
 
+WARM_UP_ITERATIONS = 2  # the first search iterations: every step shape a run starts with
+
+
 def _warm_up(cfg: Config, variant: tuple, backends, problems: list) -> None:
-    """Run `problems` once on `variant`'s engines and forget them: nothing is recorded,
-    traced or timed. The engines are kept (`Backends`), so the first timed problem finds
-    the kernels and buffers a first run builds, as every later one does."""
+    """Run `problems` once on `variant`'s engines, for their first `WARM_UP_ITERATIONS`
+    search iterations, and forget them: nothing is recorded, traced or timed. The engines
+    are kept (`Backends`), so the first timed problem finds the kernels and buffers a first
+    run builds, as every later one does. The cut keeps a warm-up short at any n: a whole
+    problem at n=512 on a CPU would take as long as the timed one."""
     name, optim, search = variant
-    log.info("warm-up: %s on %d problem(s), not recorded", name, len(problems))
+    search = search or cfg.search
+    search = dataclasses.replace(search, max_iterations=min(search.max_iterations, WARM_UP_ITERATIONS))
+    log.info("warm-up: %s on %d problem(s), %d iterations, not recorded", name, len(problems),
+             search.max_iterations)
     backends.start_variant(name)
     for _ in build_engine(cfg, optim, backends, search).run([ProblemInput(p.id, p.problem) for p in problems]):
         pass
