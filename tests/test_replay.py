@@ -369,3 +369,29 @@ def test_the_replays_host_time_is_the_recorded_runs_also_with_problems_in_flight
         gen, ver, between = host_parts(summary(gen_s, ver_s))
         assert gen * 11000 + ver * 140 + between * 16 * 30 == pytest.approx(600.0 - 420.0 - 170.0)
     assert host_parts(summary(426.0, 172.0)) == pytest.approx((6 / 11000, 2 / 140, 2 / 480))
+
+
+def test_a_gpu_replay_takes_the_kv_budget_of_the_card():
+    """On a GPU device the replay's KV budget is what a run on the card would get
+    (`gpu_kv_budget` of its memory), so pressure arrives at large n as on the card; a named
+    `memory.kv_cache_gib` stays, and a pair the card cannot hold is named."""
+    from tts.assembly.memory_split import gpu_kv_budget
+    from tts.backends.factory import GIB
+    from tts.config.compose import validate
+    from tts.replay.run import kv_of_the_card
+
+    gpu = ["device=rtx4090", "memory=gpu", "generator=qwen2.5-math-1.5b", "verifier=skywork_1.5b"]
+    cfg = compose("config", gpu)
+    kv_of_the_card(cfg, [])
+    budget = gpu_kv_budget(validate(compose("config", gpu)), int(24e9))
+    assert cfg.memory.kv_cache_gib == pytest.approx(budget / GIB, abs=1e-3)
+    assert 0 < cfg.memory.kv_cache_gib < 24
+    named = compose("config", [*gpu, "memory.kv_cache_gib=3"])
+    kv_of_the_card(named, ["memory.kv_cache_gib=3"])
+    assert named.memory.kv_cache_gib == 3
+    cpu = compose("config", [])
+    kv_of_the_card(cpu, [])
+    assert cpu.memory.kv_cache_gib == compose("config", []).memory.kv_cache_gib
+    too_big = compose("config", ["device=rtx4090", "memory=gpu", "generator=qwen2.5-math-7b", "verifier=qwen_prm_7b"])
+    with pytest.raises(ConfigError, match="device=rtx4090"):
+        kv_of_the_card(too_big, [])

@@ -63,6 +63,26 @@ def pricing_run(cfg: DictConfig, run: str, overrides: list[str]) -> dict:
     return summary
 
 
+def kv_of_the_card(cfg: DictConfig, overrides: list[str]) -> None:
+    """On a GPU device, the KV budget a real run there would take (`tts.assembly.memory_split.
+    gpu_kv_budget`): `memory.gpu_free_fraction` of the card's memory, less both models'
+    weights and activations, so memory pressure arrives at large n as it does on the card.
+    Kept as it is when the overrides name `memory.kv_cache_gib`, with no share
+    (`memory.gpu_free_fraction=null`), a share of the working set instead
+    (`memory.working_set_fraction`), or on a CPU."""
+    named = any(o.split("=", 1)[0].lstrip("+") == "memory.kv_cache_gib" for o in overrides)
+    if cfg.device.kind != "gpu" or cfg.memory.gpu_free_fraction is None or named or cfg.memory.working_set_fraction:
+        return
+    from tts.assembly.memory_split import gpu_kv_budget
+    from tts.backends.factory import GIB
+
+    try:
+        budget = gpu_kv_budget(validate(cfg), int(cfg.device.memory_gb * 1e9))
+    except ValueError as err:
+        raise ConfigError(f"device={cfg.device.name}: {err}") from err
+    cfg.memory.kv_cache_gib = round(budget / GIB, 3)
+
+
 def check_fits(cfg: Config) -> None:
     """On a GPU, both models' weights and the KV budget must fit the device's memory (the
     replay does not model offloading); ConfigError naming the numbers otherwise."""
@@ -119,6 +139,7 @@ def run_replay(run_dir: Path, overrides: list[str], results_dir: Path | None = N
     cfg_node, options = replay_config(saved, overrides)
     pin_dtypes(cfg_node, recorded.get("host"))
     cfg_node = kv_of_working_set(cfg_node)  # the share of the replay's own working set (its models)
+    kv_of_the_card(cfg_node, overrides)
     pricing = pricing_run(cfg_node, options.cost_from, overrides) if options.cost_from else None
     if options.speculation == "recorded":
         keep_speculation_width(cfg_node, recorded_cfg)
