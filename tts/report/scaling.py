@@ -171,7 +171,8 @@ def scaling_section(rows: list[dict[str, Any]], plot: Path | None) -> list[str]:
 
 def plot_ratio_by_n(path: Path, rows: list[dict[str, Any]]) -> Path | None:
     """Goodput ratio to the baseline (log2) against n (log2), one line per variant and
-    source with its 95% intervals, simulated lines dashed; the paper's Fig. 12 mean as a
+    source with its 95% intervals (a colour per source, a marker per variant), simulated
+    lines dashed; the paper's Fig. 12 mean as a
     dashed line and its range as a band. None without a ratio to draw."""
     from tts.results.plots import pyplot, save_figure
 
@@ -186,13 +187,16 @@ def plot_ratio_by_n(path: Path, rows: list[dict[str, Any]]) -> Path | None:
     ax.axhspan(PAPER_LOW, PAPER_HIGH, color="grey", alpha=0.15, label=PAPER_LABEL)
     ax.axhline(PAPER_MEAN, color="grey", linestyle="--", linewidth=1)
     ax.axhline(1.0, color="black", linewidth=0.6)
+    sources = sorted({(s, src) for _, src, s in series})  # a colour per source, a marker per variant
+    colours = {src: plt.get_cmap("tab10" if len(sources) <= 10 else "tab20")(i) for i, (_, src) in enumerate(sources)}
+    markers = {v: "osD^v<>p*h"[i % 10] for i, v in enumerate(dict.fromkeys(v for v, _, _ in series))}
     for (variant, source, simulated), points in sorted(series.items(), key=lambda kv: (kv[0][2], kv[0][1], kv[0][0])):
         points.sort(key=lambda r: r["n"])
         ys = [r["precise_goodput"] for r in points]
         cis = [r.get("precise_goodput_ci") or [y, y] for r, y in zip(points, ys)]
         err = [[max(0.0, y - ci[0]) for y, ci in zip(ys, cis)], [max(0.0, ci[1] - y) for y, ci in zip(ys, cis)]]
-        ax.errorbar([r["n"] for r in points], ys, yerr=err, marker="o", capsize=3, label=f"{variant}, {source}",
-                    linestyle="--" if simulated else "-")
+        ax.errorbar([r["n"] for r in points], ys, yerr=err, marker=markers[variant], capsize=3,
+                    label=f"{variant}, {source}", color=colours[source], linestyle="--" if simulated else "-")
     _axes(ax, sorted({r["n"] for points in series.values() for r in points}))
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=1)
     path.parent.mkdir(parents=True, exist_ok=True)
