@@ -221,6 +221,13 @@ def test_run_bench_embedded_writes_complete_records(real_run):
                 "gen_cache_hit_rate", "ver_cache_hit_rate", "gen_batch_util_mean", "straggler_gap", "acc_majority"):
         assert key in summary, key
     assert sum(summary["generator"]["batch_util_hist"]) > 0
+    # the host time's split: vLLM's request calls were timed between steps, every selection
+    # was timed, and the parts add up to the wall time outside both models' steps
+    gen_cost, ver_cost = summary["generator"]["cost"], summary["verifier"]["cost"]
+    assert gen_cost["calls_s"] > 0 and summary["select_ms_mean"] > 0
+    assert summary["host_s"] == pytest.approx(summary["wall_s"] - gen_cost["wall_s"] - ver_cost["wall_s"])
+    parts = ("host_engine_s", "host_backend_calls_s", "host_verifier_s", "host_select_s")
+    assert sum(summary[k] for k in parts) == pytest.approx(summary["host_s"])
     # the block pools' counts: every problem's requests looked their prompt blocks up
     blocks = summary["kv_blocks"]
     assert set(blocks) == {"generator", "verifier"}

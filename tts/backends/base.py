@@ -10,8 +10,8 @@ from __future__ import annotations
 import enum
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, NamedTuple
 
 from tts import clock
 
@@ -39,11 +39,15 @@ class GenRequest:
     temperature: float = 0.8
     top_p: float = 1.0
     ignore_eos: bool = False  # run to max_tokens (benchmarks that need equal work per path)
+    # `tts.token_hash.extend_hash(0, prompt_token_ids)` where the sender keeps it (the engine's
+    # beams do); None: whoever needs it hashes the prompt
+    prompt_key: int | None = None
 
 
-@dataclass(frozen=True)
-class GenDelta:
-    """The tokens one request produced during one backend step."""
+class GenDelta(NamedTuple):
+    """The tokens one request produced during one backend step (a named tuple: a step
+    makes one per running request, 512 at n=512, and a frozen dataclass costs three times
+    as much to build)."""
 
     request_id: str
     new_token_ids: tuple[int, ...]
@@ -69,6 +73,9 @@ class StepStats:
     kv_usage: float  # fraction of KV blocks in use after the step, in [0, 1]
     wall_s: float
     tokens_per_request: tuple[int, ...] = ()  # scheduled tokens per running request
+    # host seconds in the backend's own request calls (`add`, `abort`: vLLM's input
+    # processing) since the previous step, outside any step's `wall_s` (`Generator.step`)
+    calls_s: float = 0.0
 
 
 class Generator(ABC):
@@ -118,9 +125,13 @@ class Generator(ABC):
     def token_text(self, token_id: int) -> str:
         """The text of one token in isolation (cached): used to find step boundaries."""
 
+    _calls_s: float = 0.0  # host time in `_add` and `_abort` since the last step (`StepStats.calls_s`)
+
     def add(self, request: GenRequest) -> None:
         """Queue a request (the class contract); each request observer then sees it."""
+        start = clock.now()
         self._add(request)
+        self._calls_s += clock.now() - start
         for observer in self._add_observers:
             observer(request)
 
@@ -133,6 +144,8 @@ class Generator(ABC):
         statistics and its wall time."""
         start = clock.now()
         deltas, stats = self._step()
+        if self._calls_s:
+            stats, self._calls_s = replace(stats, calls_s=self._calls_s), 0.0
         for observer in self._step_observers:
             observer(deltas, stats, clock.now() - start)
         return deltas, stats
@@ -166,7 +179,9 @@ class Generator(ABC):
     def abort(self, request_ids: Iterable[str]) -> None:
         """Remove requests at once (the class contract); each abort observer then sees them."""
         ids = list(request_ids)
+        start = clock.now()
         self._abort(ids)
+        self._calls_s += clock.now() - start
         for observer in self._abort_observers:
             observer(ids)
 

@@ -149,7 +149,7 @@ class IterationGeneration:
         step with a boxed answer, which completes the path (no child would use what it
         generated)."""
         return (request.spec_priority > 0 and not request.to_eos
-                and not completes_path(request, self.runner.gen.decode))
+                and not completes_path(request))
 
     def _speculative_slots(self) -> int:
         """Slots for speculation: `spec_batch_cap` (0 = the batch cap), never above the

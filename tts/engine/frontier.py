@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
+from tts import clock
 from tts.engine.adaptive import AnswerSettling
 from tts.engine.model_runner import ModelRunner
 from tts.engine.options import EngineOptions
@@ -26,7 +27,7 @@ from tts.engine.requests import Request, RequestKind
 from tts.engine.scoring import ScoreCache
 from tts.engine.steps import StepCutter
 from tts.metrics.collector import MetricsCollector
-from tts.metrics.events import IterationDone, SearchSettled
+from tts.metrics.events import IterationDone, SearchSettled, SelectionTimed
 from tts.search.base import ProblemSearch, SearchPolicy
 from tts.search.tree import Beam, BeamState
 
@@ -139,7 +140,10 @@ class Frontier:
             again = False
             for problem in list(self.live):
                 if not problem.waiting and not problem.to_score and not problem.search.done:
-                    self.selected(problem, self.select(problem))
+                    start = clock.now()
+                    parents = self.select(problem)
+                    self.parts.collector.emit(SelectionTimed(problem.id, clock.now() - start))
+                    self.selected(problem, parents)
                     again = True
 
     def reject_steps(self, partial: dict[int, float], decoding: Callable[[Problem], list[Request]],

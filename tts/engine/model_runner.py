@@ -16,6 +16,7 @@ from tts.engine.requests import Request, RequestState
 from tts.engine.scoring import ScoreItem, ScoringPhase, ScoringStats
 from tts.metrics.collector import MetricsCollector
 from tts.metrics.events import ModelTime, RequestAdded, ScoresMade, StepDone, TokensGenerated
+from tts.token_hash import extend_hash
 
 _request_ids = itertools.count()
 SPECULATIVE_PREFIX = "s"  # the ids of requests sent as speculation start with it (a run's trace reads it)
@@ -49,28 +50,39 @@ class ModelRunner:
         request.request_id = rid
         request.state = RequestState.SPECULATIVE if speculative else RequestState.RUNNING
         self.requests[rid] = request
-        self.gen.add(GenRequest(rid, request.beam.token_ids + tuple(prefix), max_tokens, request.beam.seed,
-                                self.temperature, self.top_p))
+        beam = request.beam
+        self.gen.add(GenRequest(rid, beam.token_ids + tuple(prefix), max_tokens, beam.seed, self.temperature,
+                                self.top_p, prompt_key=extend_hash(beam.path_key, prefix)))
         self.collector.emit(RequestAdded(request.problem_id, request.kind.value))
         return rid
 
     def step(self) -> tuple[list[tuple[Request, GenDelta]], StepStats]:
         """One generator step: each delta with its request (deltas of requests stopped
-        meanwhile are dropped), its tokens counted as speculative while the request is."""
+        meanwhile are dropped), its tokens counted as speculative while the request is
+        (one `TokensGenerated` per problem, kind and speculative or not: a step at n=512
+        has 512 deltas, and the counts are sums)."""
         deltas, stats = self.gen.step()
         self.collector.emit(StepDone("generator", stats))
-        out = []
+        out, made, requests = [], {}, self.requests
         for d in deltas:
-            request = self.requests.get(d.request_id)
+            request = requests.get(d.request_id)
             if request is None:
                 continue
             n = len(d.new_token_ids)
             request.generated += n
-            self.collector.emit(TokensGenerated(request.problem_id, n, request.state is RequestState.SPECULATIVE,
-                                                d.num_prompt_tokens, d.num_cached_tokens or 0, request.kind.value))
-            if d.finished:
-                del self.requests[d.request_id]
+            key = (request.beam.problem_id, request.state is RequestState.SPECULATIVE, request.kind)
+            counts = made.get(key)
+            if counts is None:
+                counts = made[key] = [0, None, 0]
+            counts[0] += n
+            if d.num_prompt_tokens is not None:  # a request's first delta
+                counts[1] = (counts[1] or 0) + d.num_prompt_tokens
+                counts[2] += d.num_cached_tokens or 0
+            if d.finish_reason is not None:
+                del requests[d.request_id]
             out.append((request, d))
+        for (problem_id, speculative, kind), (n, prompt, cached) in made.items():
+            self.collector.emit(TokensGenerated(problem_id, n, speculative, prompt, cached, kind.value))
         return out, stats
 
     def stop(self, requests: Iterable[Request], state: RequestState = RequestState.ABORTED) -> None:

@@ -9,22 +9,23 @@ the end (speculative tokens, where a request ran on).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from tts.backends.base import FinishReason, GenDelta, Generator
 from tts.engine.requests import Request, RequestState
-from tts.search.tree import Step, StepEnd, has_answer
+from tts.search.tree import Step, StepEnd
 
 BOUNDARY = "\n\n"
 
 
-def completes_path(request: Request, decode) -> bool:
-    """The request's finished step ends its path: at EOS, or with a boxed answer."""
-    return request.end is StepEnd.EOS or has_answer(decode(request.tokens))
+def completes_path(request: Request) -> bool:
+    """The request's finished step ends its path: at EOS, or with a boxed answer. Read once
+    the step is committed (`Frontier.complete`): its text is then its beam's last step's,
+    decoded there once."""
+    return request.end is StepEnd.EOS or request.beam.steps[-1].has_answer
 
 
-@dataclass(frozen=True)
-class Output:
+class Output(NamedTuple):
     """What one generator delta did to its request (`StepCutter.finish`): `ended` its step
     or its backend request (the request is then finished: `stop` it where its step ended
     before its backend request did); `overflow`, its tokens past the step's end."""
@@ -63,22 +64,19 @@ class StepCutter:
             job.end = StepEnd.EOS if finish is FinishReason.EOS else StepEnd.STEP_LIMIT
         return []
 
-    def take(self, job: Request, d: GenDelta) -> list[int]:
-        """`consume` one generator delta of the job's request. A request stopped at a
-        speculative cap below its step's limit (`Request.capped`) has not ended its step
-        there: it holds part of it. Returns the tokens past the step's end."""
-        finish = None if d.finish_reason is FinishReason.LENGTH and job.capped else d.finish_reason
-        return self.consume(job, d.new_token_ids, finish)
-
     def finish(self, job: Request, d: GenDelta) -> Output:
-        """Take one generator delta of the job's request (`take`): the one way a generator
-        output finishes a request. Where its backend request ended, the job is FINISHED;
-        where its step ended first, the caller stops it (`Output.stop`)."""
-        overflow = self.take(job, d)
-        ended = job.finished or d.finished
-        if d.finished:
-            job.state = RequestState.FINISHED
-        return Output(ended, ended and not d.finished, tuple(overflow))
+        """`consume` one generator delta of the job's request: the one way a generator output
+        finishes a request. Where its backend request ended, the job is FINISHED; where its
+        step ended first, the caller stops it (`Output.stop`). A request stopped at a
+        speculative cap below its step's limit (`Request.capped`) has not ended its step
+        there: it holds part of it."""
+        reason = d.finish_reason
+        overflow = self.consume(job, d.new_token_ids,
+                                None if reason is FinishReason.LENGTH and job.capped else reason)
+        if reason is None:
+            return Output(job.end is not None, job.end is not None, tuple(overflow))
+        job.state = RequestState.FINISHED
+        return Output(True, False, tuple(overflow))
 
     def adopt(self, job: Request) -> None:
         """Start the job from its beam's speculative tokens; they may hold the whole step.

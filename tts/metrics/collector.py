@@ -11,10 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tts.metrics.events import (BeamsRejected, Event, IterationDone, ModelTime, ProblemFinished, RequestAdded,
-                                ScoresMade, SearchSettled, SpeculationAdopted, SpeculationPruned, SpeculativeStep,
-                                StepDone, TokensGenerated)
+                                ScoresMade, SearchSettled, SelectionTimed, SpeculationAdopted, SpeculationPruned,
+                                SpeculativeStep, StepDone, TokensGenerated)
 from tts.metrics.measures import ProblemMetrics, SpeculationLog, StepLog, split_exactly
 from tts.metrics.work import WorkLog
+
+
 class MetricsCollector:
     """Per-problem metrics and per-model step logs, from the engine's events."""
 
@@ -86,6 +88,11 @@ class MetricsCollector:
         if self.on_iteration:
             self.on_iteration(e.problem_id, m.iterations)
 
+    def _selection(self, e: SelectionTimed) -> None:
+        m = self.problems[e.problem_id]
+        m.select_s += e.seconds
+        m.select_max_s = max(m.select_max_s, e.seconds)
+
     def _adopted(self, e: SpeculationAdopted) -> None:
         self.problems[e.problem_id].spec_used += e.tokens
         self.speculation.used += e.tokens
@@ -127,6 +134,7 @@ _HANDLERS: dict[type, Callable[[MetricsCollector, object], None]] = {
     RequestAdded: MetricsCollector._request, TokensGenerated: MetricsCollector._tokens,
     StepDone: MetricsCollector._step, ModelTime: MetricsCollector._time,
     ScoresMade: MetricsCollector._scores, IterationDone: MetricsCollector._iteration,
+    SelectionTimed: MetricsCollector._selection,
     SpeculationAdopted: MetricsCollector._adopted, BeamsRejected: MetricsCollector._rejected,
     SpeculationPruned: MetricsCollector._spec_pruned, SpeculativeStep: MetricsCollector._spec_step,
     SearchSettled: MetricsCollector._settled, ProblemFinished: MetricsCollector._finished,

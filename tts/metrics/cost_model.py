@@ -55,6 +55,7 @@ class CostSums:
     wall_s: float = 0.0
     batch_cap: int = 0
     token_cap: int = 0
+    calls_s: float = 0.0  # host time in the backend's request calls between steps (`StepStats.calls_s`)
 
     def observe(self, s: StepStats) -> None:
         decode, prefill = step_features(s)
@@ -66,6 +67,7 @@ class CostSums:
         self.yy += s.wall_s * s.wall_s
         self.steps += 1
         self.wall_s += s.wall_s
+        self.calls_s += s.calls_s
         self.batch_cap = max(self.batch_cap, s.batch_cap)
         self.token_cap = max(self.token_cap, s.token_cap)
 
@@ -80,7 +82,7 @@ class CostSums:
         return CostSums(
             xtx=[[a + b for a, b in zip(r, q)] for r, q in zip(self.xtx, other.xtx)],
             xty=[a + b for a, b in zip(self.xty, other.xty)], yy=self.yy + other.yy,
-            steps=self.steps + other.steps, wall_s=self.wall_s + other.wall_s,
+            steps=self.steps + other.steps, wall_s=self.wall_s + other.wall_s, calls_s=self.calls_s + other.calls_s,
             batch_cap=max(self.batch_cap, other.batch_cap), token_cap=max(self.token_cap, other.token_cap))
 
 

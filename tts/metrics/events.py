@@ -24,8 +24,9 @@ class RequestAdded:
 
 @dataclass(frozen=True)
 class TokensGenerated:
-    """One request's tokens from one generator step (the prompt's, on its first); `kind`:
-    the request's (`RequestKind`)."""
+    """Tokens from one generator step, summed over a problem's requests of one `kind`
+    (`RequestKind`) that were speculative or not; `prompt_tokens` and `cached_tokens`, over
+    those whose first delta this was (None: none was)."""
 
     problem_id: str
     tokens: int
@@ -69,6 +70,16 @@ class IterationDone:
 
     problem_id: str
     step_lengths: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SelectionTimed:
+    """A problem's selection, timed on the host once per iteration (`Frontier.select`: the
+    policy's cut, the iteration's bookkeeping, early exit's check; not what the discipline
+    does with the new frontier after it)."""
+
+    problem_id: str
+    seconds: float
 
 
 @dataclass(frozen=True)
@@ -133,6 +144,6 @@ class ProblemFinished:
     lookahead_used: int = 0
 
 
-Event = (RequestAdded | TokensGenerated | StepDone | ModelTime | ScoresMade | IterationDone
+Event = (RequestAdded | TokensGenerated | StepDone | ModelTime | ScoresMade | IterationDone | SelectionTimed
          | SpeculationAdopted | SpeculativeStep | BeamsRejected | SpeculationPruned | SearchSettled
          | ProblemFinished)

@@ -76,6 +76,8 @@ class ProblemMetrics:
     reject_tokens_saved: int = 0  # their steps' estimated remaining tokens (the iteration's mean step)
     rejected_above_cut: int = 0  # rejected beams whose estimate ended above selection's cut
     settled_at: int | None = None  # early exit: the iteration after which the search stopped
+    select_s: float = 0.0  # host time in selection, every iteration's (`SelectionTimed`)
+    select_max_s: float = 0.0  # the longest one
     step_tokens_mean: list[float] = field(default_factory=list)  # per iteration
     step_tokens_max: list[int] = field(default_factory=list)
     beam_tokens: list[int] = field(default_factory=list)  # final candidates
@@ -159,8 +161,8 @@ class StepLog:
         tok_util = min(1.0, _ratio(s.num_scheduled_tokens, s.token_cap))
         self.util_hist[min(UTIL_BINS - 1, int(util * UTIL_BINS))] += 1
         self.token_util_hist[min(UTIL_BINS - 1, int(tok_util * UTIL_BINS))] += 1
-        for n in s.tokens_per_request:
-            self.tokens_per_request[_bucket(n)] += 1
+        for n, count in Counter(s.tokens_per_request).items():  # few distinct counts in 512 requests
+            self.tokens_per_request[_bucket(n)] += count
         self.steps += 1
         self.util_sum += util
         self.running_sum += s.num_running

@@ -5,6 +5,7 @@ null; where there is none, `<variant>_note` says why and the Markdown table prin
 
 from __future__ import annotations
 
+from tts.results.host_time import HOST_ROWS
 from tts.results.pressure import PRESSURE_ROWS
 
 # (summary key, label, higher is better)
@@ -51,6 +52,7 @@ RATIO_METRICS = [
     ("above_ver_steps_s", "- verifier steps beyond the fewest (more calls than its tokens need) (s)", False),
     ("above_recomputed_s", "- tokens computed beyond the work (preemption, repeated prefill) (s)", False),
     ("above_residual_s", "- step time the cost model does not explain (s)", False),
+    *HOST_ROWS,
     ("spec_wasted_s", "wasted speculative tokens, inside the bound (s)", False),
     ("tail_s", "tails (one a chunk or seed): fewer problems in flight than bench.concurrency (s)", False),
     ("tail_forfeit_s", "the tails' empty share, left out of problems/min and tok/s (s)", False),

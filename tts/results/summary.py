@@ -17,6 +17,7 @@ from tts.results.ratios import (RATIO_METRICS, STATISTICS_ERRORS, accuracy_rows,
                                 guarded, ratio_table)
 from tts.results.records import accuracy_summary, pair_key, paired_accuracy
 from tts.results.store import RunStore
+from tts.results.host_time import add_host_time
 from tts.results.tree import describe, diversity
 from tts.trace.format import TRACE
 
@@ -65,6 +66,7 @@ def variant_summary(records: list[dict], step_log: dict | None, wall_s: float | 
         phase = (step_log.get("generator") or {}).get("model_s")
         if phase and "total_gen_tokens" in s:  # absent before the variant's model time was logged
             s["gen_phase_tok_s"] = s["total_gen_tokens"] / phase
+        add_host_time(s, records)
     return s
 
 

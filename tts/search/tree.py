@@ -12,6 +12,7 @@ import itertools
 from dataclasses import dataclass, field, replace
 
 from eval.extract import has_final_answer
+from tts.token_hash import extend_hash
 
 
 
@@ -76,6 +77,8 @@ class Beam:
     uid: int = field(default_factory=lambda: next(_beam_ids))
     spec_tokens: tuple[int, ...] = ()
     completed_at: float | None = None  # seconds since the problem started
+    _ids: tuple[int, ...] | None = field(default=None, init=False, repr=False, compare=False)  # `token_ids`
+    _key: int | None = field(default=None, init=False, repr=False, compare=False)  # `path_key`
 
     @property
     def depth(self) -> int:
@@ -87,7 +90,18 @@ class Beam:
 
     @property
     def token_ids(self) -> tuple[int, ...]:
-        return self.prompt_ids + tuple(t for s in self.steps for t in s.token_ids)
+        """The prompt and every step's tokens (kept until a step is appended)."""
+        if self._ids is None:
+            self._ids = self.prompt_ids + tuple(t for s in self.steps for t in s.token_ids)
+        return self._ids
+
+    @property
+    def path_key(self) -> int:
+        """`extend_hash(0, token_ids)`, the path's key in a run's trace: hashed once, then
+        extended by each step appended (`tts.token_hash`)."""
+        if self._key is None:
+            self._key = extend_hash(0, self.token_ids)
+        return self._key
 
     @property
     def text(self) -> str:
@@ -115,6 +129,9 @@ class Beam:
 
     def append(self, step: Step) -> None:
         self.steps = self.steps + (step,)
+        self._ids = None
+        if self._key is not None:
+            self._key = extend_hash(self._key, step.token_ids)
         self.scores = self.scores + (None,)
 
     def set_score(self, index: int, score: float) -> None:
@@ -124,8 +141,10 @@ class Beam:
 
     def fork(self, seed: int, spec_tokens: tuple[int, ...] = ()) -> Beam:
         """A child sharing this beam's path, with its own sampling seed."""
-        return replace(self, seed=seed, state=BeamState.ACTIVE, parent=self.uid,
-                       uid=next(_beam_ids), spec_tokens=spec_tokens, completed_at=None)
+        child = replace(self, seed=seed, state=BeamState.ACTIVE, parent=self.uid,
+                        uid=next(_beam_ids), spec_tokens=spec_tokens, completed_at=None)
+        child._ids, child._key = self._ids, self._key  # the same path
+        return child
 
 
 def child_seed(parent_seed: int, child_index: int) -> int:

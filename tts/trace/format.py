@@ -26,18 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tts.backends.base import FinishReason
+from tts.token_hash import extend_hash  # noqa: F401 - the prompts' keys, read with the trace
 
 TRACE = "trace.jsonl.gz"
 VERSION = 1
-_MOD = (1 << 61) - 1
-_BASE = 1_000_003
-
-
-def extend_hash(h: int, token_ids: Sequence[int]) -> int:
-    """The rolling hash of a prompt extended by `token_ids` (0 is the empty prompt's)."""
-    for t in token_ids:
-        h = (h * _BASE + t + 1) % _MOD
-    return h
 
 
 def score_key(problem: str, steps: Sequence[str]) -> str:

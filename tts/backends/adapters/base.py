@@ -55,6 +55,9 @@ class ScoreOutput:
     num_cached_tokens: int = 0
 
 
+ENCODED_MAX = 1 << 16  # texts `PrmAdapter.encode` remembers
+
+
 class PrmAdapter(ABC):
     """One PRM family's input format and score read-out.
 
@@ -78,6 +81,7 @@ class PrmAdapter(ABC):
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
+        self._encoded: dict[str, tuple[int, ...]] = {}  # `encode`'s memo
 
     @abstractmethod
     def build(self, problem: str, steps: Sequence[str], indices: Sequence[int]) -> list[PromptSpec]:
@@ -88,7 +92,16 @@ class PrmAdapter(ABC):
         """One score per index, from the outputs of the specs `build` returned."""
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        """The text's token ids, no special tokens added. Memoised: a path's problem and
+        earlier steps are encoded again at every iteration, and at n=512 the tokenizer's
+        calls were most of a verifier call's host time. The memo holds at most
+        `ENCODED_MAX` texts and starts again when full."""
+        ids = self._encoded.get(text)
+        if ids is None:
+            if len(self._encoded) >= ENCODED_MAX:
+                self._encoded.clear()
+            ids = self._encoded[text] = tuple(self.tokenizer.encode(text, add_special_tokens=False))
+        return list(ids)
 
     def single_token_id(self, text: str) -> int:
         """The id of `text` when it is one token (else ValueError naming it)."""
