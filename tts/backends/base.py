@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from tts import clock
+from tts.token_hash import extend_hash
 
 
 class FinishReason(str, enum.Enum):
@@ -42,6 +43,10 @@ class GenRequest:
     # `tts.token_hash.extend_hash(0, prompt_token_ids)` where the sender keeps it (the engine's
     # beams do); None: whoever needs it hashes the prompt
     prompt_key: int | None = None
+
+    def key(self) -> int:
+        """The prompt's key (`tts.token_hash`): the one it carries, else its prompt's hash."""
+        return self.prompt_key if self.prompt_key is not None else extend_hash(0, self.prompt_token_ids)
 
 
 class GenDelta(NamedTuple):

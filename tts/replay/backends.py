@@ -226,8 +226,7 @@ class ReplayGenerator(Generator):
         sample the same tokens), and so on; then drawn steps. A request the variant's own
         recording does not hold, or one run past it, is noted (`Divergence`)."""
         seed, speculative = request.seed, request.request_id.startswith(SPECULATIVE_PREFIX)
-        h = prompt_hash = (request.prompt_key if request.prompt_key is not None
-                           else extend_hash(0, request.prompt_token_ids))
+        h = prompt_hash = request.key()
         served, found = [], None
         note = functools.partial(self.reader.divergence.request, request.prompt_token_ids, seed, speculative)
         if (taken := self.reader.take(seed, h, speculative)) is not None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tts.backends.base import FinishReason, GenDelta, Generator, GenRequest, ScoreRequest, StepStats, Verifier
 from tts.engine.model_runner import SPECULATIVE_PREFIX
-from tts.trace.format import VERSION, complete_members, extend_hash, score_key
+from tts.trace.format import VERSION, complete_members, score_key
 
 
 class TraceRecorder:
@@ -51,7 +51,7 @@ class TraceRecorder:
 
     def _added(self, request: GenRequest) -> None:
         self._live[request.request_id] = {
-            "t": "g", "v": self.variant, "seed": request.seed, "h": _prompt_key(request),
+            "t": "g", "v": self.variant, "seed": request.seed, "h": request.key(),
             "p": len(request.prompt_token_ids), "max": request.max_tokens,
             "spec": request.request_id.startswith(SPECULATIVE_PREFIX), "n": self._sent, "o": []}
         self._sent += 1
@@ -89,7 +89,3 @@ class TraceRecorder:
             f.write(gzip.compress(text.encode()))
         self._lines = []
 
-
-def _prompt_key(request: GenRequest) -> int:
-    """The request's prompt key (`tts.token_hash`): the one it carries, else its prompt's hash."""
-    return request.prompt_key if request.prompt_key is not None else extend_hash(0, request.prompt_token_ids)
