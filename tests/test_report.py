@@ -233,7 +233,7 @@ def test_cli_report(runs, tmp_path, monkeypatch):
     runner = CliRunner(env={"COLUMNS": "1000"})
     result = runner.invoke(app, ["report", str(runs["n2"]), str(runs["n4"])])
     assert result.exit_code == 0, result.output
-    written = re.search(r"report written to (\S+report\.md)", result.output.replace("\n", ""))
+    written = re.search(r"report written to\s*(\S+report\.md)", result.output.replace("\n", ""))
     assert written and (tmp_path / written.group(1)).exists()
     assert Path(written.group(1)).parent.name.startswith("report-")
     missing = runner.invoke(app, ["report", str(runs["n2"]), str(tmp_path / "missing")])
