@@ -112,6 +112,14 @@ def test_the_readme_is_a_front_page():
     assert [n for n, line in enumerate(lines, 1) if len(line) > 200] == []
 
 
+def test_ci_runs_exactly_the_readmes_test_command_and_shows_every_skip():
+    """`.ci/run` calls the README's second command, which names every skip's reason (`-rs`)."""
+    blocks = re.findall(r"```bash\n(.*?)```", README.read_text().split("## The two commands")[1], re.S)
+    command = blocks[1].strip()
+    assert "pytest" in command and " -rs" in command
+    assert (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1] == command
+
+
 def test_the_studies_and_the_configs_commands_are_composed_too():
     docs = {doc for doc, _ in CASES}
     assert {"README.md", "docs/results.md", "docs/gpu.md"} <= docs

@@ -363,6 +363,26 @@ def test_every_run_records_its_host(tmp_path):
     assert "; vLLM model runner V1; " in host_line({**host, "model_runner": "V1"})
 
 
+def test_the_host_line_keeps_to_its_width_on_any_host():
+    """The headline's host line breaks between its parts at 160 characters: every test sees
+    the made-up host of tests/conftest.py, named longer than any real CPU, and a run on a GPU
+    with every part recorded is the longest line there is; joined back, it is the one line."""
+    from tests.conftest import TEST_CPU
+    from tts.results.headline import WIDTH
+    from tts.results.host import cpu_model, host_line, host_lines
+
+    assert cpu_model() == TEST_CPU  # the fixture holds, so no test reads this machine's CPU
+    host = {"cpu_model": cpu_model(), "cores": 192, "native_bf16": False, "amx": False,
+            "gpu": "NVIDIA H100 80GB HBM3", "dtype": {"generator": "bfloat16", "verifier": "bfloat16"},
+            "sampler": "position", "model_runner": "V1", "torch": "2.13.0+cu128", "vllm": "0.32.0", "threads": 192}
+    lines = host_lines(host, WIDTH)
+    assert len(lines) >= 2 and all(len(line) <= WIDTH for line in lines)
+    assert lines[0].startswith(f"host: {TEST_CPU} (192 cores") and all(line.startswith("  ") for line in lines[1:])
+    assert " ".join(line.strip() for line in lines) == host_line(host)
+    assert host_lines(host, 10_000) == [host_line(host)]  # one line where it fits
+    assert all(len(line) <= 40 for line in host_lines({**host, "cpu_model": "x" * 90}, 40))  # even one long part
+
+
 def test_report_warns_when_hosts_or_dtypes_differ(tmp_path):
     from tts.report import write_report
 

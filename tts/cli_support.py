@@ -207,15 +207,16 @@ def _run_search(fn, cfg: DictConfig, term: Console, on_folder) -> Path:
 def print_summary(path: Path, log: Path | None = None, full: bool = False) -> None:
     """The run's headline (`tts.results.headline`): about a dozen lines; `full` (`-v`): the
     whole tables, as `<run>/summary.md` keeps them."""
-    from tts.results.headline import SUMMARY_MD, headline, summary_markdown
-    from tts.results.host import host_line
+    from tts.results.headline import SUMMARY_MD, WIDTH, headline, summary_markdown
+    from tts.results.host import host_lines
     from tts.results.store import RunStore
 
     store = RunStore(path)
     summary = store.summary()
     out = Console()
     text = lambda line: out.print(line, soft_wrap=True, highlight=False, markup=False)  # noqa: E731
-    text(host_line(summary.get("host")))
+    for line in host_lines(summary.get("host"), WIDTH):
+        text(line)
     if "ceiling" in summary:
         text(summary["ceiling_table_md"])
         text(f"results: {path}")

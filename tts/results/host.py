@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import platform
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -83,10 +84,31 @@ def hosts_lines(hosts: list[dict[str, Any]] | None) -> list[str]:
 
 def host_line(host: dict[str, Any] | None) -> str:
     """One line that says where the numbers below were measured."""
+    return "; ".join(_host_parts(host))
+
+
+def host_lines(host: dict[str, Any] | None, width: int) -> list[str]:
+    """The host line in lines of at most `width` characters, broken between its parts (the
+    continuation lines indented), for a terminal whatever the CPU's name: an Intel Xeon names
+    itself at more than three times the length of an AMD EPYC."""
+    lines: list[str] = []
+    width -= 1  # room for the ";" a broken line ends with
+    for part in _host_parts(host):
+        if lines and len(lines[-1]) + 2 + len(part) <= width:
+            lines[-1] += "; " + part
+        else:
+            if lines:
+                lines[-1] += ";"
+            lines.extend(textwrap.wrap(part, width, initial_indent="  " if lines else "",
+                                       subsequent_indent="  ", break_on_hyphens=False))
+    return lines
+
+
+def _host_parts(host: dict[str, Any] | None) -> list[str]:
     if not host:
-        return "host: not recorded (a run from before hosts were recorded)"
+        return ["host: not recorded (a run from before hosts were recorded)"]
     if host.get("simulated"):
-        return simulated_line(host)
+        return [simulated_line(host)]
     bf16 = "native bf16" if host.get("native_bf16") else "no native bf16"
     amx = "AMX" if host.get("amx") else "no AMX"
     dtypes = ", ".join(f"{model} {d}" for model, d in (host.get("dtype") or {}).items()) or "-"
@@ -97,7 +119,7 @@ def host_line(host: dict[str, Any] | None) -> str:
     if host.get("model_runner"):
         parts.append(f"vLLM model runner {host['model_runner']}")
     parts.append(f"torch {host.get('torch')}, vLLM {host.get('vllm') or '-'}, {host.get('threads')} threads")
-    return "; ".join(parts)
+    return parts
 
 
 def simulated_line(host: dict[str, Any]) -> str:
