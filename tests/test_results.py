@@ -693,3 +693,21 @@ def test_a_warm_up_problem_runs_first_and_leaves_no_trace(tmp_path, monkeypatch)
     ran.clear()
     bench(tmp_path, "bench.compare=[baseline,P]", "dataset.first_k=2", "bench.resume=true")
     assert ran == []
+
+
+def test_batch_utilisation_compares_only_under_one_cap():
+    """A utilisation divides by the variant's own batch cap: between variants under different
+    caps the table gives no ratio and names both caps (requests per step compare instead);
+    under one cap the ratio stands."""
+    from tts.results.ratios import format_table, ratio_table
+
+    base = {"gen_batch_util_mean": 0.07, "gen_batch_cap": 64, "gen_running_mean": 4.46}
+    pms = {"gen_batch_util_mean": 0.712, "gen_batch_cap": 8, "gen_running_mean": 5.70}
+    rows = {r["key"]: r for r in ratio_table({"baseline": base, "PMS": pms}, "baseline") if "key" in r}
+    util = rows["gen_batch_util_mean"]
+    assert "PMS/baseline" not in util and util["PMS/baseline_note"] == "n/a (caps 8 and 64: see requests per step)"
+    assert rows["gen_running_mean"]["PMS/baseline"] == pytest.approx(5.70 / 4.46)
+    assert "n/a (caps 8 and 64" in format_table(list(rows.values()), ["baseline", "PMS"], "baseline")
+    same = {r["key"]: r for r in ratio_table({"baseline": base, "PMS": {**pms, "gen_batch_cap": 64}}, "baseline")
+            if "key" in r}
+    assert same["gen_batch_util_mean"]["PMS/baseline"] == pytest.approx(0.712 / 0.07)

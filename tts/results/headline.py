@@ -25,7 +25,7 @@ WIDTH = 160  # no headline line is longer; the detail is in summary.md
 FEW_PAIRS = 8  # below this many pairs an interval is a draw, and the headline says so
 VARIANT_KEYS = ("num_problems", "precise_goodput", "latency_s_mean", "generator_s_mean", "verifier_s_mean",
                 "tokens_per_s", "problems_per_min", "acc_majority", "acc_weighted", "acc_prm_max", "pass@n",
-                "gen_cache_hit_rate", "ver_cache_hit_rate", "gen_batch_util_mean", "ver_batch_util_mean",
+                "gen_cache_hit_rate", "ver_cache_hit_rate", "gen_batch_util_mean", "gen_batch_cap", "ver_batch_util_mean",
                 "straggler_gap", "spec_hit_rate")
 
 

@@ -35,7 +35,8 @@ RATIO_METRICS = [
     ("gen_phase_tok_s", "generator phase tok/s (every token decoded, speculative included, / generator time)", True),
     ("gen_phase_vs_raw", "generator phase / raw vLLM at the sequences in flight", True),
     ("goodput_vs_ceiling", "precise goodput / one sequence's raw decode rate (about a path's best)", True),
-    ("gen_batch_util_mean", "generator batch utilisation", True),
+    ("gen_batch_util_mean", "generator batch utilisation (requests per step / its own batch cap)", True),
+    ("gen_batch_cap", "generator batch cap (the most requests a step may run)", True),
     ("gen_running_mean", "generator requests per step", True),
     ("step_tokens_mean", "step tokens (mean)", True),
     ("step_tokens_max_mean", "step tokens (max per iteration)", False),
@@ -109,6 +110,8 @@ def guarded(what: str, fn, *args):
         return None
 
 
+# a share of each variant's own batch cap, and the summary key of that cap
+OWN_CAP = {"gen_batch_util_mean": "gen_batch_cap"}
 PAIRS_LABEL = "(problem, seed) pairs behind the 95% intervals (bootstrap over problems)"
 
 
@@ -138,9 +141,22 @@ def ratio_table(summaries: dict[str, dict], baseline: str, records: dict[str, li
             if name != baseline and isinstance(value, (int, float)) and isinstance(base.get(key), (int, float)) \
                     and base[key]:
                 row[f"{name}/{baseline}"] = value / base[key]
+        if key in OWN_CAP:
+            _no_ratio_across_caps(row, summaries, baseline, OWN_CAP[key])
         rows.append(row)
     pairs = guarded("speed intervals", _add_intervals, rows, summaries, baseline, records or {})
     return ([pairs] if pairs else []) + rows + accuracy_rows(summaries, baseline)
+
+
+def _no_ratio_across_caps(row: dict, summaries: dict[str, dict], baseline: str, cap_key: str) -> None:
+    """A utilisation is a share of the variant's own batch cap: two variants under different
+    caps (the memory split sizes each one's) compare by requests per step, not by this ratio."""
+    base = summaries[baseline].get(cap_key)
+    for name, s in summaries.items():
+        col = f"{name}/{baseline}"
+        if name != baseline and s.get(cap_key) != base:
+            row.pop(col, None)
+            row[f"{col}_note"] = f"n/a (caps {s.get(cap_key)} and {base}: see requests per step)"
 
 
 def _add_intervals(rows: list[dict], summaries: dict[str, dict], baseline: str,
