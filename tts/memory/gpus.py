@@ -38,7 +38,7 @@ class Datasheet:
     assumes where torch does not give a card's memory clock (`estimate_profile`)."""
     peak_tflops: float
     """Dense bf16 tensor TFLOP/s with FP32 accumulate, no 2:4 sparsity (fp16 on Volta and
-    Turing, which have no bf16). Datasheets quote the sparse figure first: it is halved."""
+    Turing, which have no bf16): a datasheet's figure with sparsity is halved."""
     bandwidth_gbs: float
     memory_gb: float
     source: str
@@ -50,31 +50,38 @@ _H200 = "https://resources.nvidia.com/en-us-data-center-overview-mc/en-us-data-c
 _A100 = ("https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
          "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf")
 _V100 = "https://images.nvidia.com/content/technologies/volta/pdf/volta-v100-datasheet-update-us-1165301-r5.pdf"
-_GA102 = ("https://www.nvidia.com/content/PDF/nvidia-ampere-ga-102-gpu-architecture-whitepaper-v2.pdf")
+_GA102 = "https://www.nvidia.com/content/PDF/nvidia-ampere-ga-102-gpu-architecture-whitepaper-v2.pdf"
 
 DATASHEETS: tuple[Datasheet, ...] = (
     # H100 datasheet: H100 PCIe BF16 1,513 TFLOPS with sparsity -> 756.5 dense; 2 TB/s; 80 GB HBM2e
     Datasheet(r"\bH100\b.*\bPCIe\b", "h100_pcie", (9, 0), 756.5, 2000.0, 80.0,
-              f"NVIDIA H100 Tensor Core GPU datasheet (H100 PCIe): BF16 1,513 TFLOPS with sparsity = 756.5 dense, 2 TB/s, 80 GB; {_H100}"),
+              "NVIDIA H100 Tensor Core GPU datasheet (H100 PCIe): BF16 1,513 TFLOPS with sparsity = 756.5 dense, "
+              f"2 TB/s, 80 GB; {_H100}"),
     # H100 datasheet: H100 NVL (one GPU) BF16 1,671 TFLOPS with sparsity -> 835.5 dense; 3.9 TB/s; 94 GB HBM3
     Datasheet(r"\bH100\b.*\bNVL\b", "h100_nvl", (9, 0), 835.5, 3900.0, 94.0,
-              f"NVIDIA H100 Tensor Core GPU datasheet (H100 NVL, per GPU): BF16 1,671 TFLOPS with sparsity = 835.5 dense, 3.9 TB/s, 94 GB; {_H100}"),
+              "NVIDIA H100 Tensor Core GPU datasheet (H100 NVL, per GPU): BF16 1,671 TFLOPS with sparsity = 835.5 dense, "
+              f"3.9 TB/s, 94 GB; {_H100}"),
     # H200 datasheet: H200 NVL BF16 1,671 TFLOPS with sparsity -> 835.5 dense; 4.8 TB/s; 141 GB HBM3e
     Datasheet(r"\bH200\b.*\bNVL\b", "h200_nvl", (9, 0), 835.5, 4800.0, 141.0,
-              f"NVIDIA H200 Tensor Core GPU datasheet (H200 NVL): BF16 1,671 TFLOPS with sparsity = 835.5 dense, 4.8 TB/s, 141 GB; {_H200}"),
+              "NVIDIA H200 Tensor Core GPU datasheet (H200 NVL): BF16 1,671 TFLOPS with sparsity = 835.5 dense, "
+              f"4.8 TB/s, 141 GB; {_H200}"),
     # A100 datasheet: BF16 312 TFLOPS dense (624 with sparsity) on every A100; 40GB SXM 1,555 GB/s
     Datasheet(r"\bA100\b(?=.*\bSXM)(?=.*40GB)", "a100_40gb", (8, 0), 312.0, 1555.0, 40.0,
-              f"NVIDIA A100 Tensor Core GPU datasheet (A100 40GB SXM): BF16 312 TFLOPS dense, 1,555 GB/s, 40 GB HBM2; {_A100}"),
+              "NVIDIA A100 Tensor Core GPU datasheet (A100 40GB SXM): BF16 312 TFLOPS dense, "
+              f"1,555 GB/s, 40 GB HBM2; {_A100}"),
     # A100 datasheet: A100 40GB PCIe 1,555 GB/s ("NVIDIA A100-PCIE-40GB")
     Datasheet(r"\bA100\b(?=.*PCIe)(?=.*40GB)", "a100_pcie_40gb", (8, 0), 312.0, 1555.0, 40.0,
-              f"NVIDIA A100 Tensor Core GPU datasheet (A100 40GB PCIe): BF16 312 TFLOPS dense, 1,555 GB/s, 40 GB HBM2; {_A100}"),
+              "NVIDIA A100 Tensor Core GPU datasheet (A100 40GB PCIe): BF16 312 TFLOPS dense, "
+              f"1,555 GB/s, 40 GB HBM2; {_A100}"),
     # A100 datasheet: A100 80GB PCIe 1,935 GB/s ("NVIDIA A100 80GB PCIe")
     Datasheet(r"\bA100\b(?=.*PCIe)(?!.*40GB)", "a100_pcie", (8, 0), 312.0, 1935.0, 80.0,
-              f"NVIDIA A100 Tensor Core GPU datasheet (A100 80GB PCIe): BF16 312 TFLOPS dense, 1,935 GB/s, 80 GB HBM2e; {_A100}"),
+              "NVIDIA A100 Tensor Core GPU datasheet (A100 80GB PCIe): BF16 312 TFLOPS dense, "
+              f"1,935 GB/s, 80 GB HBM2e; {_A100}"),
     # A30 datasheet: BF16 165 TFLOPS dense (330 with sparsity); 933 GB/s; 24 GB HBM2
     Datasheet(r"\bA30\b", "a30", (8, 0), 165.0, 933.0, 24.0,
               "NVIDIA A30 Tensor Core GPU datasheet: BF16 Tensor Core 165 TFLOPS dense (330 with sparsity), 933 GB/s, "
-              "24 GB HBM2; https://www.nvidia.com/content/dam/en-zz/Solutions/data-center/products/a30-gpu/pdf/a30-datasheet.pdf"),
+              "24 GB HBM2; https://www.nvidia.com/content/dam/en-zz/Solutions/data-center/products/a30-gpu/pdf/"
+              "a30-datasheet.pdf"),
     # A10 datasheet: BF16 125 TFLOPS dense (250 with sparsity); 600 GB/s; 24 GB GDDR6
     Datasheet(r"\bA10\b", "a10", (8, 6), 125.0, 600.0, 24.0,
               "NVIDIA A10 Tensor Core GPU datasheet: BF16 Tensor Core 125 TFLOPS dense (250 with sparsity), 600 GB/s, "
@@ -237,7 +244,7 @@ def card_slug(gpu_name: str) -> str:
 
 def _assumed_bandwidth(cc: tuple[int, int]) -> tuple[float, str]:
     """The lowest bandwidth of the table's cards of compute capability `cc` (else of the
-    nearest capability below it that has cards, else of all), and what they are."""
+    nearest capability below it that has cards, else of the lowest one's), and what they are."""
     known = sorted({row.cc for row in DATASHEETS})
     arch = max((k for k in known if k <= cc), default=known[0])
     rows = [row for row in DATASHEETS if row.cc == arch]
