@@ -100,7 +100,7 @@ def _looks_like_path(arg: str) -> bool:
 @app.command("profile-memory")
 def profile_memory(overrides: Overrides = None, config_name: ConfigName = "config",
                    multirun: Multirun = False, cfg: PrintCfg = False,
-                   calibrate: Annotated[bool, typer.Option("--calibrate", help="Measure this CPU and write conf/device/cpu.yaml.")] = False,
+                   calibrate: Annotated[bool, typer.Option("--calibrate", help="Measure where the models run: this CPU (writes conf/device/cpu.yaml), or the CUDA card (kept for the runs on it).")] = False,
                    ) -> None:
     """Per-model memory breakdown and a sweep of the generator/verifier KV split."""
     if multirun and not cfg:

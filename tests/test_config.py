@@ -88,6 +88,8 @@ def test_every_group_option_composes_to_its_file(group, option):
     cfg = compose("config", [f"{group}={option}"])
     validate(cfg)
     for key, value in OmegaConf.load(CONF_DIR / group / f"{option}.yaml").items():
+        if key == "defaults":  # memory/auto.yaml: cpu.yaml's values (the memory tests below)
+            continue
         composed = OmegaConf.select(cfg, f"{group}.{key}")
         assert str(composed) == str(value) or composed == value, (group, option, key)
 
@@ -216,3 +218,51 @@ def test_bars_count_only_the_problems_that_run(tmp_path, monkeypatch):
     assert plans == [{"baseline": (4, 0), "P": (4, 0)}]  # 2 problems that fit x 2 seeds
     assert runner.invoke(app, args + ["--resume", "bench.seeds=[0,1,2]"]).exit_code == 0
     assert plans[1] == {"baseline": (6, 4), "P": (6, 4)}
+
+
+@pytest.fixture
+def cuda(monkeypatch):
+    """A host where torch sees a CUDA card (no GPU here: torch is told so)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+
+def jobs_here(overrides: list[str], caplog) -> tuple[list, list[str]]:
+    """The CLI's composed jobs (`tts bench ...` without -m) and the lines composing logged."""
+    import logging
+
+    from tts.cli_support import compose_jobs
+
+    with caplog.at_level(logging.WARNING, logger="tts.config.compose"):
+        jobs = compose_jobs("config", overrides, False, False)
+    return [validate(j.cfg).memory for j in jobs], [r.getMessage() for r in caplog.records]
+
+
+def test_memory_left_at_its_default_takes_the_gpu_settings_on_a_cuda_host(cuda, caplog):
+    (memory,), lines = jobs_here([], caplog)
+    assert memory == validate(compose("config", ["memory=gpu"])).memory
+    assert (memory.gpu_free_fraction, memory.generator_max_num_seqs, memory.max_num_batched_tokens) == (0.9, 256, 8192)
+    assert lines == ["memory=auto: the models run on a CUDA GPU, so this run takes memory=gpu's settings "
+                     "(conf/memory/gpu.yaml); give memory=cpu or memory=tight to choose another"]
+    caplog.clear()
+    (memory,), lines = jobs_here(["memory.kv_cache_gib=2", "memory.generator_max_num_seqs=32"], caplog)
+    assert (memory.gpu_free_fraction, memory.kv_cache_gib, memory.generator_max_num_seqs) == (0.9, 2.0, 32)
+    assert len(lines) == 1  # the command line's memory keys go on top of the GPU's settings
+
+
+@pytest.mark.parametrize("choice", ["cpu", "tight"])
+def test_a_memory_config_chosen_is_kept_on_a_cuda_host(cuda, caplog, choice):
+    (memory,), lines = jobs_here([f"memory={choice}"], caplog)
+    assert memory == validate(compose("config", [f"memory={choice}"])).memory and memory.gpu_free_fraction is None
+    assert lines == []
+
+
+def test_memory_left_at_its_default_is_the_cpus_where_no_model_runs_on_a_gpu(monkeypatch, caplog):
+    import torch
+
+    cpu = validate(compose("config", ["memory=cpu"])).memory
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert jobs_here([], caplog) == ([cpu], [])  # a CPU host
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert jobs_here(["generator=fake", "verifier=fake"], caplog) == ([cpu], [])  # no model runs on the card

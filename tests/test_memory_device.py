@@ -189,24 +189,3 @@ def test_the_profile_prices_the_dtype_the_models_run_in(tmp_path, monkeypatch):
     assert cal._calibrate(0.1, 64, 1, "bfloat16")[0].peak_tflops == 0.4
     got, note = cal.host_profile(_other_cpu(), tmp_path, dtype="float32")
     assert got.peak_tflops == 0.1 and cal.this_host("float32") in note
-
-
-@pytest.mark.parametrize("card, profile", [
-    ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H100 SXM5 80GB", "h100"), ("NVIDIA H200", "h200"),
-    ("NVIDIA A100-SXM4-80GB", "a100"), ("NVIDIA GeForce RTX 4090", "rtx4090"),
-])
-def test_a_gpus_name_picks_its_profile(card, profile):
-    from tts.memory.device import profile_for_gpu
-
-    assert profile_for_gpu(card) == profile
-
-
-@pytest.mark.parametrize("card", ["NVIDIA H100 PCIe", "NVIDIA A100-SXM4-40GB", "NVIDIA A100 80GB PCIe",
-                                  "NVIDIA GH200 480GB", "NVIDIA L40S", "NVIDIA GeForce RTX 3090"])
-def test_a_card_no_profile_describes_is_an_error_naming_the_choices(card):
-    """Variants with other bandwidth or compute than the profile's card are not matched."""
-    from tts.memory.device import profile_for_gpu
-
-    with pytest.raises(ValueError, match=rf"device: no profile matches this GPU \('{card}'\); .*"
-                                         r"device=<one of a100, h100, h200, rtx4090>"):
-        profile_for_gpu(card)

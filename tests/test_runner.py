@@ -53,15 +53,19 @@ def test_a_device_given_is_kept_and_a_cpu_run_measures_its_cpu(gpu, monkeypatch)
     assert on_this_host(cpu) is cpu
 
 
-def test_an_unknown_card_is_a_config_error_listing_the_choices(gpu, tmp_path, capsys) -> None:
-    from tts.cli_support import compose_jobs, run_jobs
+def test_an_unknown_card_runs_on_an_estimate_not_an_error(gpu, monkeypatch) -> None:
+    """A card no profile describes (here a made-up name on the B200's properties) gets one
+    estimated from its properties (tests/test_memory_gpus.py has its numbers), not an exit."""
+    from tts.assembly.host import on_this_host
+    from tts.memory.gpus import CardProperties
 
-    gpu.name = "NVIDIA L40S"
-    jobs = compose_jobs("config", [f"bench.results_dir={tmp_path}", "logger=none", "dataset.first_k=1"], False, False)
-    assert run_jobs(jobs, verbose=True) == 2
-    err = " ".join(capsys.readouterr().err.split())
-    assert "device: no profile matches this GPU ('NVIDIA L40S')" in err
-    assert "device=<one of a100, h100, h200, rtx4090>" in err
+    gpu.name = "NVIDIA Made-Up 9000"
+    monkeypatch.setattr("tts.profiling.gpu.card_properties",
+                        lambda: CardProperties(gpu.name, 10, 0, 148, 191_000_000_000, 1_965_000, 3_996_000, 8192))
+    monkeypatch.setattr("tts.profiling.gpu.kept_calibration", lambda card, cache=None: None)
+    cfg = validate(on_this_host(compose("config", [])))
+    assert (cfg.device.name, cfg.device.kind) == ("made_up_9000_estimate", "gpu")
+    assert cfg.device.source.startswith("ESTIMATED from the card's own properties")
 
 
 def test_the_kv_budget_comes_from_the_cards_free_memory(gpu) -> None:

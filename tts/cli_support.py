@@ -23,8 +23,8 @@ class Job:
 
 
 def compose_jobs(config_name: str, overrides: list[str], multirun: bool, resume: bool) -> list[Job]:
-    """One composed config per sweep combination (one without -m); each job of a sweep
-    writes its own folder under the sweep's folder."""
+    """One composed config per sweep combination (one without -m); a sweep job writes a folder in the sweep's."""
+    from tts.backends.factory import models_on_cuda
     from tts.config.compose import compose, config_sweep, expand_sweep
 
     if resume:
@@ -38,7 +38,7 @@ def compose_jobs(config_name: str, overrides: list[str], multirun: bool, resume:
     sweep_dir = time.strftime("%Y%m%d-%H%M%S-sweep")
     swept = _swept_keys(combos)
     for i, combo in enumerate(combos):
-        cfg = compose(config_name, combo)
+        cfg = compose(config_name, combo, on_gpu=models_on_cuda)  # `memory: auto` as this host's
         if multirun:
             label = ",".join(o for o in combo if o.split("=", 1)[0] in swept) or "job"
             slug = re.sub(r"[^A-Za-z0-9_.=-]+", "_", label)[:80]

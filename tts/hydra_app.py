@@ -95,12 +95,14 @@ def _in_job_folder(run) -> str:
     folder, run it, and leave `job.json` there."""
     from hydra.core.hydra_config import HydraConfig
 
+    from tts.backends.factory import models_on_cuda
     from tts.config.compose import compose
 
     hc = HydraConfig.get()
     folder = Path(hc.runtime.output_dir)
     mine = [o for o in hc.overrides.task if not o.lstrip("+~").startswith("hydra")]
-    cfg = compose(hc.job.config_name, mine + [f"bench.results_dir='{folder.parent}'", f"bench.run_name='{folder.name}'"])
+    cfg = compose(hc.job.config_name, mine + [f"bench.results_dir='{folder.parent}'", f"bench.run_name='{folder.name}'"],
+                  on_gpu=models_on_cuda)  # the memory settings of the host the job runs on
     path = Path(run(cfg))
     (path / "job.json").write_text(json.dumps({"overrides": mine, "job": hc.job.num, "pid": os.getpid(),
                                                "host": socket.gethostname()}, indent=2))

@@ -30,9 +30,10 @@ def kv_on_this_gpu(cfg_node: DictConfig) -> DictConfig:
     backend = cfg_node.generator.backend
     if cfg_node.memory.get("gpu_free_fraction") is None or getattr(backend, "value", backend) != BackendKind.vllm.value:
         return cfg_node
-    from tts.backends.vllm.engine import gpu_free_bytes, has_cuda
+    from tts.backends.factory import models_on_cuda
+    from tts.backends.vllm.engine import gpu_free_bytes
 
-    if not has_cuda():
+    if not models_on_cuda(cfg_node):
         return cfg_node
     import copy
 

@@ -4,7 +4,7 @@ trace replay prices a GPU's engine steps with (`tts.replay.cost.RooflineCost`).
     PYTHONPATH=. python3 docs/gpu/roofline_check.py --out DIR   # about 30 s on an H100
 
 1. **Host**: the functions a vLLM run on this card calls before its engines start:
-   `has_cuda`, `gpu_name`, `profile_for_gpu` (which `conf/device` profile the card gets),
+   `has_cuda`, `gpu_name`, `gpu_by_name` (which datasheet profile the card gets, if any),
    `gpu_profile` (a run that names no device gets its card's profile, not the CPU's) and
    `resolve_dtype("auto")` (bf16 on a GPU).
 2. **Device**: a bf16 matmul's TFLOP/s and a device copy's GB/s (bytes read and written),
@@ -60,12 +60,12 @@ def host_checks() -> dict:
             out[name] = f"ERROR {type(e).__name__}: {e}"
 
     from tts.backends.vllm.engine import gpu_free_bytes, gpu_name, has_cuda, resolve_dtype
-    from tts.memory.device import profile_for_gpu
-    from tts.profiling.calibrate import gpu_profile
+    from tts.memory.gpus import gpu_by_name
+    from tts.profiling.gpu import gpu_profile
 
     check("has_cuda", has_cuda)
     check("gpu_name", gpu_name)
-    check("profile_for_gpu", lambda: profile_for_gpu(gpu_name()))
+    check("gpu_by_name", lambda: getattr(gpu_by_name(gpu_name()), "name", None))
     def chosen():
         profile, note = gpu_profile(load_device("cpu"))
         return f"{profile.name}: {note}"
@@ -192,8 +192,7 @@ def decode_time(model: Model, B: int, ctx: int) -> tuple[float, float]:
     return out
 
 
-def step_rows(device_name: str) -> list[dict]:
-    device = load_device(device_name)
+def step_rows(device) -> list[dict]:
     rows = []
     for name, shape in SHAPES.items():
         model = Model(shape)
@@ -244,13 +243,17 @@ def main() -> int:
         return 2
     t0 = time.time()
     host = host_checks()
-    profile = host.get("profile_for_gpu")
-    profile = profile if isinstance(profile, str) and not profile.startswith("ERROR") else "h100"
+    try:  # the profile a run on this card takes; the h100's where that fails
+        from tts.profiling.gpu import gpu_profile
+
+        profile = gpu_profile(load_device("cpu"))[0]
+    except Exception:  # noqa: BLE001 - the host checks above record the error
+        profile = load_device("h100")
     props = torch.cuda.get_device_properties(0)
     result = dict(host_line=f"{torch.cuda.get_device_name(0)} ({props.multi_processor_count} SMs, "
                             f"{props.total_memory / 2**30:.0f} GiB), torch {torch.__version__}, "
                             f"CUDA {torch.version.cuda}, {platform.processor() or platform.machine()}",
-                  host=host, device_profile=load_device(profile).to_dict())
+                  host=host, device_profile=profile.to_dict())
     result["device"] = device_checks()
     print(json.dumps(result["device"]), flush=True)
     result["steps"] = step_rows(profile)

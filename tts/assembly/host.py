@@ -53,9 +53,10 @@ def model_runner(cfg: Config) -> str | None:
 
 def on_this_host(cfg_node: DictConfig) -> DictConfig:
     """`cfg_node` with `device` this machine's own profile where the configured one is a
-    CPU's, for a run whose generator is vLLM here: on a CUDA host its GPU's profile, by
-    name (`tts.profiling.calibrate.gpu_profile`; `device: cpu` is the default, so a GPU run
-    that names no device gets its card's); on a CPU, this CPU's own calibration where the
+    CPU's, for a run whose generator is vLLM here: on a CUDA host (`models_on_cuda`) its
+    card's profile (`tts.profiling.gpu.gpu_profile`: its datasheet's, else its calibration,
+    else an estimate from its properties; `device: cpu` is the default, so a GPU run that
+    names no device gets its card's); on a CPU, this CPU's own calibration where the
     configured one was measured on another CPU (`host_profile`). A GPU profile given
     (`device=h100`) is kept. The run folder's config records the profile used."""
     backend = cfg_node.generator.backend
@@ -64,12 +65,14 @@ def on_this_host(cfg_node: DictConfig) -> DictConfig:
     import copy
     from dataclasses import fields
 
-    from tts.backends.vllm.engine import has_cuda, resolve_dtype
+    from tts.backends.factory import models_on_cuda
+    from tts.backends.vllm.engine import resolve_dtype
     from tts.memory.device import device_from_dict
-    from tts.profiling.calibrate import gpu_profile, host_profile
+    from tts.profiling.calibrate import host_profile
+    from tts.profiling.gpu import gpu_profile
 
     configured = device_from_dict(OmegaConf.to_container(cfg_node.device, resolve=True))
-    if has_cuda():
+    if models_on_cuda(cfg_node):
         profile, note = gpu_profile(configured)
     else:
         dtype = resolve_dtype(cfg_node.generator.dtype, {"torch_dtype": "bfloat16"})  # what the run prices

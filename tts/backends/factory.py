@@ -177,6 +177,19 @@ class Backends:
         return BackendKind.vllm in (self.cfg.generator.backend, self.cfg.verifier.backend)
 
 
+def models_on_cuda(cfg) -> bool:
+    """Whether the run's models run on a CUDA GPU: a vLLM generator or verifier (the fake
+    backend runs no model) on a host where torch sees a CUDA device. The one test a run's
+    GPU settings follow (`memory: auto`, the device profile, the KV budget from the card's
+    free memory); `cfg` a Config or its DictConfig."""
+    kinds = {getattr(model.backend, "value", model.backend) for model in (cfg.generator, cfg.verifier)}
+    if BackendKind.vllm.value not in kinds:
+        return False
+    from tts.backends.vllm.engine import has_cuda
+
+    return has_cuda()
+
+
 def release_memory() -> None:
     """Free what closed engines held: collect the reference cycles they leave, then, on a
     GPU, hand PyTorch's cached blocks back to the device, so the next engine's start-up

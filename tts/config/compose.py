@@ -9,32 +9,48 @@ a `ConfigError` that names the field and, where known, the valid choices.
 from __future__ import annotations
 
 import dataclasses
+import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+AUTO_GPU_NOTE = ("memory=auto: the models run on a CUDA GPU, so this run takes memory=gpu's settings "
+                 "(conf/memory/gpu.yaml); give memory=cpu or memory=tight to choose another")
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
     """A config key or value is wrong; the message says which and what is valid."""
 
 
-def compose(config_name: str = "config", overrides: list[str] | None = None) -> DictConfig:
+def compose(config_name: str = "config", overrides: list[str] | None = None,
+            on_gpu: Callable[[DictConfig], bool] | None = None) -> DictConfig:
     """Compose `conf/<config_name>.yaml` with Hydra overrides, then validate it, the engine
     length against each model's context included (`tts.config.limits.check_context`: before
     any download).
+
+    `memory: auto` (the default memory choice) composes as `memory=gpu` would, the
+    command line's `memory.KEY=VALUE` on top, where `on_gpu(cfg)` says the models run on a
+    CUDA GPU (a run's verbs pass `tts.backends.factory.models_on_cuda`), with a line that
+    says so; else it is `conf/memory/cpu.yaml`'s. A memory config chosen is kept.
 
     In a compare run (`bench.compare`) the variants are `conf/optim` presets and the
     top-level `optim` is not run: the command line's `optim.KEY=VALUE` overrides are kept
     in `bench.optim_overrides` and go on top of every variant, each checked here so that
     an error names the variant it breaks."""
     overrides = list(overrides or [])
-    cfg = _hydra_compose(config_name, overrides)
+    cfg, memory = _hydra_compose(config_name, overrides)
+    if memory == "auto" and on_gpu is not None and on_gpu(cfg):
+        overrides = [o for o in overrides if o.lstrip("+~").partition("=")[0] != "memory"] + ["memory=gpu"]
+        cfg, _ = _hydra_compose(config_name, overrides)
+        log.warning(AUTO_GPU_NOTE)
     if cfg.bench.compare:
         extra = optim_overrides(overrides)
         if extra:
-            cfg = _hydra_compose(config_name, [o for o in overrides if not _optim_key(o)])
+            cfg, _ = _hydra_compose(config_name, [o for o in overrides if not _optim_key(o)])
             cfg.bench.optim_overrides = list(cfg.bench.optim_overrides) + extra
         preset_optims(list(cfg.bench.compare), list(cfg.bench.optim_overrides))
     from tts.config.limits import check_context
@@ -46,10 +62,12 @@ def compose(config_name: str = "config", overrides: list[str] | None = None) -> 
     return cfg
 
 
-def _hydra_compose(config_name: str, overrides: list[str]) -> DictConfig:
+def _hydra_compose(config_name: str, overrides: list[str]) -> tuple[DictConfig, str | None]:
+    """The composed config, and the memory group's choice (`auto`, `cpu`, ...)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import open_dict
 
     from tts.config.schema import register_configs
 
@@ -57,9 +75,13 @@ def _hydra_compose(config_name: str, overrides: list[str]) -> DictConfig:
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return hydra_compose(config_name=config_name, overrides=overrides)
+            cfg = hydra_compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
     except Exception as err:  # Hydra raises several unrelated types; all mean bad config
         raise ConfigError(explain(err)) from err
+    memory = cfg.hydra.runtime.choices.get("memory")
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg, memory
 
 
 def _optim_key(override: str) -> str | None:

@@ -3,6 +3,8 @@
 Layers, bottom up:
 
 - ``device``: :class:`DeviceProfile` and the ``conf/device/*.yaml`` profiles.
+- ``gpus``: every CUDA card's profile by its name (a datasheet table), or estimated from
+  its properties.
 - ``roofline``: :class:`ModelShape` and FLOP/byte/time estimates of prefill and decode.
 - ``allocator``: FlashTTS's (B_pre, B_dec) search under a shared KV budget.
 - ``policy``: the KV-split policies the engine calls, chosen by name.

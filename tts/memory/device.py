@@ -4,12 +4,13 @@ A profile is one YAML file per device under ``conf/device/`` (a Hydra config gro
 GPU profiles hold datasheet numbers; the CPU profile is measured on the machine by
 :func:`tts.profiling.calibrate.calibrate_cpu`. A GPU profile also holds its measured
 :class:`StepEfficiency`: how far a real engine step falls short of the datasheet roofline
-(``python -m tts.profiling.step_fit``), which the trace replay prices steps with.
+(``python -m tts.profiling.step_fit``), which the trace replay prices steps with. A CUDA
+card without a profile here gets its row of a datasheet table, or an estimate from its
+properties (`tts.memory.gpus`).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -156,27 +157,3 @@ def load_device(name_or_path: str | Path) -> DeviceProfile:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping of device fields")
     return device_from_dict(data)
-
-
-# CUDA device names (`torch.cuda.get_device_name()`) -> the profile in conf/device. The
-# profiles hold the datasheet numbers of one variant each (A100 80GB SXM, H100 SXM, H200
-# SXM, RTX 4090); variants with other bandwidth or compute (PCIe cards, the 40 GB A100)
-# are not matched, so their runs name a profile themselves instead of borrowing another's.
-GPU_PROFILES: tuple[tuple[str, str], ...] = (
-    (r"\bH200\b", "h200"),  # "NVIDIA H200" (not GH200: Grace Hopper is another memory system)
-    (r"\bH100\b(?!.*PCIe)", "h100"),  # "NVIDIA H100 80GB HBM3"
-    (r"\bA100\b(?!.*(PCIe|40GB))", "a100"),  # "NVIDIA A100-SXM4-80GB"
-    (r"\bRTX 4090\b", "rtx4090"),  # "NVIDIA GeForce RTX 4090"
-)
-
-
-def profile_for_gpu(gpu_name: str) -> str:
-    """The `conf/device` profile of the CUDA device called `gpu_name`; ValueError naming
-    the card and the `device=` choices when none matches."""
-    for pattern, profile in GPU_PROFILES:
-        if re.search(pattern, gpu_name, flags=re.IGNORECASE):
-            return profile
-    gpus = [name for name in available_devices() if name != "cpu"]
-    raise ValueError(f"device: no profile matches this GPU ({gpu_name!r}); give the closest one on the "
-                     f"command line, device=<one of {', '.join(gpus)}>, or add conf/device/<name>.yaml "
-                     "with its datasheet numbers")

@@ -5,6 +5,8 @@
 - ``modelled``: the roofline model's view of the same sweep, beside the measured one.
 - ``plots``: the sweep's and the breakdown's figures.
 - ``calibrate``: measures this CPU (matmul rate, bandwidth) into `conf/device/cpu.yaml`.
+- ``gpu``: this host's CUDA card as a profile (datasheet, calibration or estimate), and its
+  calibration.
 - ``step_fit``: a GPU's measured step efficiencies (the `efficiency:` of its
   `conf/device` profile), fitted to the steps `docs/gpu/roofline_check.py` timed on it.
 

@@ -1,7 +1,8 @@
 """Measure a CPU's roofline numbers (matmul rate, memory bandwidth, memory size).
 
-Backs ``tts profile-memory --calibrate``: :func:`calibrate_and_write` measures this
-machine and writes ``conf/device/cpu.yaml``. torch is imported lazily.
+Backs ``tts profile-memory --calibrate`` on a CPU: :func:`calibrate_and_write` measures this
+machine and writes ``conf/device/cpu.yaml`` (a CUDA card: `tts.profiling.gpu`). torch is
+imported lazily.
 """
 
 from __future__ import annotations
@@ -236,17 +237,3 @@ def host_profile(profile: DeviceProfile, cache: Path | None = None,
             f"calibration ({measured.peak_tflops * 1e3:.0f} GFLOP/s, {measured.bandwidth_gbs:.1f} GB/s, "
             f"ridge {measured.ridge_point:.1f} FLOP/byte; {path})")
     return measured, note
-
-
-def gpu_profile(profile: DeviceProfile) -> tuple[DeviceProfile, str]:
-    """On a CUDA host, the profile of its GPU (by the device's name, `profile_for_gpu`) in
-    place of the CPU profile `profile`, with a note: the models run on the GPU, so a CPU's
-    numbers would size the memory split and the speculation width of a GPU run. ValueError
-    naming the `device=` choices for a card no profile matches."""
-    from tts.backends.vllm.engine import gpu_name
-    from tts.memory.device import load_device, profile_for_gpu
-
-    card = gpu_name()
-    chosen = load_device(profile_for_gpu(card))
-    return chosen, (f"device={profile.name}: this host runs the models on a GPU ({card}): using the "
-                    f"{chosen.name} profile (give device=... to choose another)")

@@ -2,8 +2,9 @@
 
 What it does, for a composed run config (thesis chapters 5-6):
 
-1. ``--calibrate`` (or ``profile.calibrate``): measure this CPU, rewrite
-   ``conf/device/cpu.yaml`` and print the numbers.
+1. ``--calibrate`` (or ``profile.calibrate``): measure where the models run and print the
+   numbers: this CPU, rewriting ``conf/device/cpu.yaml``, or the CUDA card, kept for the
+   runs on it (``tts.profiling.gpu``).
 2. Breakdown: start the generator, then the verifier, at the configured split
    (``memory.generator_fraction``, else the first feasible one) and read each engine's
    weights, peak activations, non-torch memory, KV cache bytes and blocks, block size and
@@ -129,17 +130,27 @@ def _results_folder(cfg: DictConfig) -> Path:
 
 
 def _device(cfg: DictConfig, calibrate: bool, console: Console) -> DeviceProfile:
-    from tts.profiling.calibrate import calibrate_and_write
+    """The run's device profile; with `calibrate`, where the models run measured first: the
+    CUDA card (kept for the runs on it, `tts.profiling.gpu`) or this CPU (`conf/device/cpu.yaml`)."""
+    from tts.backends.factory import models_on_cuda
     from tts.memory.device import device_from_dict
+    from tts.profiling.calibrate import calibrate_and_write
 
     device = device_from_dict(dict(cfg.device))
-    if calibrate:
+    if not calibrate:
+        return device
+    if models_on_cuda(cfg):
+        from tts.profiling.gpu import calibrate_gpu_and_keep
+
+        measured, path = calibrate_gpu_and_keep()
+        console.print(f"calibrated {measured.host}: {measured.peak_tflops:.1f} TFLOP/s, {measured.bandwidth_gbs:.0f} "
+                      f"GB/s, {measured.memory_gb:.1f} GB -> {path} (what a run on this card takes where no "
+                      "datasheet profile describes it)", soft_wrap=True)
+    else:
         measured = calibrate_and_write()
         console.print(f"calibrated: {measured.peak_tflops * 1e3:.1f} GFLOP/s, "
                       f"{measured.bandwidth_gbs:.1f} GB/s, {measured.memory_gb:.1f} GB -> conf/device/cpu.yaml")
-        if device.kind == "cpu":
-            device = measured
-    return device
+    return measured if device.kind == "cpu" else device
 
 
 def _print_workload(console: Console, base: Config, overrides: dict[str, Any], num_problems: int) -> None:
