@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tts.markdown import number
 from tts.profiling.modelled import FRACTIONS, static_sweep  # noqa: F401  (public API)
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -289,16 +290,10 @@ def breakdown_table(breakdown: dict[str, dict[str, Any]]) -> Any:
     return table
 
 
-def _fmt(value: Any, spec: str = ".3g") -> str:
-    if value is None:
-        return "-"
-    if spec == "d" and not isinstance(value, int):
-        spec = ".3g"  # KV usage fractions where block counts are unknown (fake backends)
-    return format(value, spec)
-
-
-def _pair(row: dict[str, Any], key: str, spec: str) -> str:
-    return f"{_fmt(row.get('gen_' + key), spec)}/{_fmt(row.get('ver_' + key), spec)}"
+def _pair(row: dict[str, Any], key: str, spec: str | None = None) -> str:
+    """generator/verifier; a count (no `spec`) may be a KV usage fraction where block counts
+    are unknown (fake backends)."""
+    return f"{number(row.get('gen_' + key), spec)}/{number(row.get('ver_' + key), spec)}"
 
 
 def sweep_table(rows: list[dict[str, Any]], modelled: dict[str, Any] | None = None) -> Any:
@@ -317,10 +312,10 @@ def sweep_table(rows: list[dict[str, Any]], modelled: dict[str, Any] | None = No
     for r in rows:
         share = f"{r['generator_fraction']:.2f}"
         speed.add_row(
-            share, _pair(r, "kv_blocks", "d"),
-            _fmt(r.get("system_tokens_per_s"), ".1f"), _fmt(r.get("generator_tokens_per_s"), ".1f"),
-            _fmt(r.get("verifier_tokens_per_s"), ".1f"), _fmt(model_t.get(round(r["generator_fraction"], 6)), ".3g"))
-        cache.add_row(share, _pair(r, "hit_rate", ".2f"), _pair(r, "block_hits", "d"),
-                      _pair(r, "block_misses", "d"), _pair(r, "thrash", "d"), _pair(r, "evictions", "d"),
-                      _pair(r, "kv_blocks_peak", "d"))
+            share, _pair(r, "kv_blocks"),
+            number(r.get("system_tokens_per_s"), "{:.1f}"), number(r.get("generator_tokens_per_s"), "{:.1f}"),
+            number(r.get("verifier_tokens_per_s"), "{:.1f}"),
+            number(model_t.get(round(r["generator_fraction"], 6)), "{:.3g}"))
+        cache.add_row(share, _pair(r, "hit_rate", "{:.2f}"), _pair(r, "block_hits"), _pair(r, "block_misses"),
+                      _pair(r, "thrash"), _pair(r, "evictions"), _pair(r, "kv_blocks_peak"))
     return Group(speed, cache)
