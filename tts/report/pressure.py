@@ -88,7 +88,7 @@ def plot_pressure(path: Path, rows: list[dict[str, Any]]) -> Path | None:
     """Goodput gain (%) of each variant over its run's baseline against the budget's share of
     the working set (log axis), with the 95% intervals, one line per variant and n; the
     paper's points as bars across the fractions its 1.5 GB spans. None without a gain."""
-    from tts.results.plots import pyplot, save_figure
+    from tts.plotting import pyplot, save_figure
 
     series: dict[tuple[str, Any], list[dict]] = {}
     for r in rows:

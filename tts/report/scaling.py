@@ -164,7 +164,7 @@ def plot_ratio_by_n(path: Path, rows: list[dict[str, Any]]) -> Path | None:
     source with its 95% intervals (a colour per source, a marker per variant), simulated
     lines dashed; the paper's Fig. 12 mean as a
     dashed line and its range as a band. None without a ratio to draw."""
-    from tts.results.plots import pyplot, save_figure
+    from tts.plotting import pyplot, save_figure
 
     series: dict[tuple[str, str, bool], list[dict]] = {}
     for r in rows:
