@@ -59,7 +59,7 @@ class RunStore:
         saved = self.saved_config()
         if not saved:
             return []
-        old, new = _flatten(saved), _flatten(config)
+        old, new = flatten(saved), flatten(config)
         skip = ("bench.resume", "bench.order", "bench.warmup", "logger.", "dataset.first_k", "dataset.random_k", "dataset.ids", "dataset.levels")
         return [f"{k}: {old[k]!r} -> {new[k]!r}" for k in sorted(old.keys() & new.keys())
                 if old[k] != new[k] and not k.startswith(skip)
@@ -191,14 +191,19 @@ class RunStore:
             raise ValueError(f"{path}: corrupt summary ({err.msg})") from err
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict:
+def flatten(tree: dict, sep: str = ".", prefix: str = "") -> dict:
+    """Nested mappings as one: {"a": {"b": 1}} -> {"a.b": 1}, the keys joined by `sep` (a
+    config compared setting by setting; "/" for the W&B summary)."""
     out = {}
     for key, value in tree.items():
         if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
+            out.update(flatten(value, sep, f"{prefix}{key}{sep}"))
         else:
             out[f"{prefix}{key}"] = value
     return out
+
+
+_flatten = flatten  # tts/results/merge.py imports this name until it moves (issue 69's next step)
 
 
 def _jsonable(obj):
