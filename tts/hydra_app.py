@@ -96,12 +96,13 @@ def _in_job_folder(run) -> str:
     from hydra.core.hydra_config import HydraConfig
 
     from tts.config.compose import compose
+    from tts.results.store import JOB
 
     hc = HydraConfig.get()
     folder = Path(hc.runtime.output_dir)
     mine = [o for o in hc.overrides.task if not o.lstrip("+~").startswith("hydra")]
     cfg = compose(hc.job.config_name, mine + [f"bench.results_dir='{folder.parent}'", f"bench.run_name='{folder.name}'"])
     path = Path(run(cfg))
-    (path / "job.json").write_text(json.dumps({"overrides": mine, "job": hc.job.num, "pid": os.getpid(),
+    (path / JOB).write_text(json.dumps({"overrides": mine, "job": hc.job.num, "pid": os.getpid(),
                                                "host": socket.gethostname()}, indent=2))
     return str(path)

@@ -15,7 +15,8 @@ What it does, for a composed run config (thesis chapters 5-6):
    throughputs, prefix-cache hit rates, thrash and KV blocks per scheduling step
    (`profile_sweep`). Splits whose KV share cannot hold one sequence are skipped, with why.
 4. Write ``profile.json`` (the ``sweep`` rows are what ``tts report`` plots), the
-   resolved ``config.yaml`` and the PNG plots (`profile_plots`) into one results folder,
+   resolved ``config.yaml`` and the PNG plots (`profile_plots`) into one run folder
+   (`RunStore.create`),
    and print the breakdown and the sweep as tables. The roofline model's view of the same
    splits is kept under ``modelled`` for comparison.
 
@@ -26,12 +27,11 @@ so that the default profile finishes in minutes.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tts.markdown import number
-from tts.profiling.modelled import FRACTIONS, static_sweep  # noqa: F401  (public API)
+from tts.results.store import PROFILE, RunStore
 
 if TYPE_CHECKING:  # pragma: no cover
     from omegaconf import DictConfig
@@ -43,7 +43,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from tts.profiling.sweep import SplitRun
 
 MIB = 2**20
-PROFILE_JSON = "profile.json"
 
 
 def profile_memory(cfg: DictConfig, calibrate: bool = False, console: Console | None = None) -> Path:
@@ -51,8 +50,8 @@ def profile_memory(cfg: DictConfig, calibrate: bool = False, console: Console | 
 
     The breakdown is taken at ``memory.generator_fraction`` or, when one engine cannot
     start there, at the first share in the sweep where both can. Raises ValueError for an
-    invalid ``profile`` section, an existing non-empty results folder, an empty problem
-    subset, or a KV budget where no share starts both engines.
+    invalid ``profile`` section, an empty problem subset, or a KV budget where no share
+    starts both engines, and FileExistsError for a results folder that holds files.
     """
     from rich.console import Console
 
@@ -70,7 +69,7 @@ def profile_memory(cfg: DictConfig, calibrate: bool = False, console: Console | 
     overrides = workload_overrides(cfg)
     share = _breakdown_share(cfg, overrides, fractions)
     run_order = ([share] if share in fractions else []) + [f for f in fractions if f != share]
-    folder = _results_folder(cfg)
+    store = RunStore.create(cfg.bench.results_dir, cfg.bench.run_name, False, "profile", resumable=False)
     device = _device(cfg, calibrate, console)
     base = split_config(cfg, share, overrides)
     problems = load_problems_for(base)[: int(cfg.profile.num_problems)]
@@ -86,10 +85,10 @@ def profile_memory(cfg: DictConfig, calibrate: bool = False, console: Console | 
     finally:
         backends.close()
     profile = assemble(cfg, base, device, overrides, problems, breakdown, runs, skipped, fractions)
-    _write(folder, cfg, profile)
+    _write(store, cfg, profile)
     console.print(sweep_table(profile["sweep"], profile.get("modelled")))
-    console.print(f"profile written to {folder}")
-    return folder
+    console.print(f"profile written to {store.path}")
+    return store.path
 
 
 def _fractions(cfg: DictConfig) -> list[float]:
@@ -118,15 +117,6 @@ def _breakdown_share(cfg: DictConfig, overrides: dict[str, Any], shares: list[fl
             return f
         reasons.append(f"{f:g}: {why}")
     raise ValueError("memory.kv_cache_gib: no generator share can start both engines; " + "; ".join(reasons))
-
-
-def _results_folder(cfg: DictConfig) -> Path:
-    name = cfg.bench.run_name or time.strftime("profile-%Y%m%d-%H%M%S")
-    folder = Path(cfg.bench.results_dir) / name
-    if folder.exists() and any(folder.iterdir()):
-        raise ValueError(f"results folder {folder} already holds files; choose another bench.run_name")
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
 
 
 def _device(cfg: DictConfig, calibrate: bool, console: Console) -> DeviceProfile:
@@ -254,13 +244,13 @@ def _vllm_version(cfg: Config) -> str | None:
     return str(vllm.__version__)
 
 
-def _write(folder: Path, cfg: DictConfig, profile: dict[str, Any]) -> None:
+def _write(store: RunStore, cfg: DictConfig, profile: dict[str, Any]) -> None:
     from tts.config.compose import to_yaml
     from tts.profiling.plots import write_plots
 
-    (folder / "config.yaml").write_text(to_yaml(cfg))
-    profile["plots"] = write_plots(folder, profile)
-    (folder / PROFILE_JSON).write_text(json.dumps(profile, indent=1, default=str))
+    store.write_config(to_yaml(cfg))
+    profile["plots"] = write_plots(store.path, profile)
+    (store.path / PROFILE).write_text(json.dumps(profile, indent=1, default=str))
 
 
 def _mib(value: Any) -> str:

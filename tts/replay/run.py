@@ -30,7 +30,7 @@ from tts.markdown import markdown_table, number
 from tts.replay.provenance import ReplayProvenance, write_markdown
 from tts.results.ratios import ratio
 from tts.results.store import RunStore
-from tts.trace.format import TRACE, read_trace
+from tts.trace.format import read_trace
 
 
 def pin_dtypes(cfg: DictConfig, recorded_host: dict | None) -> None:
@@ -135,7 +135,7 @@ def run_replay(run_dir: Path, overrides: list[str], results_dir: Path | None = N
     saved = store.saved_config()
     if not saved:
         raise ConfigError(f"{run_dir}: not a run folder (no config.yaml)")
-    trace = read_trace(run_dir / TRACE)
+    trace = read_trace(store.trace)
     recorded = store.summary()
     recorded_cfg: Config = validate(OmegaConf.merge(OmegaConf.structured(Config), saved))
     cfg_node, options = replay_config(saved, overrides)
@@ -163,7 +163,7 @@ def run_replay(run_dir: Path, overrides: list[str], results_dir: Path | None = N
     out = RunStore(path)
     summary = out.summary()
     against, replayed = against_recorded(recorded, summary), watch.summary()
-    summary["simulated"] = {**host, "trace": str(run_dir / TRACE),
+    summary["simulated"] = {**host, "trace": str(store.trace),
                             "trace_truncated": trace.truncated, "served": backends.counts_dict(),
                             "served_lines": backends.served_lines(), "against_recorded": against, **replayed,
                             "against_recorded_md": "\n\n".join(filter(None, [

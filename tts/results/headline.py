@@ -14,9 +14,9 @@ from pathlib import Path
 
 from tts.markdown import markdown_table
 from tts.results.host import hosts_lines
+from tts.results.store import SUMMARY_MD
 from tts.results.tree import plain_lines, verifier_brief
 
-SUMMARY_MD = "summary.md"
 # the ratios the headline shows, by their summary key, with a short name and the way that is
 # better (up: higher is better)
 KEY_RATIOS = (("precise_goodput", "goodput", "↑"), ("latency_s_mean", "latency", "↓"),

@@ -19,7 +19,6 @@ from tts.results.records import accuracy_summary, pair_key, paired_accuracy
 from tts.results.store import RunStore
 from tts.results.host_time import add_host_time
 from tts.results.tree import describe, diversity
-from tts.trace.format import TRACE
 
 
 def variant_summary(records: list[dict], step_log: dict | None, wall_s: float | None,
@@ -236,7 +235,7 @@ def write_summary(store: RunStore, names: list[str], step_logs: dict[str, dict],
     if len(names) > 1:
         _compare(summary, records, by_variant)
     summary.update(extra or {})  # what the caller adds (`tts merge`: the shards)
-    guarded("tree and verifier", describe, summary, by_variant, store.saved_config(), store.path / TRACE)
+    guarded("tree and verifier", describe, summary, by_variant, store.saved_config(), store.trace)
     if STATISTICS_ERRORS:
         summary["statistics_errors"] = STATISTICS_ERRORS.copy()
         STATISTICS_ERRORS.clear()
