@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from tts.markdown import is_number, markdown_table, number
 from tts.results.host_time import HOST_ROWS
-from tts.results.pressure import PRESSURE_ROWS
+from tts.results.pool_counts import POOL_ROWS
 
 # (summary key, label, higher is better)
 RATIO_METRICS = [
@@ -28,7 +28,7 @@ RATIO_METRICS = [
     ("pass@n", "pass@N", True),
     ("gen_cache_hit_rate", "generator prefix-cache hit rate", True),
     ("ver_cache_hit_rate", "verifier prefix-cache hit rate", True),
-    *PRESSURE_ROWS,
+    *POOL_ROWS,
     ("gen_bound_s_mean", "generator time lower bound, same work (s)", False),
     ("latency_bound_s_mean", "completion latency lower bound, same work (s)", False),
     ("bound_share", "latency bound / latency (1: nothing left to schedule)", True),
