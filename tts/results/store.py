@@ -155,14 +155,8 @@ class RunStore:
 
     def step_logs(self) -> dict[str, dict]:
         """What `write_step_logs` wrote last; {} when there is none (a run from before it)."""
-        path = self.path / STEP_LOGS
-        if not path.exists():
-            return {}
-        try:
-            return json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}: corrupt step statistics ({err.msg}); delete it to resume "
-                             "without the earlier part's batch utilisation") from err
+        return self._read_json(STEP_LOGS, {}, "step statistics",
+                               "; delete it to resume without the earlier part's batch utilisation")
 
     def write_raw_generator(self, raw: dict) -> None:
         """Raw vLLM's generator tok/s measured for this run (`bench.raw_generator`)."""
@@ -170,14 +164,8 @@ class RunStore:
 
     def raw_generator(self) -> dict | None:
         """What `write_raw_generator` wrote; None when the run measured none."""
-        path = self.path / RAW_GENERATOR
-        if not path.exists():
-            return None
-        try:
-            return json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}: corrupt raw generator measurement ({err.msg}); delete it and "
-                             "resume to measure again") from err
+        return self._read_json(RAW_GENERATOR, None, "raw generator measurement",
+                               "; delete it and resume to measure again")
 
     def write_skipped(self, skipped: list[dict]) -> None:
         """The problems the run left out (a prompt longer than the engines hold), each with
@@ -186,13 +174,7 @@ class RunStore:
 
     def skipped(self) -> list[dict]:
         """What `write_skipped` wrote; [] when the run skipped nothing (or predates it)."""
-        path = self.path / SKIPPED
-        if not path.exists():
-            return []
-        try:
-            return json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}: corrupt list of skipped problems ({err.msg})") from err
+        return self._read_json(SKIPPED, [], "list of skipped problems")
 
     def summary(self) -> dict:
         path = self.path / SUMMARY
@@ -203,10 +185,18 @@ class RunStore:
         if not path.exists():
             raise FileNotFoundError(f"{self.path}: no {SUMMARY} (the run did not finish; `tts eval {self.path}` "
                                     "rebuilds it from the records)")
+        return self._read_json(SUMMARY, None, "summary")
+
+    def _read_json(self, name: str, missing, what: str, advice: str = ""):
+        """The run folder's JSON file `name`, or `missing` where there is none; a ValueError
+        that says `what` is corrupt (then `advice`) where it does not parse."""
+        path = self.path / name
+        if not path.exists():
+            return missing
         try:
             return json.loads(path.read_text())
         except json.JSONDecodeError as err:
-            raise ValueError(f"{path}: corrupt summary ({err.msg})") from err
+            raise ValueError(f"{path}: corrupt {what} ({err.msg}){advice}") from err
 
 
 def flatten(tree: dict, sep: str = ".", prefix: str = "") -> dict:
