@@ -137,7 +137,7 @@ def test_no_arrows_back_up_from_results_trace_and_replay() -> None:
               for m in graph for layer in above if inside(m, layer)}
     assert not {m: e for m, e in upward.items() if e}, {m: e for m, e in upward.items() if e}
     # the graph holds the arrows down that the layers are for
-    assert "tts.trace.format" in graph["tts.results.summary"] and "tts.trace.format" in graph["tts.results.tree"]
+    assert "tts.trace.format" in graph["tts.results.store"] and "tts.trace.format" in graph["tts.results.tree"]
     assert "tts.bench.loop" in graph["tts.replay.run"] and "tts.bench.loop" in graph["tts.runner"]
 
 

@@ -16,8 +16,8 @@ from tts.backends.vllm.engine import dtype_bytes
 from tts.config.compose import compose
 from tts.memory.allocator import Workload, evaluate_allocation, search_allocation
 from tts.memory.device import load_device
-from tts.profiling.verb import FRACTIONS, profile_memory, static_sweep, sweep_table
-from tts.profiling.modelled import modelled_sweep
+from tts.profiling.verb import profile_memory, sweep_table
+from tts.profiling.modelled import FRACTIONS, modelled_sweep, static_sweep
 from tts.profiling.sweep import workload_overrides
 from tts.memory.roofline import ModelShape
 from tts.models.cache import is_present
@@ -112,7 +112,7 @@ def test_fake_backend_profile_writes_the_folder(tmp_path):
     assert set(profile["kv_blocks_per_step"]) == {"tight", "loose"}
     assert split_sweep(profile)[0] == "generator_fraction"  # `tts report` reads the sweep
     assert "KV split sweep" in out.getvalue()
-    with pytest.raises(ValueError, match="already holds files"):
+    with pytest.raises(FileExistsError, match="already holds a run; choose another bench.run_name"):
         profile_memory(cfg, console=Console(file=io.StringIO()))
 
 

@@ -97,6 +97,7 @@ def _in_job_folder(run) -> str:
 
     from tts.backends.factory import models_on_cuda
     from tts.config.compose import compose
+    from tts.results.store import JOB
 
     hc = HydraConfig.get()
     folder = Path(hc.runtime.output_dir)
@@ -104,6 +105,6 @@ def _in_job_folder(run) -> str:
     cfg = compose(hc.job.config_name, mine + [f"bench.results_dir='{folder.parent}'", f"bench.run_name='{folder.name}'"],
                   on_gpu=models_on_cuda)  # the memory settings of the host the job runs on
     path = Path(run(cfg))
-    (path / "job.json").write_text(json.dumps({"overrides": mine, "job": hc.job.num, "pid": os.getpid(),
+    (path / JOB).write_text(json.dumps({"overrides": mine, "job": hc.job.num, "pid": os.getpid(),
                                                "host": socket.gethostname()}, indent=2))
     return str(path)

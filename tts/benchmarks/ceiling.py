@@ -27,6 +27,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from tts.config.limits import PROMPT_ROOM, ceiling_length
+from tts.markdown import markdown_table
 
 RAW = "raw"
 
@@ -220,11 +221,11 @@ class _Timer:
 def format_ceiling(rows: list[dict]) -> str:
     """The Markdown table: raw tok/s and each sampler's engine/raw ratio, per batch."""
     samplers = list(dict.fromkeys(r["sampler"] for r in rows))
-    head = "| batch | raw tok/s | " + " | ".join(f"engine ({s}) tok/s | {s}/raw" for s in samplers) + " |"
-    lines = [head, "|---" * (2 + 2 * len(samplers)) + "|"]
+    head = ["batch", "raw tok/s", *(c for s in samplers for c in (f"engine ({s}) tok/s", f"{s}/raw"))]
+    lines = []
     for batch in dict.fromkeys(r["batch"] for r in rows):
         mine = {r["sampler"]: r for r in rows if r["batch"] == batch}
         raw = next(iter(mine.values()))["raw_tok_s"]
-        cells = [f"{mine[s]['engine_tok_s']:.0f} | {mine[s]['ratio']:.2f}" for s in samplers]
-        lines.append(f"| {batch} | {raw:.0f} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        lines.append([batch, f"{raw:.0f}", *(c for s in samplers
+                                               for c in (f"{mine[s]['engine_tok_s']:.0f}", f"{mine[s]['ratio']:.2f}"))])
+    return markdown_table(head, lines)

@@ -15,12 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from tts.backends.vllm.memory_breakdown import COMPONENTS
-from tts.results.plots import pyplot, save_figure
+from tts.plotting import pyplot, save_figure
 
 MIB = 2**20
 ROLES = (("generator", "gen"), ("verifier", "ver"))
-
-
 
 
 def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tts.markdown import markdown_table
 from tts.memory.device import DeviceProfile, StepEfficiency, device_from_dict
 
 GRID = (np.round(np.arange(0.30, 1.001, 0.01), 2), np.arange(0, 121, 1.0))  # shares; us per layer
@@ -78,19 +79,17 @@ def efficiency(check: dict, path: str) -> StepEfficiency:
                           f"{len(check['steps'])} steps, rms error {rms:.0%}, max {worst:.0%}")
 
 
-def table(check: dict, eff: StepEfficiency) -> list[str]:
-    """Each step measured, and priced under both modes (kernels only), as Markdown rows."""
+def table(check: dict, eff: StepEfficiency) -> str:
+    """Each step measured, and priced under both modes (kernels only), as a Markdown table."""
     device: DeviceProfile = device_from_dict(check["device_profile"])
     flops, bytes_, layers, seconds = steps_of(check)
     datasheet = np.maximum(flops / (device.peak_tflops * 1e12), bytes_ / (device.bandwidth_gbs * 1e9))
     measured = layers * eff.layer_us * 1e-6 + np.maximum(flops / (device.peak_tflops * 1e12 * eff.compute),
                                                          bytes_ / (device.bandwidth_gbs * 1e9 * eff.memory))
-    rows = ["| model | stage | batch | context / tokens | measured (ms) | datasheet / measured | "
-            "measured price / measured |", "|---|---|---|---|---|---|---|"]
-    for r, t, a, b in zip(check["steps"], seconds, datasheet, measured):
-        rows.append(f"| {r['model']} | {r['stage']} | {r['batch']} | {r['ctx']} | {t * 1e3:.3f} | "
-                    f"{a / t:.2f} | {b / t:.2f} |")
-    return rows
+    return markdown_table(["model", "stage", "batch", "context / tokens", "measured (ms)", "datasheet / measured",
+                           "measured price / measured"],
+                          ([r["model"], r["stage"], r["batch"], r["ctx"], f"{t * 1e3:.3f}", f"{a / t:.2f}", f"{b / t:.2f}"]
+                           for r, t, a, b in zip(check["steps"], seconds, datasheet, measured)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     print("efficiency:")
     print(f"  compute: {eff.compute:g}\n  memory: {eff.memory:g}\n  layer_us: {eff.layer_us:g}")
     print(f"  source: {json.dumps(eff.source)}\n")
-    print("\n".join(table(check, eff)))
+    print(table(check, eff))
     return 0
 
 

@@ -16,7 +16,8 @@ What it does, for a composed run config (thesis chapters 5-6):
    throughputs, prefix-cache hit rates, thrash and KV blocks per scheduling step
    (`profile_sweep`). Splits whose KV share cannot hold one sequence are skipped, with why.
 4. Write ``profile.json`` (the ``sweep`` rows are what ``tts report`` plots), the
-   resolved ``config.yaml`` and the PNG plots (`profile_plots`) into one results folder,
+   resolved ``config.yaml`` and the PNG plots (`profile_plots`) into one run folder
+   (`RunStore.create`),
    and print the breakdown and the sweep as tables. The roofline model's view of the same
    splits is kept under ``modelled`` for comparison.
 
@@ -27,11 +28,11 @@ so that the default profile finishes in minutes.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tts.profiling.modelled import FRACTIONS, static_sweep  # noqa: F401  (public API)
+from tts.markdown import number
+from tts.results.store import PROFILE, RunStore
 
 if TYPE_CHECKING:  # pragma: no cover
     from omegaconf import DictConfig
@@ -43,7 +44,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from tts.profiling.sweep import SplitRun
 
 MIB = 2**20
-PROFILE_JSON = "profile.json"
 
 
 def profile_memory(cfg: DictConfig, calibrate: bool = False, console: Console | None = None) -> Path:
@@ -51,8 +51,8 @@ def profile_memory(cfg: DictConfig, calibrate: bool = False, console: Console | 
 
     The breakdown is taken at ``memory.generator_fraction`` or, when one engine cannot
     start there, at the first share in the sweep where both can. Raises ValueError for an
-    invalid ``profile`` section, an existing non-empty results folder, an empty problem
-    subset, or a KV budget where no share starts both engines.
+    invalid ``profile`` section, an empty problem subset, or a KV budget where no share
+    starts both engines, and FileExistsError for a results folder that holds files.
     """
     from rich.console import Console
 
@@ -70,7 +70,7 @@ def profile_memory(cfg: DictConfig, calibrate: bool = False, console: Console | 
     overrides = workload_overrides(cfg)
     share = _breakdown_share(cfg, overrides, fractions)
     run_order = ([share] if share in fractions else []) + [f for f in fractions if f != share]
-    folder = _results_folder(cfg)
+    store = RunStore.create(cfg.bench.results_dir, cfg.bench.run_name, False, "profile", resumable=False)
     device = _device(cfg, calibrate, console)
     base = split_config(cfg, share, overrides)
     problems = load_problems_for(base)[: int(cfg.profile.num_problems)]
@@ -86,10 +86,10 @@ def profile_memory(cfg: DictConfig, calibrate: bool = False, console: Console | 
     finally:
         backends.close()
     profile = assemble(cfg, base, device, overrides, problems, breakdown, runs, skipped, fractions)
-    _write(folder, cfg, profile)
+    _write(store, cfg, profile)
     console.print(sweep_table(profile["sweep"], profile.get("modelled")))
-    console.print(f"profile written to {folder}")
-    return folder
+    console.print(f"profile written to {store.path}")
+    return store.path
 
 
 def _fractions(cfg: DictConfig) -> list[float]:
@@ -118,15 +118,6 @@ def _breakdown_share(cfg: DictConfig, overrides: dict[str, Any], shares: list[fl
             return f
         reasons.append(f"{f:g}: {why}")
     raise ValueError("memory.kv_cache_gib: no generator share can start both engines; " + "; ".join(reasons))
-
-
-def _results_folder(cfg: DictConfig) -> Path:
-    name = cfg.bench.run_name or time.strftime("profile-%Y%m%d-%H%M%S")
-    folder = Path(cfg.bench.results_dir) / name
-    if folder.exists() and any(folder.iterdir()):
-        raise ValueError(f"results folder {folder} already holds files; choose another bench.run_name")
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
 
 
 def _device(cfg: DictConfig, calibrate: bool, console: Console) -> DeviceProfile:
@@ -264,13 +255,13 @@ def _vllm_version(cfg: Config) -> str | None:
     return str(vllm.__version__)
 
 
-def _write(folder: Path, cfg: DictConfig, profile: dict[str, Any]) -> None:
+def _write(store: RunStore, cfg: DictConfig, profile: dict[str, Any]) -> None:
     from tts.config.compose import to_yaml
     from tts.profiling.plots import write_plots
 
-    (folder / "config.yaml").write_text(to_yaml(cfg))
-    profile["plots"] = write_plots(folder, profile)
-    (folder / PROFILE_JSON).write_text(json.dumps(profile, indent=1, default=str))
+    store.write_config(to_yaml(cfg))
+    profile["plots"] = write_plots(store.path, profile)
+    (store.path / PROFILE).write_text(json.dumps(profile, indent=1, default=str))
 
 
 def _mib(value: Any) -> str:
@@ -300,16 +291,10 @@ def breakdown_table(breakdown: dict[str, dict[str, Any]]) -> Any:
     return table
 
 
-def _fmt(value: Any, spec: str = ".3g") -> str:
-    if value is None:
-        return "-"
-    if spec == "d" and not isinstance(value, int):
-        spec = ".3g"  # KV usage fractions where block counts are unknown (fake backends)
-    return format(value, spec)
-
-
-def _pair(row: dict[str, Any], key: str, spec: str) -> str:
-    return f"{_fmt(row.get('gen_' + key), spec)}/{_fmt(row.get('ver_' + key), spec)}"
+def _pair(row: dict[str, Any], key: str, spec: str | None = None) -> str:
+    """generator/verifier; a count (no `spec`) may be a KV usage fraction where block counts
+    are unknown (fake backends)."""
+    return f"{number(row.get('gen_' + key), spec)}/{number(row.get('ver_' + key), spec)}"
 
 
 def sweep_table(rows: list[dict[str, Any]], modelled: dict[str, Any] | None = None) -> Any:
@@ -328,10 +313,10 @@ def sweep_table(rows: list[dict[str, Any]], modelled: dict[str, Any] | None = No
     for r in rows:
         share = f"{r['generator_fraction']:.2f}"
         speed.add_row(
-            share, _pair(r, "kv_blocks", "d"),
-            _fmt(r.get("system_tokens_per_s"), ".1f"), _fmt(r.get("generator_tokens_per_s"), ".1f"),
-            _fmt(r.get("verifier_tokens_per_s"), ".1f"), _fmt(model_t.get(round(r["generator_fraction"], 6)), ".3g"))
-        cache.add_row(share, _pair(r, "hit_rate", ".2f"), _pair(r, "block_hits", "d"),
-                      _pair(r, "block_misses", "d"), _pair(r, "thrash", "d"), _pair(r, "evictions", "d"),
-                      _pair(r, "kv_blocks_peak", "d"))
+            share, _pair(r, "kv_blocks"),
+            number(r.get("system_tokens_per_s"), "{:.1f}"), number(r.get("generator_tokens_per_s"), "{:.1f}"),
+            number(r.get("verifier_tokens_per_s"), "{:.1f}"),
+            number(model_t.get(round(r["generator_fraction"], 6)), "{:.3g}"))
+        cache.add_row(share, _pair(r, "hit_rate", "{:.2f}"), _pair(r, "block_hits"), _pair(r, "block_misses"),
+                      _pair(r, "thrash"), _pair(r, "evictions"), _pair(r, "kv_blocks_peak"))
     return Group(speed, cache)

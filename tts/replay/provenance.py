@@ -132,7 +132,8 @@ def _line(first: dict) -> str:
 def write_markdown(path: Path, summary: dict) -> None:
     """summary.md with the replay's own section after the run's tables: its provenance,
     first divergences, what it drew and the recorded run beside it."""
-    from tts.results.headline import SUMMARY_MD, summary_markdown
+    from tts.results.headline import summary_markdown
+    from tts.results.store import SUMMARY_MD
 
     replay = (summary.get("simulated") or {}).get("against_recorded_md")
     (Path(path) / SUMMARY_MD).write_text(summary_markdown(summary) + (f"\n## Replay\n\n{replay}\n" if replay else ""))

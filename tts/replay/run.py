@@ -26,9 +26,11 @@ from tts.config.compose import ConfigError, validate
 from tts.config.saved_run import replay_config
 from tts.config.schema import Config
 from tts.kv_budget import kv_of_working_set
+from tts.markdown import markdown_table, number
 from tts.replay.provenance import ReplayProvenance, write_markdown
+from tts.results.ratios import ratio
 from tts.results.store import RunStore
-from tts.trace.format import TRACE, read_trace
+from tts.trace.format import read_trace
 
 
 def pin_dtypes(cfg: DictConfig, recorded_host: dict | None) -> None:
@@ -133,7 +135,7 @@ def run_replay(run_dir: Path, overrides: list[str], results_dir: Path | None = N
     saved = store.saved_config()
     if not saved:
         raise ConfigError(f"{run_dir}: not a run folder (no config.yaml)")
-    trace = read_trace(run_dir / TRACE)
+    trace = read_trace(store.trace)
     recorded = store.summary()
     recorded_cfg: Config = validate(OmegaConf.merge(OmegaConf.structured(Config), saved))
     cfg_node, options = replay_config(saved, overrides)
@@ -161,7 +163,7 @@ def run_replay(run_dir: Path, overrides: list[str], results_dir: Path | None = N
     out = RunStore(path)
     summary = out.summary()
     against, replayed = against_recorded(recorded, summary), watch.summary()
-    summary["simulated"] = {**host, "trace": str(run_dir / TRACE),
+    summary["simulated"] = {**host, "trace": str(store.trace),
                             "trace_truncated": trace.truncated, "served": backends.counts_dict(),
                             "served_lines": backends.served_lines(), "against_recorded": against, **replayed,
                             "against_recorded_md": "\n\n".join(filter(None, [
@@ -195,7 +197,7 @@ def against_recorded(recorded: dict, replayed: dict) -> dict:
         first = names[0]
         for name in names[1:]:
             out["ratios"][f"{name}/{first}"] = {
-                key: _trio(_div(rec[name].get(key), rec[first].get(key)), _div(rep[name].get(key), rep[first].get(key)))
+                key: _trio(ratio(rec[name].get(key), rec[first].get(key)), ratio(rep[name].get(key), rep[first].get(key)))
                 for key, _ in COMPARED}
     return out
 
@@ -204,22 +206,11 @@ def format_against(against: dict) -> str:
     """The replay against the recorded run, as a Markdown table (each variant's compared
     metrics, then each variant's ratio to the first)."""
     labels = dict(COMPARED)
-    rows = ["| variant | metric | recorded | simulated | simulated/recorded |", "|---|---|---|---|---|"]
-    for group in ("variants", "ratios"):
-        for name, metrics in against.get(group, {}).items():
-            for key, trio in metrics.items():
-                rows.append(f"| {name} | {labels[key]} | {_fmt(trio['recorded'])} | {_fmt(trio['replayed'])} | "
-                            f"{_fmt(trio['replayed/recorded'])} |")
-    return "\n".join(rows) if len(rows) > 2 else ""
-
-
-def _fmt(x) -> str:
-    return "-" if x is None else f"{x:.4g}"
-
-
-def _div(a, b):
-    return a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
+    rows = [[name, labels[key], *(number(trio[k], "{:.4g}") for k in ("recorded", "replayed", "replayed/recorded"))]
+            for group in ("variants", "ratios") for name, metrics in against.get(group, {}).items()
+            for key, trio in metrics.items()]
+    return markdown_table(["variant", "metric", "recorded", "simulated", "simulated/recorded"], rows) if rows else ""
 
 
 def _trio(recorded, replayed) -> dict:
-    return {"recorded": recorded, "replayed": replayed, "replayed/recorded": _div(replayed, recorded)}
+    return {"recorded": recorded, "replayed": replayed, "replayed/recorded": ratio(replayed, recorded)}

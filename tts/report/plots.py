@@ -11,9 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tts.markdown import is_number
+from tts.plotting import pyplot, save_figure
 from tts.report.tables import Column, engine_label
 from tts.results.plots import plot_frontier as draw_frontier
-from tts.results.plots import pyplot, save_figure
 
 ACCURACY = [("acc_majority", "majority"), ("acc_weighted", "weighted"), ("acc_prm_max", "PRM-max"),
             ("pass@n", "pass@N")]
@@ -22,8 +23,6 @@ SWEEP_KEYS = ("sweep", "split_sweep", "splits", "curve")
 SPLIT_KEYS = ("generator_fraction", "split", "gen_fraction", "fraction")
 MAX_SWEEP_PANELS = 4
 MAX_BAR_LABELS = 48
-
-
 
 
 def plot_by_n(path: Path, columns: list[Column]) -> Path | None:
@@ -107,9 +106,9 @@ def split_sweep(profile: dict[str, Any]) -> tuple[str, list[dict[str, float]]] |
         if isinstance(sweep, dict):
             sweep = [{"split": _float(s), **v} for s, v in sweep.items() if isinstance(v, dict)]
         if isinstance(sweep, list) and sweep and all(isinstance(r, dict) for r in sweep):
-            split = next((s for s in SPLIT_KEYS if all(_is_num(r.get(s)) for r in sweep)), None)
+            split = next((s for s in SPLIT_KEYS if all(is_number(r.get(s)) for r in sweep)), None)
             if split is not None:
-                rows = [{k: float(v) for k, v in r.items() if _is_num(v)} for r in sweep]
+                rows = [{k: float(v) for k, v in r.items() if is_number(v)} for r in sweep]
                 return split, sorted(rows, key=lambda r: r[split])
     return None
 
@@ -213,11 +212,7 @@ COLUMN_PLOTS: list[tuple[str, str, PlotFn]] = [
 
 def _num(metrics: dict[str, Any], key: str) -> float:
     value = metrics.get(key)
-    return float(value) if _is_num(value) else 0.0
-
-
-def _is_num(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return float(value) if is_number(value) else 0.0
 
 
 def _float(text: Any) -> float | None:

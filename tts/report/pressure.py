@@ -16,7 +16,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tts.markdown import markdown_table, number
 from tts.report.sources import RunData
+from tts.report.tables import ratio_cell
+from tts.results.ratios import ratio
 
 # (label, goodput gain, working-set fractions of 1.5 GB at n=512 and n=64) from the paper's Sec. 6.4.4
 PAPER_POINTS = [("paper P", 0.58, 0.023, 0.185), ("paper M+P", 1.45, 0.023, 0.185)]
@@ -47,7 +50,7 @@ def pressure_rows(runs: list[RunData]) -> list[dict[str, Any]]:
                         "ver_cache_hit_rate"):
                 row[key] = s.get(key)
             if name != base:
-                point = {k: _ratio(s.get(k), run.variants[base].get(k)) for k, _ in GAINS}
+                point = {k: ratio(s.get(k), run.variants[base].get(k)) for k, _ in GAINS}
                 cis = speed_intervals(run.variant_records(base), run.variant_records(name), point)
                 for key, _ in GAINS:
                     ci = cis[key]
@@ -65,37 +68,27 @@ def _where(run: RunData) -> str:
     return f"simulated {(host.get('device') or {}).get('name', '')}".strip() if host.get("simulated") else "measured"
 
 
-def _ratio(a: Any, b: Any) -> float | None:
-    return a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
-
-
 def pressure_table(rows: list[dict[str, Any]]) -> str:
     """The sweep as a Markdown table: one line per cell and variant."""
     head = ["where", "n", "path tokens", "budget / working set", "KV GiB", "variant", "goodput / baseline [95%]", "problems/min / baseline [95%]",
             "gen thrash / prefill", "gen thrash blocks", "gen evicted", "gen preempted", "ver thrash / prefill",
             "ver thrash blocks", "gen hit rate", "ver hit rate"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in sorted(rows, key=lambda r: (r["where"], r["n"] or 0, r["path_tokens"] or 0, r["fraction"], r["run"],
-                                         r["variant"] != r["baseline"])):
-        gains = [f"{_f(r.get(k), '{:.2f}x')} {r.get(f'{k}_text', '')}".strip() if r["variant"] != r["baseline"]
-                 else "(baseline)" for k, _ in GAINS]
-        cells = [r["where"], r["n"], r["path_tokens"], _f(r["fraction"], "{:.3g}"), _f(r["kv_cache_gib"], "{:.3g}"), r["variant"], *gains,
-                 _f(r["gen_thrash_share"], "{:.1%}"), r["gen_thrash_blocks"], r["gen_evictions"],
-                 r["gen_preemptions"], _f(r["ver_thrash_share"], "{:.1%}"), r["ver_thrash_blocks"],
-                 _f(r["gen_cache_hit_rate"], "{:.3f}"), _f(r["ver_cache_hit_rate"], "{:.3f}")]
-        lines.append("| " + " | ".join("-" if c is None else str(c) for c in cells) + " |")
-    return "\n".join(lines)
-
-
-def _f(value: Any, spec: str) -> str | None:
-    return None if not isinstance(value, (int, float)) else spec.format(value)
+    order = sorted(rows, key=lambda r: (r["where"], r["n"] or 0, r["path_tokens"] or 0, r["fraction"], r["run"],
+                                        r["variant"] != r["baseline"]))
+    return markdown_table(head, ([r["where"], r["n"], r["path_tokens"], number(r["fraction"], "{:.3g}"),
+                                  number(r["kv_cache_gib"], "{:.3g}"), r["variant"],
+                                  *(ratio_cell(r, k) for k, _ in GAINS),
+                                  number(r["gen_thrash_share"], "{:.1%}"), r["gen_thrash_blocks"], r["gen_evictions"],
+                                  r["gen_preemptions"], number(r["ver_thrash_share"], "{:.1%}"),
+                                  r["ver_thrash_blocks"], number(r["gen_cache_hit_rate"], "{:.3f}"),
+                                  number(r["ver_cache_hit_rate"], "{:.3f}")] for r in order))
 
 
 def plot_pressure(path: Path, rows: list[dict[str, Any]]) -> Path | None:
     """Goodput gain (%) of each variant over its run's baseline against the budget's share of
     the working set (log axis), with the 95% intervals, one line per variant and n; the
     paper's points as bars across the fractions its 1.5 GB spans. None without a gain."""
-    from tts.results.plots import pyplot, save_figure
+    from tts.plotting import pyplot, save_figure
 
     series: dict[tuple[str, Any], list[dict]] = {}
     for r in rows:

@@ -20,7 +20,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tts.markdown import markdown_table, number
 from tts.report.sources import RunData
+from tts.report.tables import ratio_cell
+from tts.results.ratios import ratio
 
 PAPER_MEAN, PAPER_LOW, PAPER_HIGH = 2.2, 1.2, 5.4
 PAPER_LABEL = "FlashTTS Fig. 12 (24 GB GPU): mean 2.2x, range 1.2-5.4x"
@@ -117,7 +120,7 @@ def _from_records(run: RunData, base: str, name: str) -> dict[str, Any]:
     summaries and records: a run whose summary has no ratio table."""
     from tts.results.intervals import speed_intervals
 
-    point = {k: _div(run.variants[name].get(k), run.variants[base].get(k)) for k, _ in RATIOS}
+    point = {k: ratio(run.variants[name].get(k), run.variants[base].get(k)) for k, _ in RATIOS}
     records = run.variant_records(base), run.variant_records(name)
     cis = speed_intervals(*records, point) if all(records) else {}
     out: dict[str, Any] = {}
@@ -129,10 +132,6 @@ def _from_records(run: RunData, base: str, name: str) -> dict[str, Any]:
     return out
 
 
-def _div(a: Any, b: Any) -> float | None:
-    return a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
-
-
 def _order(row: dict[str, Any]) -> tuple:
     """By n, measured before simulated, by source, the first variant first."""
     return row["n"], row["simulated"], row["source"], row["run"], row["variant"] != row["baseline"]
@@ -142,19 +141,10 @@ def scaling_table(rows: list[dict[str, Any]]) -> str:
     """The sweep as a Markdown table: one line per n, source and variant."""
     head = ["n", "source", "variant", *(f"{label} / baseline [95%]" for _, label in RATIOS), "pairs",
             *(label for _, label, _ in WHERE)]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in sorted(rows, key=_order):
-        first = r["variant"] == r["baseline"]
-        ratios = ["(baseline)" if first else f"{_f(r.get(k), '{:.2f}x') or '-'} {r.get(f'{k}_text', '')}".strip()
-                  for k, _ in RATIOS]
-        cells = [r["n"], r["source"], r["variant"], *ratios, None if first else r.get("pairs"),
-                 *(_f(r.get(key), spec) for key, _, spec in WHERE)]
-        lines.append("| " + " | ".join("-" if c is None else str(c) for c in cells) + " |")
-    return "\n".join(lines)
-
-
-def _f(value: Any, spec: str) -> str | None:
-    return None if not isinstance(value, (int, float)) or isinstance(value, bool) else spec.format(value)
+    return markdown_table(head, ([r["n"], r["source"], r["variant"], *(ratio_cell(r, k) for k, _ in RATIOS),
+                                  None if r["variant"] == r["baseline"] else r.get("pairs"),
+                                  *(number(r.get(key), spec) for key, _, spec in WHERE)]
+                                 for r in sorted(rows, key=_order)))
 
 
 def scaling_section(rows: list[dict[str, Any]], plot: Path | None) -> list[str]:
@@ -174,7 +164,7 @@ def plot_ratio_by_n(path: Path, rows: list[dict[str, Any]]) -> Path | None:
     source with its 95% intervals (a colour per source, a marker per variant), simulated
     lines dashed; the paper's Fig. 12 mean as a
     dashed line and its range as a band. None without a ratio to draw."""
-    from tts.results.plots import pyplot, save_figure
+    from tts.plotting import pyplot, save_figure
 
     series: dict[tuple[str, str, bool], list[dict]] = {}
     for r in rows:

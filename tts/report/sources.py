@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tts.results.store import CONFIG, RECORDS, SUMMARY
+from tts.results.store import CONFIG, PROFILE, RECORDS, SUMMARY
 
-PROFILE = "profile.json"
 WANDB_PREFIX = "wandb:"
 
 

@@ -1,10 +1,12 @@
-"""The report's columns, its baseline, the headline-metric table and the key-config table."""
+"""The report's columns, its baseline, the headline-metric table, the key-config table and
+a sweep table's ratio cell."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from tts.markdown import markdown_table, number
 from tts.report.sources import ReportError, RunData
 from tts.results.ratios import ratio_table
 
@@ -130,9 +132,16 @@ def config_table(columns: list[Column]) -> str:
     """A Markdown table of each column's key config."""
     rows = [config_row(c) for c in columns]
     keys = list(rows[0])
-    lines = ["| " + " | ".join(keys) + " |", "|---" * len(keys) + "|"]
-    lines += ["| " + " | ".join(_cell(r[k]) for k in keys) + " |" for r in rows]
-    return "\n".join(lines)
+    return markdown_table(keys, ([_cell(r[k]) for k in keys] for r in rows))
+
+
+def ratio_cell(row: dict[str, Any], key: str) -> str:
+    """A variant's ratio to its run's first variant in a sweep's table (the pressure cells, the
+    scaling sweep): "1.23x [1.05, 1.41]" (`<key>`, `<key>_text`), or "(baseline)" on the
+    first variant's own row."""
+    if row["variant"] == row["baseline"]:
+        return "(baseline)"
+    return f"{number(row.get(key), '{:.2f}x')} {row.get(f'{key}_text', '')}".strip()
 
 
 def _dataset(ds: dict[str, Any]) -> str:

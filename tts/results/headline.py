@@ -12,10 +12,11 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+from tts.markdown import markdown_table
 from tts.results.host import hosts_lines
+from tts.results.store import SUMMARY_MD
 from tts.results.tree import plain_lines, verifier_brief
 
-SUMMARY_MD = "summary.md"
 # the ratios the headline shows, by their summary key, with a short name and the way that is
 # better (up: higher is better)
 KEY_RATIOS = (("precise_goodput", "goodput", "↑"), ("latency_s_mean", "latency", "↓"),
@@ -44,12 +45,10 @@ def summary_markdown(summary: dict) -> str:
     """The run's full tables as Markdown: every variant's metrics, the ratio table, the tree
     and verifier lines."""
     names = list(summary["variants"])
-    lines = ["| metric | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-    for key in VARIANT_KEYS:
-        values = [summary["variants"][n] for n in names]
-        if any(v.get(key) is not None for v in values):
-            lines.append(f"| {key} | " + " | ".join(cell(v, key) for v in values) + " |")
-    parts = ["\n".join(_state_lines(summary) + lines)]
+    values = [summary["variants"][n] for n in names]
+    table = markdown_table(["metric", *names], ([key, *(cell(v, key) for v in values)] for key in VARIANT_KEYS
+                                                if any(v.get(key) is not None for v in values)))
+    parts = ["\n".join([*_state_lines(summary), table])]
     if summary.get("ratio_table_md"):
         parts.append(summary["ratio_table_md"])
     parts.append("\n".join(plain_lines(summary)))

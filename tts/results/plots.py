@@ -1,27 +1,12 @@
-"""PNG plots of a run (matplotlib, Agg backend, imported lazily)."""
+"""A run's PNG plots, in its `plots/` folder: goodput by variant, batch utilisation, tokens
+per request and the accuracy frontier (drawn with `tts.plotting`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from tts.plotting import pyplot, save_figure
 from tts.results.store import RunStore
-
-
-def pyplot():
-    """matplotlib's pyplot on the Agg backend, imported on first use (every plot of tts)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
-def save_figure(fig, path: Path, rect: tuple[float, float, float, float] | None = None) -> Path:
-    """Lay the figure out (within `rect`), write it as a PNG and close it."""
-    fig.tight_layout(rect=rect)
-    fig.savefig(path, dpi=110)
-    pyplot().close(fig)
-    return path
 
 
 def make_plots(store: RunStore, summary: dict, step_logs: dict[str, dict]) -> list[Path]:

@@ -1,12 +1,15 @@
 """The ratio table: each metric of every variant against the run's first variant, with
 the speed ratios' paired intervals (`tts.results.intervals`) and the accuracy rows (each
 variant's interval, its paired difference and McNemar p). A number field holds a number or
-null; where there is none, `<variant>_note` says why and the Markdown table prints it."""
+null; where there is none, `<variant>_note` says why and the Markdown table prints it.
+`ratio` is the one quotient of two values (None unless both are numbers) that the summary,
+the report and the replay take."""
 
 from __future__ import annotations
 
+from tts.markdown import is_number, markdown_table, number
 from tts.results.host_time import HOST_ROWS
-from tts.results.pressure import PRESSURE_ROWS
+from tts.results.pool_counts import POOL_ROWS
 
 # (summary key, label, higher is better)
 RATIO_METRICS = [
@@ -25,7 +28,7 @@ RATIO_METRICS = [
     ("pass@n", "pass@N", True),
     ("gen_cache_hit_rate", "generator prefix-cache hit rate", True),
     ("ver_cache_hit_rate", "verifier prefix-cache hit rate", True),
-    *PRESSURE_ROWS,
+    *POOL_ROWS,
     ("gen_bound_s_mean", "generator time lower bound, same work (s)", False),
     ("latency_bound_s_mean", "completion latency lower bound, same work (s)", False),
     ("bound_share", "latency bound / latency (1: nothing left to schedule)", True),
@@ -138,9 +141,9 @@ def ratio_table(summaries: dict[str, dict], baseline: str, records: dict[str, li
             if note:  # no bound (the cost model does not fit the run), or no such number
                 value, row[f"{name}_note"] = None, note
             row[name] = value
-            if name != baseline and isinstance(value, (int, float)) and isinstance(base.get(key), (int, float)) \
-                    and base[key]:
-                row[f"{name}/{baseline}"] = value / base[key]
+            quotient = ratio(value, base.get(key))
+            if name != baseline and quotient is not None:
+                row[f"{name}/{baseline}"] = quotient
         if key in OWN_CAP:
             _no_ratio_across_caps(row, summaries, baseline, OWN_CAP[key])
         rows.append(row)
@@ -192,23 +195,21 @@ def format_table(rows: list[dict], names: list[str], baseline: str) -> str:
     """A Markdown table of values and ratios; a ratio with its interval reads
     "1.23 [1.05, 1.41]", one without "1.23 n/a (1 pair)"."""
     cols = names + [f"{n}/{baseline}" for n in names if n != baseline]
-    lines = ["| metric | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
-    for row in rows:
-        cells = [row.get(f"{c}_note") or _fmt(row.get(c)) + _interval_text(row, c) for c in cols]
-        lines.append(f"| {row['metric']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+
+    def cells(row: dict) -> list[str]:
+        return [row.get(f"{c}_note") or number(row.get(c)) + _interval_text(row, c) for c in cols]
+
+    return markdown_table(["metric", *cols], ([row["metric"], *cells(row)] for row in rows))
 
 
 def _interval_text(row: dict, col: str) -> str:
     if f"{col}_ci" not in row or row.get(col) is None:
         return ""
     ci = row[f"{col}_ci"]
-    return f" [{_fmt(float(ci[0]))}, {_fmt(float(ci[1]))}]" if ci else f" {row.get(f'{col}_ci_note') or 'n/a'}"
+    return f" [{number(float(ci[0]))}, {number(float(ci[1]))}]" if ci else f" {row.get(f'{col}_ci_note') or 'n/a'}"
 
 
-def _fmt(v) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
-    return str(v)
+def ratio(a, b) -> float | None:
+    """a / b where both are numbers (`tts.markdown.is_number`) and b is not 0, else None:
+    every ratio of a summary, a report and a replay."""
+    return a / b if is_number(a) and is_number(b) and b else None

@@ -1,4 +1,5 @@
-"""One folder per run: the resolved config, per-problem JSONL records, a summary, plots.
+"""One folder per run (`RunStore`): the resolved config, per-problem JSONL records, a
+summary, plots; and the names of the files a run folder holds, in one place.
 
 Records are appended and flushed to disk as each problem finishes, so a killed run
 keeps everything it finished; `resume` reads them back and the run skips those problems.
@@ -15,12 +16,24 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from tts.trace.format import TRACE
+
+# The files of a run folder: the resolved config, the records, the summary and its tables, the
+# engines' step statistics, raw vLLM's rate, the problems left out, the PNGs; a memory
+# profile's result (`tts profile-memory`); a sweep job's overrides (`tts.hydra_app`), and in
+# a sweep's own folder its jobs' headline metrics. The trace (`TRACE`, trace.jsonl.gz) is
+# named by its format, a layer below (`tts.trace.format`): `RunStore.trace`.
+CONFIG = "config.yaml"
 RECORDS = "records.jsonl"
 SUMMARY = "summary.json"
-CONFIG = "config.yaml"
+SUMMARY_MD = "summary.md"
 STEP_LOGS = "step_logs.json"
 RAW_GENERATOR = "raw_generator.json"
 SKIPPED = "skipped.json"
+PLOTS = "plots"
+PROFILE = "profile.json"
+JOB = "job.json"
+SWEEP_SUMMARY = "sweep.json"
 
 
 class RunStore:
@@ -28,10 +41,16 @@ class RunStore:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.plots = self.path / "plots"
+        self.plots = self.path / PLOTS
+        self.trace = self.path / TRACE
 
     @classmethod
-    def create(cls, results_dir: str | Path, run_name: str | None, resume: bool, hint: str) -> RunStore:
+    def create(cls, results_dir: str | Path, run_name: str | None, resume: bool, hint: str, *,
+               resumable: bool = True) -> RunStore:
+        """The run folder `results_dir/run_name` (else a timestamp and `hint`), made; with
+        `resume` it may hold the run already. ValueError for `resume` without a name,
+        FileExistsError for a folder that holds files (`resumable`: the verb has `--resume`,
+        and the message says so)."""
         base = Path(results_dir)
         if resume and not run_name:
             runs = sorted(p.parent.name for p in base.glob(f"*/{RECORDS}"))
@@ -41,12 +60,11 @@ class RunStore:
         name = run_name or time.strftime("%Y%m%d-%H%M%S-") + hint
         path = base / name
         if path.exists() and not resume and any(path.iterdir()):
-            raise FileExistsError(f"results folder {path} already holds a run; pass --resume to continue "
-                                  "it or choose another bench.run_name")
+            raise FileExistsError(f"results folder {path} already holds a run; "
+                                  + ("pass --resume to continue it or " if resumable else "")
+                                  + "choose another bench.run_name")
         path.mkdir(parents=True, exist_ok=True)
-        store = cls(path)
-        store.plots.mkdir(exist_ok=True)
-        return store
+        return cls(path)
 
     def config_changes(self, config: dict) -> list[str]:
         """Settings of `config` that differ from the run's saved `config.yaml`, as
@@ -59,7 +77,7 @@ class RunStore:
         saved = self.saved_config()
         if not saved:
             return []
-        old, new = _flatten(saved), _flatten(config)
+        old, new = flatten(saved), flatten(config)
         skip = ("bench.resume", "bench.order", "bench.warmup", "logger.", "dataset.first_k", "dataset.random_k", "dataset.ids", "dataset.levels")
         return [f"{k}: {old[k]!r} -> {new[k]!r}" for k in sorted(old.keys() & new.keys())
                 if old[k] != new[k] and not k.startswith(skip)
@@ -137,14 +155,8 @@ class RunStore:
 
     def step_logs(self) -> dict[str, dict]:
         """What `write_step_logs` wrote last; {} when there is none (a run from before it)."""
-        path = self.path / STEP_LOGS
-        if not path.exists():
-            return {}
-        try:
-            return json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}: corrupt step statistics ({err.msg}); delete it to resume "
-                             "without the earlier part's batch utilisation") from err
+        return self._read_json(STEP_LOGS, {}, "step statistics",
+                               "; delete it to resume without the earlier part's batch utilisation")
 
     def write_raw_generator(self, raw: dict) -> None:
         """Raw vLLM's generator tok/s measured for this run (`bench.raw_generator`)."""
@@ -152,14 +164,8 @@ class RunStore:
 
     def raw_generator(self) -> dict | None:
         """What `write_raw_generator` wrote; None when the run measured none."""
-        path = self.path / RAW_GENERATOR
-        if not path.exists():
-            return None
-        try:
-            return json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}: corrupt raw generator measurement ({err.msg}); delete it and "
-                             "resume to measure again") from err
+        return self._read_json(RAW_GENERATOR, None, "raw generator measurement",
+                               "; delete it and resume to measure again")
 
     def write_skipped(self, skipped: list[dict]) -> None:
         """The problems the run left out (a prompt longer than the engines hold), each with
@@ -168,13 +174,7 @@ class RunStore:
 
     def skipped(self) -> list[dict]:
         """What `write_skipped` wrote; [] when the run skipped nothing (or predates it)."""
-        path = self.path / SKIPPED
-        if not path.exists():
-            return []
-        try:
-            return json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}: corrupt list of skipped problems ({err.msg})") from err
+        return self._read_json(SKIPPED, [], "list of skipped problems")
 
     def summary(self) -> dict:
         path = self.path / SUMMARY
@@ -185,20 +185,33 @@ class RunStore:
         if not path.exists():
             raise FileNotFoundError(f"{self.path}: no {SUMMARY} (the run did not finish; `tts eval {self.path}` "
                                     "rebuilds it from the records)")
+        return self._read_json(SUMMARY, None, "summary")
+
+    def _read_json(self, name: str, missing, what: str, advice: str = ""):
+        """The run folder's JSON file `name`, or `missing` where there is none; a ValueError
+        that says `what` is corrupt (then `advice`) where it does not parse."""
+        path = self.path / name
+        if not path.exists():
+            return missing
         try:
             return json.loads(path.read_text())
         except json.JSONDecodeError as err:
-            raise ValueError(f"{path}: corrupt summary ({err.msg})") from err
+            raise ValueError(f"{path}: corrupt {what} ({err.msg}){advice}") from err
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict:
+def flatten(tree: dict, sep: str = ".", prefix: str = "") -> dict:
+    """Nested mappings as one: {"a": {"b": 1}} -> {"a.b": 1}, the keys joined by `sep` (a
+    config compared setting by setting; "/" for the W&B summary)."""
     out = {}
     for key, value in tree.items():
         if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
+            out.update(flatten(value, sep, f"{prefix}{key}{sep}"))
         else:
             out[f"{prefix}{key}"] = value
     return out
+
+
+_flatten = flatten  # tts/results/merge.py imports this name until it moves (issue 69's next step)
 
 
 def _jsonable(obj):
@@ -211,7 +224,6 @@ def _jsonable(obj):
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
 
 
-SWEEP_SUMMARY = "sweep.json"
 _SWEEP_METRICS = ("precise_goodput", "latency_s_mean", "tokens_per_s", "problems_per_min", "acc_majority",
                   "acc_majority_ci", "pass@n")
 
@@ -224,7 +236,7 @@ def write_sweep_summary(sweep: Path) -> Path | None:
     for summary_path in sorted(Path(sweep).glob("*/" + SUMMARY)):
         folder = summary_path.parent
         summary = json.loads(summary_path.read_text())
-        meta = json.loads((folder / "job.json").read_text()) if (folder / "job.json").exists() else {}
+        meta = json.loads((folder / JOB).read_text()) if (folder / JOB).exists() else {}
         jobs.append({"folder": folder.name, "overrides": meta.get("overrides"), "host": summary.get("host"),
                      "variants": {name: {k: v.get(k) for k in _SWEEP_METRICS}
                                   for name, v in summary.get("variants", {}).items()}})

@@ -12,14 +12,13 @@ from tts.metrics.measures import KV_BLOCKS, summarize_problems
 from tts.metrics.cost_model import (COST, CostModel, CostSums, above_bound, busy_rate, fit, tail_forfeit,
                                      work_bounds, work_of)
 from tts.results.host import run_hosts
-from tts.results.pressure import add_pool_counts
 from tts.results.ratios import (RATIO_METRICS, STATISTICS_ERRORS, accuracy_rows, format_table,  # noqa: F401
                                 guarded, ratio_table)
 from tts.results.records import accuracy_summary, pair_key, paired_accuracy
 from tts.results.store import RunStore
 from tts.results.host_time import add_host_time
+from tts.results.pool_counts import add_pool_counts
 from tts.results.tree import describe, diversity
-from tts.trace.format import TRACE
 
 
 def variant_summary(records: list[dict], step_log: dict | None, wall_s: float | None,
@@ -236,7 +235,7 @@ def write_summary(store: RunStore, names: list[str], step_logs: dict[str, dict],
     if len(names) > 1:
         _compare(summary, records, by_variant)
     summary.update(extra or {})  # what the caller adds (`tts merge`: the shards)
-    guarded("tree and verifier", describe, summary, by_variant, store.saved_config(), store.path / TRACE)
+    guarded("tree and verifier", describe, summary, by_variant, store.saved_config(), store.trace)
     if STATISTICS_ERRORS:
         summary["statistics_errors"] = STATISTICS_ERRORS.copy()
         STATISTICS_ERRORS.clear()

@@ -11,6 +11,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from tts.results.store import flatten
+
 
 class RunLogger:
     """Logs config, per-problem metrics, tables, plots and the summary; no-op when off."""
@@ -62,7 +64,7 @@ class RunLogger:
             return
         import wandb
 
-        flat = _flatten(summary)
+        flat = flatten(summary, "/")
         self._safe(self.run.summary.update, {k: v for k, v in flat.items() if isinstance(v, (int, float, str))})
         for name, rows in tables.items():
             if rows:
@@ -73,17 +75,6 @@ class RunLogger:
 
     def finish(self) -> None:
         self._safe(self.run.finish if self.run else None)
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, key + "/"))
-        else:
-            out[key] = v
-    return out
 
 
 def wandb_group(config: dict, path: Path) -> str | None:

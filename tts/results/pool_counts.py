@@ -1,14 +1,14 @@
-"""Memory pressure in a variant's summary: what each model's block pool evicted, recomputed
-after an eviction (thrash) and preempted, and the thrash as a share of the prefill the
-model computed, from the run's per-model block counts (`KV_BLOCKS`:
+"""A variant's block-pool counts in its summary: what each model's block pool evicted,
+recomputed after an eviction (thrash) and preempted, and the thrash as a share of the
+prefill the model computed, from the run's per-model block counts (`KV_BLOCKS`:
 `tts.backends.vllm.thrash.ThrashCounter` on vLLM, `tts.backends.prefix_cache.CacheCounter`
 on the fake and replay backends).
 """
 
 from __future__ import annotations
 
-# rows of the ratio table (`tts.results.summary.RATIO_METRICS`): key, label, higher is better
-PRESSURE_ROWS = [
+# rows of the ratio table (`tts.results.ratios.RATIO_METRICS`): key, label, higher is better
+POOL_ROWS = [
     ("gen_thrash_blocks", "generator KV blocks recomputed after eviction (thrash)", False),
     ("gen_thrash_share", "generator thrash tokens / prefill tokens computed", False),
     ("gen_evictions", "generator KV blocks evicted", False),
