@@ -3,10 +3,27 @@ backend's one-step lag behaves as `EngineCore.step_with_batch_queue` does (outpu
 behind, an empty first step, a stopped request's token in flight thrown away and counted
 late), the engine grows the same trees under it, and the options resolve as documented."""
 
+import json
+
 import pytest
 
 from tts.backends.base import FinishReason, GenRequest
 from tts.backends.fake import EOS_CHAR, FakeGenerator, encode, prompt_text
+from tts.config.compose import ConfigError, compose, validate
+from tts.results.store import RunStore
+from tts.runner import run_bench
+
+FAKE = ["generator=fake", "verifier=fake", "logger=none", "dataset.first_k=3", "search.n=4",
+        "search.beam_width=2", "search.max_iterations=5", "bench.warmup=0"]
+
+
+def bench(tmp_path, *extra, name="run"):
+    return run_bench(compose("config", FAKE + [f"bench.results_dir={tmp_path}", f"bench.run_name={name}", *extra]))
+
+
+def trees(path):
+    return {(r["variant"], r["problem_id"]): [(c["text"], c.get("score")) for c in r["candidates"]]
+            for r in RunStore(path).records()}
 
 
 def stepped(gen: FakeGenerator, steps: int, abort_after: dict[int, list[str]] | None = None):
@@ -59,3 +76,55 @@ def test_an_abort_drops_the_token_in_flight_and_counts_it_late():
     assert [rid for deltas, _ in out for rid, *_ in deltas].count("e") == 1  # its first token only
     gen.add(GenRequest("w", tuple(encode(prompt_text("p", "s"))), max_tokens=3, seed=1))
     assert gen.abort(["w"]) == 0
+
+
+VARIANTS = ["baseline", "PMS_branches_prune", "PMS_exact"]
+
+
+def test_overlap_grows_the_same_trees_and_counts_its_late_tokens(tmp_path):
+    """With the fake's one-step lag (`generator.overlap=on`), the baseline, PMS_branches_prune
+    and PMS_exact grow the trees they grow without it, text for text, and each variant's
+    late tokens are every row its steps computed that no delta returned: the steps'
+    scheduled requests less the tokens generated (none without the lag)."""
+    from tts.results.host import host_line
+
+    compare = f"bench.compare=[{','.join(VARIANTS)}]"
+    off = bench(tmp_path, compare, name="off")
+    on = bench(tmp_path, compare, "generator.overlap=on", name="on")
+    assert trees(on) == trees(off) and len(trees(on)) == 3 * len(VARIANTS)
+    for path, overlap in ((off, False), (on, True)):
+        summary = json.loads((path / "summary.json").read_text())
+        for variant in VARIANTS:
+            s = summary["variants"][variant]
+            rows = round(s["generator"]["running_mean"] * s["generator"]["steps"])
+            assert rows - s["total_gen_tokens"] == s.get("gen_late_tokens", 0) == s["generator"]["late_tokens"]
+            assert (s["generator"]["late_tokens"] > 0) is overlap, variant
+        assert summary["host"]["overlap"] == {"generator": overlap, "verifier": False}
+        assert ("overlap generator" in host_line(summary["host"])) is overlap
+        late_rows = [r for r in summary["ratios"] if r.get("key") == "gen_late_tokens"]
+        assert len(late_rows) == overlap  # a row where there are late tokens, none where there are none
+    late_row = next(r for r in json.loads((on / "summary.json").read_text())["ratios"] if r.get("key") == "gen_late_tokens")
+    assert all(late_row[v] > 0 for v in VARIANTS)
+
+
+def test_overlap_on_where_vllm_cannot_run_it_is_one_line(monkeypatch, tmp_path):
+    """vLLM switches asynchronous scheduling off on a CPU (`vllm/platforms/cpu.py`): asking
+    for it there is refused in one line naming the field, before any model loads; `auto`
+    is on where the models run on CUDA, but for a reward-head verifier."""
+    from tts.backends import factory
+    from tts.backends.vllm import engine
+
+    monkeypatch.setattr(engine, "has_cuda", lambda: False)
+    cfg = validate(compose("config", ["generator.overlap=on"]))
+    with pytest.raises(ConfigError, match=r"^generator.overlap=on: .*CUDA only.*use generator.overlap=auto or off$"):
+        run_bench(compose("config", ["generator.overlap=on", f"bench.results_dir={tmp_path}"]))
+    assert factory.overlaps(validate(compose("config", []))) == {"generator": False, "verifier": False}
+    monkeypatch.setattr(engine, "has_cuda", lambda: True)
+    assert factory.overlaps(cfg) == {"generator": True, "verifier": True}
+    skywork = validate(compose("config", ["verifier=skywork_1.5b"]))
+    assert factory.overlaps(skywork) == {"generator": True, "verifier": False}  # vLLM keeps pooling synchronous
+    off = validate(compose("config", ["generator.overlap=off", "verifier.overlap=on", "verifier=skywork_1.5b"]))
+    assert factory.overlaps(off) == {"generator": False, "verifier": True}
+    # the fake runs no model: its lag only where asked for
+    assert factory.overlaps(validate(compose("config", ["generator=fake", "verifier=fake"]))) == {
+        "generator": False, "verifier": False}

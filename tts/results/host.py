@@ -118,6 +118,8 @@ def _host_parts(host: dict[str, Any] | None) -> list[str]:
         parts.append(f"sampler {host['sampler']}")
     if host.get("model_runner"):
         parts.append(f"vLLM model runner {host['model_runner']}")
+    if any((host.get("overlap") or {}).values()):  # vLLM's asynchronous scheduling (or the fake's lag)
+        parts.append("overlap " + ", ".join(role for role, on in host["overlap"].items() if on))
     parts.append(f"torch {host.get('torch')}, vLLM {host.get('vllm') or '-'}, {host.get('threads')} threads")
     return parts
 
