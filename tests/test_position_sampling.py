@@ -145,3 +145,60 @@ def test_the_vllm_processor_samples_its_rows_and_leaves_the_others() -> None:
     u0 = position_uniforms(np.array([3], dtype=np.uint64), np.array([13]))
     assert short[0].argmax().item() == sample_rows(first[None], torch.tensor([0.7]), torch.ones(1),
                                                    torch.from_numpy(u0)).item()
+
+
+def test_the_vllm_processor_draws_the_same_tokens_under_asynchronous_scheduling() -> None:
+    """With `generator.overlap` (vLLM's asynchronous scheduling) a row's token is known on
+    the host a step late. vLLM 0.32's V1 runner then appends a -1 placeholder to the row's
+    output list as it samples (`_bookkeeping_sync`), and writes the real token over it
+    before the next step's logits processors run (`update_async_output_token_ids`, done
+    because a custom processor reads the lists): the sampler reads only the list's length,
+    which the placeholder keeps current, so every draw is at the position the synchronous
+    run draws at, and the tokens are the same (placeholders left unreplaced, too). A list
+    that lagged one token in length would draw at the previous position: other tokens."""
+    pytest.importorskip("vllm")
+    from vllm.v1.sample.logits_processor import BatchUpdate
+
+    from tts.backends.vllm.sampling import PositionSampler, position_params
+
+    params = [position_params(max_tokens=32, seed=s, temperature=1.0) for s in (3, 11)]
+    gen = torch.Generator().manual_seed(0)
+    steps = [torch.randn(2, 50, generator=gen) for _ in range(12)]
+
+    def run(bookkeep) -> list[list[int]]:
+        proc = PositionSampler(None, torch.device("cpu"), False)
+        outs: list[list[int]] = [[], []]
+        proc.update_state(BatchUpdate(batch_size=2, removed=[], moved=[],
+                                      added=[(i, p, [0] * 5, o) for i, (p, o) in enumerate(zip(params, outs))]))
+        drawn: list[list[int]] = [[], []]
+        for logits in steps:
+            tokens = proc.apply(logits.clone()).argmax(dim=-1).tolist()
+            for row, token in enumerate(tokens):
+                drawn[row].append(token)
+                bookkeep(outs[row], token)
+        return drawn
+
+    def sync(out, token):
+        out.append(token)
+
+    def placeholder(out, token):  # the token itself is not known yet: -1 until the next step reads it
+        out.append(-1)
+
+    pending: dict[int, int] = {}
+
+    def replaced(out, token):  # the previous placeholder becomes its token, this one a placeholder
+        if out and out[-1] == -1:
+            out[-1] = pending[id(out)]
+        pending[id(out)] = token
+        out.append(-1)
+
+    lagging: dict[int, int] = {}
+
+    def lag_in_length(out, token):  # no placeholder: the list grows a step late
+        if id(out) in lagging:
+            out.append(lagging[id(out)])
+        lagging[id(out)] = token
+
+    expected = run(sync)
+    assert run(placeholder) == expected and run(replaced) == expected
+    assert run(lag_in_length) != expected

@@ -16,7 +16,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from tts.assembly.host import model_runner, on_this_host
-from tts.backends.factory import Backends
+from tts.backends.factory import Backends, overlaps
 from tts.bench.loop import run_problems
 from tts.config.compose import ConfigError, validate
 from tts.config.limits import check_context
@@ -40,6 +40,7 @@ def run_bench(cfg_node: DictConfig, progress: Callable | None = None,
     engine starts (the CLI draws its progress bars then)."""
     cfg: Config = validate(cfg_node)
     check_context(cfg)  # before any download or model load
+    overlaps(cfg)  # `overlap=on` where vLLM cannot run it: one line, before any model loads
     if cfg.bench.mode is BenchMode.ceiling:  # times raw vLLM only: no device profile to measure
         from tts.benchmarks.ceiling import run_ceiling
         return run_ceiling(cfg_node, on_folder=on_folder)

@@ -29,12 +29,13 @@ def resolved_dtypes(cfg: Config) -> dict[str, str]:
 
 
 def run_host(cfg: Config) -> dict:
-    """This run's host, with its models' dtypes, the generator's sampler and vLLM's model
-    runner."""
-    from tts.backends.factory import resolve_sampler
+    """This run's host, with its models' dtypes, the generator's sampler, vLLM's model
+    runner and each engine's overlap (`resolve_overlap`: a ConfigError here, before any
+    engine starts, for `overlap=on` where vLLM cannot)."""
+    from tts.backends.factory import overlaps, resolve_sampler
     from tts.results.host import host_info
 
-    return host_info(resolved_dtypes(cfg), resolve_sampler(cfg).value, model_runner(cfg))
+    return {**host_info(resolved_dtypes(cfg), resolve_sampler(cfg).value, model_runner(cfg)), "overlap": overlaps(cfg)}
 
 
 def model_runner(cfg: Config) -> str | None:

@@ -81,6 +81,11 @@ class StepStats:
     # host seconds in the backend's own request calls (`add`, `abort`: vLLM's input
     # processing) since the previous step, outside any step's `wall_s` (`Generator.step`)
     calls_s: float = 0.0
+    # late tokens (overlap's price, `generator.overlap`): tokens computed for requests already
+    # stopped, thrown away. Here: those of the requests that ended at EOS, scheduled once more
+    # before their EOS came back (vLLM, the fake: in the step that returns the EOS; an abort's
+    # come back from `Generator.abort`), or, in a replay, every one the step prices. 0 without overlap.
+    late_tokens: int = 0
 
 
 class Generator(ABC):
@@ -89,7 +94,11 @@ class Generator(ABC):
     Contract: `add` queues a request; each `step` advances every running request by at
     most one decode token (or a prefill chunk) and returns the new tokens of each
     request that made progress; `abort` removes requests at once, and no delta for an
-    aborted request is returned afterwards.
+    aborted request is returned afterwards. With overlap (vLLM's asynchronous scheduling,
+    the fake's lag mode) a step returns the tokens of the step before (the first returns
+    none), and a request stopped meanwhile has had one more token computed, thrown away:
+    `abort` returns how many such late tokens it caused, `StepStats.late_tokens` counts
+    those of requests that ended at EOS.
 
     `resumable_sampling`: whether a request whose prompt ends with the first k tokens of
     a step samples the rest of it as the uninterrupted request (same seed) would. True for
@@ -181,18 +190,21 @@ class Generator(ABC):
         memory breakdown); None for a backend without one (the fake)."""
         return None
 
-    def abort(self, request_ids: Iterable[str]) -> None:
-        """Remove requests at once (the class contract); each abort observer then sees them."""
+    def abort(self, request_ids: Iterable[str]) -> int:
+        """Remove requests at once (the class contract); each abort observer then sees them.
+        Returns the late tokens the aborts cost: those of the requests already scheduled in
+        the step in flight (with overlap; else 0), computed and thrown away."""
         ids = list(request_ids)
         start = clock.now()
-        self._abort(ids)
+        late = self._abort(ids) or 0
         self._calls_s += clock.now() - start
         for observer in self._abort_observers:
             observer(ids)
+        return late
 
     @abstractmethod
-    def _abort(self, request_ids: list[str]) -> None:
-        """The backend's own abort (what `abort` runs)."""
+    def _abort(self, request_ids: list[str]) -> int | None:
+        """The backend's own abort (what `abort` runs): the late tokens it costs (None: 0)."""
 
     @abstractmethod
     def num_unfinished(self) -> int: ...

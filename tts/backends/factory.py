@@ -14,7 +14,8 @@ from pathlib import Path
 
 from tts.backends.base import Generator, Verifier
 from tts.config.limits import engine_length
-from tts.config.schema import BackendKind, Config, Sampler
+from tts.config.compose import ConfigError
+from tts.config.schema import BackendKind, Config, Overlap, Sampler
 
 GIB = 1 << 30
 CONF_PROMPTS = Path(__file__).resolve().parents[2] / "conf" / "prompts"
@@ -58,6 +59,38 @@ def resolve_sampler(cfg: Config) -> Sampler:
     return Sampler.position if exact else Sampler.vllm
 
 
+def resolve_overlap(cfg: Config, role: str) -> bool:
+    """Whether `role`'s engine ("generator" or "verifier") runs with overlap (`Overlap`:
+    vLLM's asynchronous scheduling). `auto` is on where the models run on CUDA
+    (`models_on_cuda`, the test the GPU memory settings follow too), except for a verifier
+    with a reward head (vLLM keeps pooling synchronous); `on` where they do not is a
+    ConfigError, since vLLM on a CPU switches asynchronous scheduling off
+    (`vllm/platforms/cpu.py`). The fake backend lags one step with `on` only."""
+    model = getattr(cfg, role)
+    if model.backend is BackendKind.fake:
+        return model.overlap is Overlap.on
+    on_cuda = models_on_cuda(cfg)
+    if model.overlap is Overlap.on and not on_cuda:
+        raise ConfigError(f"{role}.overlap=on: vLLM overlaps its scheduling with the model (asynchronous "
+                          "scheduling) on CUDA only, and no CUDA device runs these models (vLLM on a CPU "
+                          f"switches it off); use {role}.overlap=auto or off")
+    if model.overlap is Overlap.auto:
+        return on_cuda and not (role == "verifier" and _reward_head(cfg))
+    return model.overlap is Overlap.on
+
+
+def _reward_head(cfg: Config) -> bool:
+    """The verifier runs on vLLM's pooling runner (a value or classification head)."""
+    from tts.backends.adapters import adapter_class
+
+    return adapter_class(cfg.verifier.adapter.value).engine_kwargs.get("runner") == "pooling"
+
+
+def overlaps(cfg: Config) -> dict[str, bool]:
+    """Each engine's overlap (`resolve_overlap`), as a run's host records it."""
+    return {role: resolve_overlap(cfg, role) for role in ("generator", "verifier")}
+
+
 def fake_inexact(dtype: str) -> bool:
     """The fake generator in bf16 or fp16: its tokens depend on the batch, as such logits do."""
     return dtype in ("bfloat16", "float16")
@@ -83,8 +116,8 @@ class Backends:
         (`release_memory`), before any new one is built. The caller must hold no other
         reference to an engine it replaces (the previous variant's `Engine`)."""
         g, v = self.cfg.generator, self.cfg.verifier
-        gen_key = (gen_spec, g.model, g.backend, g.dtype, g.sampler)
-        ver_key = None if ver_spec is None else (ver_spec, v.model, v.backend, v.dtype, v.adapter)
+        gen_key = (gen_spec, g.model, g.backend, g.dtype, g.sampler, g.overlap)
+        ver_key = None if ver_spec is None else (ver_spec, v.model, v.backend, v.dtype, v.adapter, v.overlap)
         stale = [slot for slot, key in (("_gen", gen_key), ("_ver", ver_key))
                  if key is not None and getattr(self, slot) is not None and getattr(self, slot)[0] != key]
         for slot in stale:
@@ -109,22 +142,24 @@ class Backends:
         ver_spec = static_split(self.cfg)[1]
         if self._ver is None:
             v = self.cfg.verifier
-            self._ver = ((ver_spec, v.model, v.backend, v.dtype, v.adapter), self._make_verifier(ver_spec))
+            self._ver = ((ver_spec, v.model, v.backend, v.dtype, v.adapter, v.overlap), self._make_verifier(ver_spec))
         return self._ver[1]
 
     def _make_generator(self, spec: EngineSpec) -> Generator:
         g = self.cfg.generator
         position = resolve_sampler(self.cfg) is Sampler.position
+        overlap = resolve_overlap(self.cfg, "generator")
         if g.backend is BackendKind.fake:
             from tts.backends.fake import FakeGenerator, cache_blocks
-            # the fake's two modes are the two samplers' semantics
+            # the fake's two modes are the two samplers' semantics; overlap is its one-step lag
             return FakeGenerator(batch_cap=spec.max_num_seqs, sampling="context" if position else "stream",
-                                 batch_dependent=fake_inexact(g.dtype), cache_blocks=cache_blocks(spec.kv_bytes))
+                                 batch_dependent=fake_inexact(g.dtype), cache_blocks=cache_blocks(spec.kv_bytes),
+                                 lag=overlap)
         from tts.backends.vllm.generator import VllmGenerator, sampler_engine_kwargs
         # no local names the engine: a frame that outlives its call (a library that keeps a
         # traceback of an import done while the engine was built) would keep it alive
-        return VllmGenerator(self._llm(g.model, g.dtype, spec, engine_length(g), sampler_engine_kwargs(position)),
-                             resumable_sampling=position)
+        return VllmGenerator(self._llm(g.model, g.dtype, spec, engine_length(g), sampler_engine_kwargs(position),
+                                       overlap), resumable_sampling=position)
 
     def _make_verifier(self, spec: EngineSpec) -> Verifier:
         v = self.cfg.verifier
@@ -135,18 +170,20 @@ class Backends:
         from tts.backends.vllm.verifier import VllmVerifier, verifier_engine_kwargs
         name = v.adapter.value
         adapter_class(name)  # an unknown adapter fails before any model loads
-        llm = self._llm(v.model, v.dtype, spec, engine_length(self.cfg.generator), verifier_engine_kwargs(name))
+        llm = self._llm(v.model, v.dtype, spec, engine_length(self.cfg.generator), verifier_engine_kwargs(name),
+                        resolve_overlap(self.cfg, "verifier"))
         options = {"prompt_file": v.judge_prompt_file} if name == "judge" else {}
         verifier = VllmVerifier(llm, make_adapter(name, llm.get_tokenizer(), **options))
         del llm  # as in _make_generator: no local holds the engine once this returns
         return verifier
 
     def _llm(self, model: str, dtype: str, spec: EngineSpec, longest: int,
-             engine_kwargs: dict | None = None):
+             engine_kwargs: dict | None = None, overlap: bool = False):
         """One in-process vLLM engine whose KV cache is exactly `spec.kv_bytes`, on CPU and on
         a GPU alike (vLLM's `kv_cache_memory_bytes`), so the static or roofline split is what
         each engine gets. On a GPU (untested here) vLLM's start-up check is given the
-        fraction of the device free at that moment (`make_llm`)."""
+        fraction of the device free at that moment (`make_llm`). `overlap`: vLLM's
+        asynchronous scheduling (`resolve_overlap`)."""
         from tts.backends.vllm.engine import make_llm
         from tts.models.resolve import resolve_model
 
@@ -155,7 +192,8 @@ class Backends:
                         block_size=m.block_size, max_num_seqs=spec.max_num_seqs,
                         max_num_batched_tokens=max(m.max_num_batched_tokens, longest), dtype=dtype,
                         seed=self.cfg.bench.seed, tensor_parallel_size=self.cfg.generator.tensor_parallel_size,
-                        min_tokens_per_seq=longest, enforce_eager=m.enforce_eager, engine_kwargs=engine_kwargs)
+                        min_tokens_per_seq=longest, enforce_eager=m.enforce_eager, engine_kwargs=engine_kwargs,
+                        async_scheduling=overlap)
 
     def _drop(self, slot: str) -> None:
         """Close the engine in `slot` and forget it (forgotten first: a failed close must not

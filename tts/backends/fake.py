@@ -19,6 +19,14 @@ Either mode can be made inexact as bf16 logits are (`batch_dependent`: the fake 
 it is first scheduled in (the script's seed is mixed with that batch's size), so the same
 request, sent in another variant or at another moment, can sample another step.
 
+With `lag` (`generator.overlap=on` on the fake), the generator behaves as vLLM's
+asynchronous scheduling does (`EngineCore.step_with_batch_queue`, two batches in flight):
+each step computes its batch and returns the one before (the first returns nothing); a
+request aborted while its token is in flight loses that token, and one that ended at EOS is
+scheduled once more before its EOS comes back (its token thrown away): both are late tokens
+(`abort`'s return, `StepStats.late_tokens`). A request that reaches its `max_tokens` is not
+scheduled again, as vLLM's scheduler knows the count ahead.
+
 Tokens are characters (id = code point + 16); EOS is written "\x03".
 
 It is never used by `tts bench` unless `generator.backend=fake` is chosen explicitly.
@@ -114,6 +122,7 @@ class _Running:
     reported_prompt: bool = False
     batch: int | None = None  # the size of the batch it was first scheduled in (batch-dependent sampling)
     prompt: str | None = None  # the request's prompt as text, decoded once
+    stopping: bool = False  # lag: it ended at EOS, not yet returned; scheduled once more (a late token)
 
     def prompt_text(self) -> str:
         if self.prompt is None:
@@ -126,7 +135,7 @@ class FakeGenerator(Generator):
 
     def __init__(self, script: StepScript = default_script, batch_cap: int = 64,
                  cache_blocks: int = 1 << 20, block: int = BLOCK, sampling: str = "context",
-                 batch_dependent: bool = False) -> None:
+                 batch_dependent: bool = False, lag: bool = False) -> None:
         if sampling not in ("context", "stream"):
             raise ValueError(f"fake generator: sampling {sampling!r}; valid choices: context, stream")
         self.script = script
@@ -138,6 +147,8 @@ class FakeGenerator(Generator):
         self._queue: list[_Running] = []
         self.prefix_cache = PrefixCache(block, cache_blocks)
         self.calls: list[str] = []  # request ids in the order they were first scheduled
+        self.lag = lag  # one step behind, as vLLM's asynchronous scheduling (module doc)
+        self._in_flight: list[GenDelta] = []  # lag: the last batch's deltas, which the next step returns
 
     @property
     def eos_token_id(self) -> int:
@@ -171,12 +182,19 @@ class FakeGenerator(Generator):
     def _add(self, request: GenRequest) -> None:
         self._queue.append(_Running(request))
 
-    def _abort(self, request_ids: list[str]) -> None:
+    def _abort(self, request_ids: list[str]) -> int:
         ids = set(request_ids)
         self._queue = [r for r in self._queue if r.request.request_id not in ids]
+        late = sum(1 for d in self._in_flight if d.request_id in ids)  # computed, now thrown away
+        if late:
+            self._in_flight = [d for d in self._in_flight if d.request_id not in ids]
+        return late
 
     def num_unfinished(self) -> int:
-        return len(self._queue)
+        """Requests added whose end was not returned yet (an EOS in flight still counts)."""
+        if not self.lag:
+            return len(self._queue)
+        return sum(not r.stopping for r in self._queue) + sum(d.finished for d in self._in_flight)
 
     def _next_token(self, request_text: str, produced: str, seed: int, batch: int | None = None) -> int:
         if batch is not None:  # bf16: the batch's shape moves the logits
@@ -199,7 +217,12 @@ class FakeGenerator(Generator):
     def _step(self) -> tuple[list[GenDelta], StepStats]:
         start = clock.now()
         running, deltas, per_req = self._queue[: self._cap], [], []
+        waiting = len(self._queue) - len(running)
+        late = [r for r in running if r.stopping]  # lag: scheduled before their EOS came back
         for run in running:
+            if run.stopping:
+                per_req.append(1)
+                continue
             req = run.request
             first = not run.reported_prompt
             cached = self.prefix_cache.admit(run.request.prompt_token_ids) if first else None
@@ -215,10 +238,17 @@ class FakeGenerator(Generator):
                                    len(req.prompt_token_ids) if first else None))
             per_req.append(1 + (len(req.prompt_token_ids) - (cached or 0) if first else 0))
         done = {d.request_id for d in deltas if d.finished}
-        self._queue = [r for r in self._queue if r.request.request_id not in done]
-        stats = StepStats(len(running), len(self._queue) - len(running) + len(done), sum(per_req),
-                          self._cap, 1 << 16, self.prefix_cache.usage,
-                          clock.now() - start, tuple(per_req))
+        if self.lag:  # an EOS stays scheduled one step more; a length stop does not
+            eos = {d.request_id for d in deltas if d.finish_reason is FinishReason.EOS}
+            for run in running:
+                run.stopping = run.stopping or run.request.request_id in eos
+            done -= eos
+        gone = done | {r.request.request_id for r in late}
+        self._queue = [r for r in self._queue if r.request.request_id not in gone]
+        stats = StepStats(len(running), waiting, sum(per_req), self._cap, 1 << 16, self.prefix_cache.usage,
+                          clock.now() - start, tuple(per_req), late_tokens=len(late))
+        if self.lag:
+            deltas, self._in_flight = self._in_flight, deltas
         return deltas, stats
 
 

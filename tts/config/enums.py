@@ -58,6 +58,25 @@ class Sampler(str, enum.Enum):
     vllm = "vllm"
 
 
+class Overlap(str, enum.Enum):
+    """Whether an engine's host work overlaps its model's next step (vLLM's asynchronous
+    scheduling, `step_with_batch_queue`: each `step()` returns the step before's outputs).
+
+    on: asynchronous scheduling; a request tts stops has one more token computed and thrown
+    away (its late token, counted in the summary). vLLM runs it on CUDA only: `on` where the
+    models run on a CPU is a config error (vLLM would switch it off silently). On the fake
+    backend, `on` is its one-step-lag mode (`FakeGenerator(lag=True)`), for tests.
+    off: synchronous scheduling, each `step()` returns its own batch's tokens.
+    auto: on where the models run on CUDA (`tts.backends.factory.models_on_cuda`), but for a
+    verifier with a reward head (vLLM's pooling runner, which vLLM itself keeps synchronous:
+    asynchronous scheduling slows pooling); off elsewhere.
+    """
+
+    auto = "auto"
+    on = "on"
+    off = "off"
+
+
 class BenchMode(str, enum.Enum):
     search = "search"  # run the search variants over the problems (the default)
     ceiling = "ceiling"  # time the generator path against raw vLLM (tts.benchmarks.ceiling)

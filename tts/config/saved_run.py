@@ -46,6 +46,11 @@ class ReplayOptions:
     # host or dtype; the models run in its dtype): e.g. an exact float32 trace, whose trees
     # replay token for token, priced at a bf16 host's step costs
     cost_from: str = ""
+    # vLLM's asynchronous scheduling on the simulated device: a step costs the larger of its
+    # model time and its host time, and each request stopped in a step decodes one more
+    # token in the next (tts.replay.backends.ReplayGenerator); false: their sum. null (not
+    # given): as the recorded run's generator ran (its host's `overlap`; off before it was recorded)
+    overlap: bool | None = None
 
     def __post_init__(self) -> None:
         if self.cost not in COSTS:
@@ -58,6 +63,8 @@ class ReplayOptions:
             raise ConfigError(f"replay.speculation: {self.speculation!r}; valid choices: {', '.join(SPECULATION)}")
         if self.launch_ms < 0:
             raise ConfigError(f"replay.launch_ms: {self.launch_ms} must be >= 0")
+        if self.overlap not in (None, True, False):
+            raise ConfigError(f"replay.overlap: {self.overlap!r}; valid choices: true, false")
         if self.cost_from and self.cost == "roofline":
             raise ConfigError("replay.cost_from: prices the steps with that run's fitted step models; "
                               "it does not go with replay.cost=roofline")
@@ -91,8 +98,10 @@ def replay_config(saved: dict, overrides: list[str]) -> tuple[DictConfig, Replay
             name = key.removeprefix("replay.")
             if name not in {f.name for f in dataclasses.fields(ReplayOptions)}:
                 raise ConfigError(f"{key}: no such replay option; valid: replay.cost, replay.cost_from, "
-                                  "replay.step_costs, replay.launch_ms, replay.host, replay.speculation")
-            options[name] = float(value) if name == "launch_ms" else value
+                                  "replay.step_costs, replay.launch_ms, replay.host, replay.speculation, "
+                                  "replay.overlap")
+            options[name] = (float(value) if name == "launch_ms" else
+                             {"true": True, "false": False}.get(value.lower(), value) if name == "overlap" else value)
         else:
             dotted.append(o)
     cfg = OmegaConf.merge(OmegaConf.structured(Config), saved)

@@ -14,7 +14,7 @@ from hydra.core.config_store import ConfigStore
 
 from tts.config.enums import (  # noqa: F401 - the schema's choices, importable from here
     Adapter, Aggregation, Algorithm, BackendKind, BenchMode, DatasetName, DecoupledPolicy, DecoupledSpecScope,
-    EngineKind, LookaheadScope, Sampler, VariantOrder)
+    EngineKind, LookaheadScope, Overlap, Sampler, VariantOrder)
 from tts.config.shard import parse_shard
 from tts.memory.device import StepEfficiency
 
@@ -35,6 +35,7 @@ class GeneratorConfig:
     temperature: float = 0.8
     top_p: float = 1.0
     sampler: Sampler = Sampler.auto  # see Sampler: position where exactness can hold
+    overlap: Overlap = Overlap.auto  # see Overlap: vLLM's asynchronous scheduling, on where CUDA runs it
     step_max_tokens: int = 96  # a step ends at "\n\n", EOS, or this many tokens
     max_total_tokens: int = 768  # per path, prompt excluded; the path completes at this length
     system_prompt_file: str = "step_by_step.txt"  # under conf/prompts/, or an absolute path
@@ -62,6 +63,7 @@ class VerifierConfig:
     adapter: Adapter = Adapter.judge  # how a step score is read from the model
     dtype: str = "auto"  # as generator.dtype
     judge_prompt_file: str = "judge.txt"  # for the `judge` adapter, under conf/prompts/
+    overlap: Overlap = Overlap.auto  # as generator.overlap (auto: off for a reward head)
 
     def __post_init__(self) -> None:
         _require(self.dtype in ("bfloat16", "float16", "float32", "auto"), "verifier.dtype",
@@ -382,16 +384,9 @@ class Config:
     ceiling: CeilingConfig = field(default_factory=CeilingConfig)
 
 
-GROUPS: dict[str, type] = {
-    "generator": GeneratorConfig,
-    "verifier": VerifierConfig,
-    "search": SearchConfig,
-    "memory": MemoryConfig,
-    "optim": OptimConfig,
-    "dataset": DatasetConfig,
-    "device": DeviceConfig,
-    "logger": LoggerConfig,
-}
+GROUPS: dict[str, type] = {"generator": GeneratorConfig, "verifier": VerifierConfig, "search": SearchConfig,
+                           "memory": MemoryConfig, "optim": OptimConfig, "dataset": DatasetConfig,
+                           "device": DeviceConfig, "logger": LoggerConfig}
 
 
 def register_configs() -> None:

@@ -15,7 +15,7 @@ from tts.backends.base import GenDelta, Generator, GenRequest, StepStats, Verifi
 from tts.engine.requests import Request, RequestState
 from tts.engine.scoring import ScoreItem, ScoringPhase, ScoringStats
 from tts.metrics.collector import MetricsCollector
-from tts.metrics.events import ModelTime, RequestAdded, ScoresMade, StepDone, TokensGenerated
+from tts.metrics.events import ModelTime, RequestAdded, ScoresMade, StepDone, TokensGenerated, TokensLate
 from tts.token_hash import extend_hash
 
 _request_ids = itertools.count()
@@ -92,8 +92,8 @@ class ModelRunner:
             if request.request_id is not None and self.requests.pop(request.request_id, None) is not None:
                 rids.append(request.request_id)
             request.state = state
-        if rids:
-            self.gen.abort(rids)
+        if rids and (late := self.gen.abort(rids)):  # with overlap: tokens already in flight
+            self.collector.emit(TokensLate(late))
 
     def stop_all(self) -> None:
         """Abort every request still in the backend."""

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from tts.metrics.events import (BeamsRejected, Event, IterationDone, ModelTime, ProblemFinished, RequestAdded,
                                 ScoresMade, SearchSettled, SelectionTimed, SpeculationAdopted, SpeculationPruned,
-                                SpeculativeStep, StepDone, TokensGenerated)
+                                SpeculativeStep, StepDone, TokensGenerated, TokensLate)
 from tts.metrics.measures import ProblemMetrics, SpeculationLog, StepLog, split_exactly
 from tts.metrics.work import WorkLog
 
@@ -53,6 +53,9 @@ class MetricsCollector:
 
     def _step(self, e: StepDone) -> None:
         self.logs[e.model].observe(e.stats)
+
+    def _late(self, e: TokensLate) -> None:
+        self.logs["generator"].late_tokens += e.tokens
 
     def _time(self, e: ModelTime) -> None:
         field = "generator_s" if e.model == "generator" else "verifier_s"
@@ -132,7 +135,7 @@ class MetricsCollector:
 
 _HANDLERS: dict[type, Callable[[MetricsCollector, object], None]] = {
     RequestAdded: MetricsCollector._request, TokensGenerated: MetricsCollector._tokens,
-    StepDone: MetricsCollector._step, ModelTime: MetricsCollector._time,
+    StepDone: MetricsCollector._step, TokensLate: MetricsCollector._late, ModelTime: MetricsCollector._time,
     ScoresMade: MetricsCollector._scores, IterationDone: MetricsCollector._iteration,
     SelectionTimed: MetricsCollector._selection,
     SpeculationAdopted: MetricsCollector._adopted, BeamsRejected: MetricsCollector._rejected,

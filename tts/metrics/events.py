@@ -45,6 +45,14 @@ class StepDone:
 
 
 @dataclass(frozen=True)
+class TokensLate:
+    """Late tokens an abort cost (`Generator.abort`): with overlap, the tokens of stopped
+    requests that were already in the step in flight, computed and thrown away."""
+
+    tokens: int
+
+
+@dataclass(frozen=True)
 class ModelTime:
     """Wall time one model spent on work the given problems waited for."""
 
@@ -144,6 +152,6 @@ class ProblemFinished:
     lookahead_used: int = 0
 
 
-Event = (RequestAdded | TokensGenerated | StepDone | ModelTime | ScoresMade | IterationDone | SelectionTimed
+Event = (RequestAdded | TokensGenerated | StepDone | TokensLate | ModelTime | ScoresMade | IterationDone | SelectionTimed
          | SpeculationAdopted | SpeculativeStep | BeamsRejected | SpeculationPruned | SearchSettled
          | ProblemFinished)

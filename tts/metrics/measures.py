@@ -146,6 +146,8 @@ class StepLog:
     # the model's time as the variant spent it, counted once however many problems were in
     # flight: generation phases for the generator, calls for the verifier (`ModelTime`)
     model_s: float = 0.0
+    # tokens computed for requests already stopped, thrown away: overlap's price (`StepStats.late_tokens`)
+    late_tokens: int = 0
     _phase_t0: float = 0.0
     _recording: bool = False
 
@@ -166,6 +168,7 @@ class StepLog:
         self.steps += 1
         self.util_sum += util
         self.running_sum += s.num_running
+        self.late_tokens += s.late_tokens
         self.cost.observe(s)
         now = clock.now() - self.t0
         self.kv_trace.append((now, s.kv_usage))
@@ -188,6 +191,7 @@ class StepLog:
             "kv_trace": _downsample(self.kv_trace),
             COST: self.cost.to_dict(),
             "model_s": self.model_s,
+            "late_tokens": self.late_tokens,
         }
 
 
@@ -286,6 +290,7 @@ def merge_step_summaries(a: dict | None, b: dict) -> dict:
         "kv_trace": joined("kv_trace"),
         COST: (CostSums.from_dict(a.get(COST, {})) + CostSums.from_dict(b.get(COST, {}))).to_dict(),
         "model_s": a.get("model_s", 0.0) + b.get("model_s", 0.0),
+        "late_tokens": a.get("late_tokens", 0) + b.get("late_tokens", 0),
     }
 
 

@@ -2,142 +2,26 @@
 a virtual clock by a step cost model, so the engine's own code (scheduling, speculation,
 lookahead, ordering, the memory policy) runs unchanged on a simulated device.
 
-Each backend keeps a simulated vLLM engine (`SimEngine`): running sequences decode one
-token per step, new ones are admitted while the batch cap, the step's token budget and the
-KV cache allow, their prompts prefilled less what the prefix cache holds (full blocks,
-LRU); a finished or aborted sequence leaves its blocks cached, as vLLM does. When the running
-sequences' next tokens need more blocks than the pool has, the one admitted last is preempted
-(vLLM V1's rule for first-come-first-served scheduling): its blocks go back to the pool, still
-cached until evicted, and it waits at the head of the queue to be prefilled again, its
-prompt and the tokens it had generated, less what the cache still holds of them. Thrash,
-evictions and preemptions are counted in the prefix cache (`PrefixCache.counts`), as a vLLM
-run counts them in its block pool. Not modelled: chunked prefill's interplay with
-preemption beyond the step's token budget, vLLM's null block and the KV a sliding window
-adds, and anything a step costs that the cost model does not see.
+Each backend keeps a simulated vLLM engine (`tts.replay.sim_engine.SimEngine`: batch cap,
+token budget, chunked prefill, prefix cache, preemption).
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 from tts.backends.base import (FinishReason, GenDelta, Generator, GenRequest, ScoreBatchStats, ScoreRequest,
                                StepStats, Verifier)
-from tts.backends.prefix_cache import PrefixCache, block_keys
+from tts.backends.prefix_cache import PrefixCache
 from tts.clock import VirtualClock
 from tts.engine.model_runner import SPECULATIVE_PREFIX
-from tts.replay.cost import StepCost
 from tts.replay.reader import VariantReader, Whose
 from tts.replay.sampler import StepSampler
 from tts.replay.served import ReplayCounts
+from tts.replay.sim_engine import SimEngine, Slot  # noqa: F401 - importable from here, as before
 from tts.trace.format import Generation, extend_hash, score_key
-
-
-@dataclass(eq=False)
-class Slot:
-    """One sequence in a simulated engine."""
-
-    ids: list[int]
-    todo: int = 0  # prompt tokens still to compute
-    cached: int = 0  # prompt tokens the prefix cache served
-    keys: list[int] = field(default_factory=list)  # its full blocks' hashes while it runs
-
-
-class SimEngine:
-    """A vLLM engine's scheduling, as far as the clock goes (module docstring)."""
-
-    def __init__(self, cost: StepCost, cache: PrefixCache, batch_cap: int, token_cap: int, kv_blocks: int) -> None:
-        self.cost = cost
-        self.cache = cache
-        self.batch_cap = batch_cap
-        self.token_cap = token_cap
-        self.kv_blocks = kv_blocks
-        self.waiting: list[Slot] = []
-        self.running: list[Slot] = []
-
-    def _hold(self, slot: Slot) -> None:
-        """The slot's full blocks (as far as its tokens go) are held while it runs."""
-        new = list(block_keys(slot.ids, self.cache.block, len(slot.keys), slot.keys[-1] if slot.keys else 0))
-        slot.keys += new
-        self.cache.held.update(new)
-
-    def _unhold(self, slot: Slot) -> None:
-        self.cache.held.subtract(slot.keys)
-        for key in slot.keys:
-            if self.cache.held[key] <= 0:
-                del self.cache.held[key]
-        slot.keys = []
-
-    def in_use(self) -> int:
-        """Blocks the running sequences hold: a full block once however many share it (a
-        common prefix), and each sequence's block for its next token."""
-        for s in self.running:
-            self._hold(s)
-        return len(self.cache.held) + len(self.running)
-
-    def _need(self, slot: Slot) -> int:
-        """The blocks a waiting sequence would add: its full blocks nobody holds, and one
-        for its next token."""
-        held = self.cache.held
-        return sum(1 for key in block_keys(slot.ids, self.cache.block) if key not in held) + 1
-
-    def step(self) -> tuple[list[Slot], float, tuple[int, ...]]:
-        """Schedule and cost one step: the sequences that sample a token in it (decoders,
-        and those whose prefill completes), its seconds, its tokens per sequence."""
-        self._preempt()
-        budget = self.token_cap
-        decode = [s for s in self.running if not s.todo][:budget]
-        budget -= len(decode)
-        chunks = []
-        for s in self.running:
-            if s.todo and budget > 0:
-                chunks.append((s, min(s.todo, budget)))
-                budget -= chunks[-1][1]
-        in_use = self.in_use()
-        while self.waiting and len(self.running) < self.batch_cap and budget > 0:
-            s = self.waiting[0]
-            need = self._need(s)
-            if self.running and in_use + need > self.kv_blocks:
-                break  # waits for KV blocks, as vLLM's scheduler makes it
-            self.waiting.pop(0)
-            self.running.append(s)
-            self._hold(s)
-            in_use += need
-            # vLLM computes at least a prompt's last token: a hit stops at the last full block before it
-            s.cached = min(self.cache.admit(s.ids, reserve=in_use), (len(s.ids) - 1) // self.cache.block * self.cache.block)
-            s.todo = len(s.ids) - s.cached
-            chunks.append((s, min(s.todo, budget)))
-            budget -= chunks[-1][1]
-        seconds = self.cost.step_s([len(s.ids) for s in decode], [(n, len(s.ids) - s.todo) for s, n in chunks])
-        for s, n in chunks:
-            s.todo -= n
-        sampled = decode + [s for s, _ in chunks if not s.todo]
-        return sampled, seconds, (1,) * len(decode) + tuple(n for _, n in chunks)
-
-    def _preempt(self) -> None:
-        """While the running sequences' next tokens need more blocks than the pool has, the
-        last admitted is preempted (module docstring)."""
-        while len(self.running) > 1 and self.in_use() > self.kv_blocks:
-            victim = self.running.pop()
-            self._unhold(victim)
-            self.cache.admit(victim.ids, reserve=self.in_use(), count=False)  # cached, evictable
-            victim.todo = victim.cached = 0
-            self.waiting.insert(0, victim)
-            self.cache.note("preemptions")
-
-    def release(self, slot: Slot) -> None:
-        """A sequence leaves (finished or aborted); its full blocks stay cached."""
-        if slot in self.running:
-            self.running.remove(slot)
-            self._unhold(slot)
-            self.cache.admit(slot.ids, reserve=self.in_use(), count=False)
-        elif slot in self.waiting:
-            self.waiting.remove(slot)
-
-    def stats(self, tokens: tuple[int, ...], seconds: float) -> StepStats:
-        return StepStats(len(tokens), len(self.waiting), sum(tokens), self.batch_cap, self.token_cap,
-                         min(1.0, self.in_use() / self.kv_blocks) if self.kv_blocks else 0.0, seconds, tokens)
 
 
 @dataclass
@@ -154,10 +38,19 @@ class _Run:
 class ReplayGenerator(Generator):
     """Serves each request the tokens the trace recorded for it (its seed and prompt: the
     variant's own recording first, `VariantReader`), then drawn steps where the trace runs
-    out; the clock moves by each step's cost plus `host_s` (the recorded host time per step)."""
+    out; the clock moves by each step's cost plus `host_s` (the recorded host time per step).
+
+    With `overlap` (`replay.overlap`: vLLM's asynchronous scheduling) the host work hides
+    behind the model's step: a step moves the clock by the larger of the two. Its price: a
+    request that stops in step k (at EOS, or aborted while decoding) decodes one more token
+    in step k+1, thrown away; each such late token is one more sequence in that step's
+    batch, counted there (`StepStats.late_tokens`: the step that computes it, so every late
+    token counted is priced). A request that reaches its `max_tokens` costs none (vLLM does
+    not schedule it again). The tokens served, and the tree, are those without overlap."""
 
     def __init__(self, codec, eos_ids: frozenset[int], reader: VariantReader, sampler: StepSampler,
-                 engine: SimEngine, clock: VirtualClock, counts: ReplayCounts, host_s: float, resumable: bool) -> None:
+                 engine: SimEngine, clock: VirtualClock, counts: ReplayCounts, host_s: float, resumable: bool,
+                 overlap: bool = False) -> None:
         self.codec = codec
         self._eos_ids = eos_ids
         self.reader = reader
@@ -167,7 +60,9 @@ class ReplayGenerator(Generator):
         self.counts = counts
         self.host_s = host_s
         self.resumable_sampling = resumable
+        self.overlap = overlap
         self._runs: dict[str, _Run] = {}
+        self._late: list[int] = []  # overlap: contexts of requests stopped since the last step
 
     @property
     def eos_token_id(self) -> int:
@@ -266,17 +161,26 @@ class ReplayGenerator(Generator):
         for rid in request_ids:
             run = self._runs.pop(rid, None)
             if run is not None:
+                self._stopped(run.slot)  # its late token is counted in the step that prices it
                 self.engine.release(run.slot)
 
+    def _stopped(self, slot: Slot) -> None:
+        """With overlap, a sequence stopped while decoding is in the batch in flight: it
+        decodes once more in the next step (a late token)."""
+        if self.overlap and not slot.todo and slot in self.engine.running:
+            self._late.append(len(slot.ids))
+
     def _step(self) -> tuple[list[GenDelta], StepStats]:
-        sampled, seconds, tokens = self.engine.step()
+        late, self._late = self._late, []
+        sampled, seconds, tokens = self.engine.step(late)
         by_slot = {id(r.slot): (rid, r) for rid, r in self._runs.items()}
         deltas = []
         for slot in sampled:
             rid, run = by_slot[id(slot)]
             deltas.append(self._emit(rid, run))
-        self.clock.advance(seconds + self.host_s)
-        return deltas, self.engine.stats(tokens, seconds)
+        self.clock.advance(max(seconds, self.host_s) if self.overlap else seconds + self.host_s)
+        stats = self.engine.stats(tokens, seconds)
+        return deltas, replace(stats, late_tokens=len(late)) if late else stats
 
     def _emit(self, rid: str, run: _Run) -> GenDelta:
         token, whose = next(run.source, (self.eos_token_id, Whose.DRAWN))
@@ -297,6 +201,8 @@ class ReplayGenerator(Generator):
         run.reported = True
         if finish is not None:
             del self._runs[rid]
+            if finish is FinishReason.EOS:
+                self._stopped(run.slot)
             self.engine.release(run.slot)
         n_prompt = len(run.request.prompt_token_ids)
         return GenDelta(rid, (token,), finish, run.slot.cached if first else None, n_prompt if first else None)
@@ -310,7 +216,8 @@ def _whose(found: tuple[Generation, int, Whose]) -> str:
 class ReplayVerifier(Verifier):
     """Scores from the trace (drawn where it has none), each call's prompts built as the
     recorded verifier builds them (`build`), its time from the simulated engine plus
-    `host_s` per engine step."""
+    `host_s` per engine step; with `overlap`, the larger of the two per step (a scoring
+    request samples one token at most: no late tokens)."""
 
     build: Callable[[ScoreRequest], list[Sequence[int]]]
     reader: VariantReader
@@ -321,6 +228,7 @@ class ReplayVerifier(Verifier):
     host_s: float = 0.0
     per_score: bool = False
     partial_steps: bool = False
+    overlap: bool = False
 
     @property
     def request_per_score(self) -> bool:
@@ -361,14 +269,15 @@ class ReplayVerifier(Verifier):
         scores = [tuple(self._lookup(req, i) for i in req.indices) for req in requests]
         slots = [Slot(list(ids)) for req in requests for ids in self.build(req)]
         self.engine.waiting.extend(slots)
-        steps, wall = [], 0.0
+        steps, wall, clocked = [], 0.0, 0.0
         while self.engine.waiting or self.engine.running:
             sampled, seconds, tokens = self.engine.step()
             for slot in sampled:
                 self.engine.release(slot)
             wall += seconds
+            clocked += max(seconds, self.host_s)
             steps.append(self.engine.stats(tokens, seconds))
-        self.clock.advance(wall + self.host_s * len(steps))
+        self.clock.advance(clocked if self.overlap else wall + self.host_s * len(steps))
         stats = ScoreBatchStats(len(slots), sum(len(s.ids) for s in slots), sum(s.cached for s in slots), wall,
                                 tuple(steps))
         return scores, stats

@@ -181,7 +181,8 @@ def _short(cfg) -> str:
 
 COMPARED = (("generator_s_mean", "generator time per problem (s)"), ("verifier_s_mean", "verifier time per problem (s)"),
             ("latency_s_mean", "completion latency (s)"), ("precise_goodput", "precise goodput (tok/s)"),
-            ("wall_s", "variant wall time (s)"), ("total_gen_tokens", "generated tokens"))
+            ("wall_s", "variant wall time (s)"), ("total_gen_tokens", "generated tokens"),
+            ("model_busy_share", "model busy share (both models' step time / wall time)"))
 
 
 def against_recorded(recorded: dict, replayed: dict) -> dict:

@@ -61,6 +61,9 @@ class ReplayBackends:
         self.tokenizer_note = "fake verifier"
         self.build, self.per_score, self.partial = self._verifier_prompts()
         self.costs = self._costs()
+        # replay.overlap, else as the recorded generator ran (off for a run recorded before it was)
+        recorded_overlap = ((summary.get("host") or {}).get("overlap") or {}).get("generator", False)
+        self.overlap = bool(recorded_overlap if options.overlap is None else options.overlap)
         self.counts: dict[str, ReplayCounts] = {}
         self.readers: dict[str, VariantReader] = {}  # each variant served its own recording first
         self.variant = ""
@@ -159,7 +162,9 @@ class ReplayBackends:
         variant (else the mean over its variants), as (per generator step, per verifier step,
         per search iteration): the time inside generation phases beyond their model steps,
         inside verifier calls beyond theirs, and between the two (selection, statistics).
-        All 0 with `replay.host=none`."""
+        All 0 with `replay.host=none`. A run recorded with overlap measured the same host
+        work (outside its steps), so its parts are read alike; `replay.overlap` decides
+        whether a step hides them (`ReplayGenerator`)."""
         if self.options.host == "none":
             return 0.0, 0.0, 0.0
         variants = self.summary.get("variants", {})
@@ -191,11 +196,11 @@ class ReplayBackends:
         counts, (gen_host, ver_host, _) = self.counts[self.variant], self.host_parts()
         reader = self.readers[self.variant]
         gen = ReplayGenerator(self.codec, self.eos_ids, reader, self.sampler, self._engine("generator", gen_spec),
-                              self.clock, counts, gen_host, self.resumable)
+                              self.clock, counts, gen_host, self.resumable, self.overlap)
         if ver_spec is None:
             return gen, None
         ver = ReplayVerifier(self.build, reader, self.sampler, self._engine("verifier", ver_spec), self.clock,
-                             counts, ver_host, self.per_score, self.partial)
+                             counts, ver_host, self.per_score, self.partial, self.overlap)
         return gen, ver
 
     def counts_dict(self) -> dict:
@@ -257,4 +262,5 @@ def simulated_host(cfg: Config, backends: ReplayBackends, recorded_host: dict | 
             "cost_from": ({"run": backends.options.cost_from, "host": backends.pricing.get("host")}
                           if backends.pricing is not None else None),
             "sampler": (recorded_host or {}).get("sampler"), "verifier_prompts": backends.tokenizer_note,
+            "overlap": backends.overlap,
             "recorded_on": recorded_host}

@@ -118,6 +118,8 @@ def _host_parts(host: dict[str, Any] | None) -> list[str]:
         parts.append(f"sampler {host['sampler']}")
     if host.get("model_runner"):
         parts.append(f"vLLM model runner {host['model_runner']}")
+    if any((host.get("overlap") or {}).values()):  # vLLM's asynchronous scheduling (or the fake's lag)
+        parts.append("overlap " + ", ".join(role for role, on in host["overlap"].items() if on))
     parts.append(f"torch {host.get('torch')}, vLLM {host.get('vllm') or '-'}, {host.get('threads')} threads")
     return parts
 
@@ -126,7 +128,7 @@ def simulated_line(host: dict[str, Any]) -> str:
     """The line above a replay's tables: every figure below it is simulated."""
     d, m = host.get("device") or {}, host.get("models") or {}
     dtypes = ", ".join(f"{role} {d}" for role, d in (host.get("dtype") or {}).items())
-    cost = f"{host.get('cost')} step cost"
+    cost = f"{host.get('cost')} step cost" + (", overlap" if host.get("overlap") else "")
     if prices := host.get("step_costs"):  # a roofline's: measured efficiencies (their source) or the datasheet
         cost += f" at {prices}"
     if source := host.get("cost_from"):  # priced by another run's fit: its host, not the trace's

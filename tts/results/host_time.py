@@ -17,6 +17,10 @@ the variant's wall time and per generator step:
 
 `engine_per_gen_step_ms` is the engine's own work per generator step, the figure that must
 stay small beside a GPU's step; `select_ms_mean` and `select_ms_max`, a selection's.
+`model_busy_share` is both models' step time over the wall time: in a replay, the simulated
+device's busy share (with `replay.overlap`, host work hides behind the steps and no longer
+adds to the wall); in a real run with overlap, a step's time is what tts waited in it, so
+the share is a lower bound on the device's.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from tts.metrics.cost_model import COST, CostSums
 
 # (summary key, label, higher is better): the ratio table's rows (`tts.results.ratios`)
 HOST_ROWS = [
+    ("model_busy_share", "model busy share: both models' step time / wall time", True),
     ("host_share", "host time outside any model step / wall time", False),
     ("host_per_gen_step_ms", "host time per generator step (ms), of which:", False),
     ("engine_per_gen_step_ms", "- the engine's own: scheduling, the step rule, bookkeeping, trace (ms)", False),
@@ -52,7 +57,7 @@ def add_host_time(summary: dict, records: list[dict]) -> None:
     host = wall - gen.wall_s - ver.wall_s
     parts = {"host_backend_calls_s": gen.calls_s, "host_verifier_s": verifier, "host_select_s": select}
     summary.update(parts, host_s=host, host_share=host / wall,
-                   host_engine_s=host - sum(parts.values()))
+                   host_engine_s=host - sum(parts.values()), model_busy_share=(gen.wall_s + ver.wall_s) / wall)
     per_step = {"host_per_gen_step_ms": "host_s", "engine_per_gen_step_ms": "host_engine_s",
                 "backend_calls_per_gen_step_ms": "host_backend_calls_s",
                 "verifier_host_per_gen_step_ms": "host_verifier_s", "select_per_gen_step_ms": "host_select_s"}

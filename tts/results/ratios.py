@@ -22,6 +22,8 @@ RATIO_METRICS = [
     ("problems_per_min_wall", "problems/min over the wall time (tails in)", True),
     ("problems_per_min_busy", "problems/min while every slot was busy (cross-check)", True),
     ("total_gen_tokens", "generated tokens", False),
+    ("gen_late_tokens", "late tokens: computed past a stop, thrown away (overlap's price, one a stopped request)",
+     False),
     ("acc_majority", "accuracy (majority)", True),
     ("acc_weighted", "accuracy (weighted)", True),
     ("acc_prm_max", "accuracy (PRM-max)", True),

@@ -64,6 +64,8 @@ def variant_summary(records: list[dict], step_log: dict | None, wall_s: float | 
             s[f"{model[:3]}_running_mean"] = log.get("running_mean", 0.0)
             if cap := (log.get(COST) or {}).get("batch_cap"):  # the largest its steps ran under
                 s[f"{model[:3]}_batch_cap"] = cap
+            if late := log.get("late_tokens"):  # with overlap only: thrown-away tokens past a stop
+                s[f"{model[:3]}_late_tokens"] = late
         phase = (step_log.get("generator") or {}).get("model_s")
         if phase and "total_gen_tokens" in s:  # absent before the variant's model time was logged
             s["gen_phase_tok_s"] = s["total_gen_tokens"] / phase

@@ -209,6 +209,7 @@ def make_llm(
     min_tokens_per_seq: int | None = None,
     enforce_eager: bool | None = None,
     engine_kwargs: dict[str, Any] | None = None,
+    async_scheduling: bool = False,
 ) -> vllm.LLM:
     """Start one in-process vLLM engine for `model_path` (a local Hugging Face folder).
 
@@ -219,13 +220,14 @@ def make_llm(
     ValueError when the KV budget cannot hold one such sequence or neither memory lever is
     given. Prefix caching is on; `enforce_eager` (`memory.enforce_eager`; None: eager on
     CPU, with vLLM's fused RMSNorm kernels, `cpu_kernels.py`, and CUDA graphs on a GPU,
-    `eager_mode`); per-step stats are kept, and
-    scheduling is synchronous, so each `step()` returns the tokens of the batch it ran. On
+    `eager_mode`); per-step stats are kept; scheduling is synchronous, each `step()`
+    returning the tokens of the batch it ran, unless `async_scheduling` (`check_async`). On
     CPU, vLLM's own seeded sampling is kept working through chunked prefills
     (`internals.keep_seeded_streams`).
     `engine_kwargs` go to `vllm.LLM` as they are (e.g. `runner="pooling"` for reward heads).
     """
     config = read_hf_config(model_path)
+    check_async(async_scheduling)
     dtype = resolve_dtype(dtype, config)
     max_len = _max_len(config, min_tokens_per_seq, block_size)
     memory = _memory_kwargs(config, kv_cache_bytes, gpu_memory_utilization, block_size,
@@ -238,7 +240,7 @@ def make_llm(
         dtype=dtype, seed=seed, block_size=block_size, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_len,
         tensor_parallel_size=tensor_parallel_size, enforce_eager=eager_mode(enforce_eager),
-        enable_prefix_caching=True, disable_log_stats=False, async_scheduling=False,
+        enable_prefix_caching=True, disable_log_stats=False, async_scheduling=bool(async_scheduling),
         **memory,
     )
     kwargs.update(cpu_kernels.engine_kwargs(on_gpu=has_cuda()))  # fused RMSNorm on CPU (cpu_kernels.py)
@@ -248,6 +250,18 @@ def make_llm(
 
     keep_seeded_streams(llm)  # on CPU: seeded requests survive a chunked prefill (internals.py)
     return llm
+
+
+def check_async(async_scheduling: bool) -> None:
+    """With `async_scheduling` (`generator.overlap`, `verifier.overlap`) vLLM schedules the
+    next batch while the model runs this one (`EngineCore.step_with_batch_queue`), still in
+    this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so every hook in `internals.py` stays
+    in reach; each `step()` then returns the batch before. vLLM runs it on CUDA only (on a
+    CPU it switches it off: `vllm/platforms/cpu.py`): asking for it without CUDA is a
+    ValueError, not a silently synchronous engine."""
+    if async_scheduling and not has_cuda():
+        raise ValueError("async_scheduling: vLLM runs asynchronous scheduling on CUDA only (on a CPU it "
+                         "switches it off, vllm/platforms/cpu.py); ask for it where the models run on a GPU")
 
 
 def _max_len(config: dict[str, Any], min_tokens_per_seq: int | None, block_size: int) -> int:

@@ -6,20 +6,28 @@ finds step boundaries in the deltas itself. `step()` is one `LLMEngine.step()`: 
 scheduler iteration, so each running request advances by one decode token or one prefill
 chunk. Aborts go straight to the in-process engine core, so they take effect before the
 next step, and any output of an aborted request is dropped here as well.
+
+With overlap (`make_llm(async_scheduling=True)`, `generator.overlap`), `step()` schedules a
+batch, launches it and returns the outputs of the batch before (the first returns none):
+the engine sees each token one step late. A request it stops then, or one that ended at
+EOS, is already in the batch in flight; that token is computed and thrown away. Those late
+tokens are counted from the scheduler's last batch (`SchedulerProbe.in_flight`): an abort
+returns its own, a step reports those of the EOS it returns (`StepStats.late_tokens`). A
+request that reaches `max_tokens` costs none: vLLM's scheduler does not schedule it again.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from tts.backends.base import FinishReason, GenDelta, Generator, GenRequest, StepStats
 from tts.backends.codec import ChatCodec
 from tts.backends.vllm.engine import make_llm
 from tts.backends.vllm.internals import (
-    SEEDED_CPU_ERROR, UnsupportedVllmError, seeded_sampling_safe, shutdown_llm, token_prompt,
+    SEEDED_CPU_ERROR, UnsupportedVllmError, async_scheduling, seeded_sampling_safe, shutdown_llm, token_prompt,
 )
 from tts.backends.vllm.stats import SchedulerProbe
 
@@ -65,6 +73,7 @@ class VllmGenerator(Generator):
         self._engine = llm.llm_engine
         self._codec = ChatCodec(llm.get_tokenizer())
         self._probe = SchedulerProbe(llm)
+        self.overlap = async_scheduling(llm)  # each step returns the batch before (module doc)
         # False on a CPU engine vLLM's seeded sampler would crash on (internals.py)
         self._seeded_ok = seeded_sampling_safe(llm)
         self._live: dict[str, _Live] = {}
@@ -142,6 +151,10 @@ class VllmGenerator(Generator):
         wall = time.perf_counter() - start
         deltas = [self._delta(out) for out in outputs if out.request_id in self._live]
         stats = self._probe.stats(wall, [len(d.new_token_ids) for d in deltas], len(self._live))
+        if self.overlap:  # an EOS came back after vLLM scheduled its request once more
+            flight = self._probe.in_flight()
+            late = sum(d.finish_reason is FinishReason.EOS and d.request_id in flight for d in deltas)
+            stats = replace(stats, late_tokens=late) if late else stats
         return deltas, stats
 
     def _delta(self, output: Any) -> GenDelta:
@@ -160,10 +173,11 @@ class VllmGenerator(Generator):
             num_prompt_tokens=live.num_prompt_tokens if first else None,
         )
 
-    def _abort(self, request_ids: list[str]) -> None:
+    def _abort(self, request_ids: list[str]) -> int:
         ids = [rid for rid in request_ids if self._live.pop(rid, None) is not None]
         if ids:
             self._engine.abort_request(ids)
+        return len(self._probe.in_flight().intersection(ids)) if self.overlap and ids else 0
 
     def num_unfinished(self) -> int:
         return len(self._live)

@@ -6,7 +6,7 @@ public. But the engine also reads and steers parts vLLM does not promise to keep
 - the in-process v1 engine core: `llm.llm_engine.engine_core.engine_core` (`engine_core`),
   its scheduler (`find_scheduler`), executor's driver worker (`driver_worker`), shutdown;
 - the scheduler: `schedule` (observed once per instance for each step's `SchedulerOutput`:
-  `observe_schedule`, `scheduled_tokens`), `get_request_counts`, `kv_cache_manager.usage`,
+  `observe_schedule`, `scheduled_tokens`, `scheduled_ids`), `get_request_counts`, `kv_cache_manager.usage`,
   `max_num_scheduled_tokens`, admission cap `max_num_active_reqs` (`SCHEDULER_ATTRS`,
   `scheduled_tokens`, `admission_cap`, `set_admission_cap`);
 - the KV cache manager and its block pool (`kv_cache_manager`, `KV_MANAGER_METHODS`,
@@ -163,6 +163,19 @@ def observe_schedule(scheduler: Any, observer: Callable[[Any], None]) -> Callabl
 def scheduled_tokens(output: Any) -> tuple[int, ...]:
     """Tokens per request in one `SchedulerOutput` (empty for None: nothing scheduled)."""
     return tuple(int(n) for n in (output.num_scheduled_tokens.values() if output is not None else ()))
+
+
+def scheduled_ids(output: Any) -> frozenset[str]:
+    """The request ids one `SchedulerOutput` scheduled (none for None)."""
+    return frozenset(output.num_scheduled_tokens) if output is not None else frozenset()
+
+
+def async_scheduling(llm: vllm.LLM) -> bool:
+    """Whether the engine really runs vLLM's asynchronous scheduling (what vLLM resolved,
+    not what was asked: a CPU platform switches it off): its `step()` then returns the
+    batch before (`EngineCore.step_with_batch_queue`)."""
+    config = getattr(llm.llm_engine, "vllm_config", None)
+    return bool(getattr(getattr(config, "scheduler_config", None), "async_scheduling", False))
 
 
 def waiting_requests(scheduler: Any) -> int:

@@ -35,11 +35,17 @@ How it plugs in, at no cost to vLLM's own path:
   pass (`sample_rows`). On a GPU the only host-to-device traffic per step is the rows'
   uniforms, one small non-blocking copy from pinned memory; nothing syncs.
 
-The position is read from vLLM's live list of the request's output tokens, which is
-current before each forward pass with synchronous scheduling (`make_llm` sets
-`async_scheduling=False`; with asynchronous scheduling it could lag one token). Logprobs
-that vLLM returns come from the raw logits (its default `raw_logprobs` mode), so they are
-unchanged.
+The position is read from the length of vLLM's live list of the request's output tokens,
+which is current before each forward pass with synchronous scheduling, and with
+asynchronous scheduling too (`generator.overlap`, `make_llm(async_scheduling=True)`):
+there the host learns a token a step late, but vLLM 0.32's V1 runner appends a -1
+placeholder to the list as it samples (`gpu_model_runner.py`, `_bookkeeping_sync`) and
+writes the real token over it before the next step's logits processors run
+(`update_async_output_token_ids`, which it does because a custom processor reads the
+lists). The length, all this sampler reads, is never behind; the test drives the sampler
+through those list states (`test_position_sampling.py`). Read in vLLM's source, not yet
+run on a GPU here. Logprobs that vLLM returns come from the raw logits (its default
+`raw_logprobs` mode), so they are unchanged.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from tts.backends.vllm.internals import (
     installed_vllm_version,
     kv_usage,
     observe_schedule,
+    scheduled_ids,
     scheduled_tokens,
     set_admission_cap,
     stats_scheduler,
@@ -86,6 +87,12 @@ class SchedulerProbe:
         if self._scheduler is None or not set_admission_cap(self._scheduler, cap):
             logger.warning("batch cap cannot be changed on this vLLM; it stays %d",
                            self.batch_cap)
+
+    def in_flight(self) -> frozenset[str]:
+        """The requests the last step scheduled. With asynchronous scheduling that batch is
+        still running when `step()` returns (it returned the one before): a request among
+        them that stops now has a token computed and thrown away. Empty when degraded."""
+        return scheduled_ids(self._last) if self._scheduler is not None else frozenset()
 
     def begin_step(self) -> None:
         """Forget the previous step's schedule (a step with no work schedules nothing)."""
