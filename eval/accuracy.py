@@ -121,19 +121,22 @@ def _answers(candidates: Sequence[Candidate]) -> list[str | None]:
     return [c.answer for c in candidates]
 
 
-def majority_vote(candidates: Sequence[Candidate], equiv: Equivalence | None = None) -> str | None:
+def majority_vote(candidates: Sequence[Candidate], equiv: Equivalence | None = None,
+                  labels: Sequence[int | None] | None = None) -> str | None:
     """Return the answer of the largest group of equivalent answers (ties: first seen).
 
     The returned string is the group's first answer; None when no candidate has one.
+    ``labels``: the candidates' ``group_answers``, where the caller has them already.
     """
-    labels = group_answers(_answers(candidates), equiv)
+    labels = group_answers(_answers(candidates), equiv) if labels is None else labels
     label = _majority_label(labels, len(candidates))
     return None if label is None else candidates[label].answer
 
 
-def weighted_best_of_n(candidates: Sequence[Candidate], equiv: Equivalence | None = None) -> str | None:
+def weighted_best_of_n(candidates: Sequence[Candidate], equiv: Equivalence | None = None,
+                       labels: Sequence[int | None] | None = None) -> str | None:
     """Return the answer whose group has the largest sum of scores (None scores count 0)."""
-    labels = group_answers(_answers(candidates), equiv)
+    labels = group_answers(_answers(candidates), equiv) if labels is None else labels
     scores = [c.score for c in candidates]
     label = _weighted_label(labels, scores, len(candidates))
     return None if label is None else candidates[label].answer
@@ -197,6 +200,7 @@ def accuracy_curves(
     sizes: list[int] | None = None,
     seed: int = 0,
     equiv: Equivalence | None = None,
+    labels: Sequence[int | None] | None = None,
 ) -> dict[str, Any]:
     """Correctness of each selection rule on the first k candidates, for each k in ``sizes``.
 
@@ -207,10 +211,11 @@ def accuracy_curves(
     ``pass_at_n`` on those k). Returns a JSON-ready dict with "sizes", one list of
     bools per rule in ``METHODS``, and the chosen answer per selection rule
     ("<rule>_answer"; for majority/weighted the first answer of the winning group).
+    ``labels``: the candidates' ``group_answers``, where the caller has them already.
     """
     chosen_sizes = _check_sizes(sizes, len(candidates))
     test = equiv or equivalent_many
-    labels = group_answers(_answers(candidates), test)
+    labels = group_answers(_answers(candidates), test) if labels is None else labels
     correct = _correct_labels(candidates, labels, gold, test)
     result: dict[str, Any] = {"num_candidates": len(candidates), "sizes": chosen_sizes, "seed": seed}
     for method in METHODS:

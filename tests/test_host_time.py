@@ -74,18 +74,24 @@ def _summary(wall=10.0, gen_steps=100, gen_wall=6.0, calls=0.5, ver_wall=2.0, ve
 
 
 def test_the_split_adds_up_to_the_host_time():
-    records = [{"metrics": {"latency_s": 5.0, "iterations": 4, "select_s": 0.1, "select_max_s": 0.04}},
-               {"metrics": {"latency_s": 5.0, "iterations": 6, "select_s": 0.2, "select_max_s": 0.05}}]
+    records = [{"metrics": {"latency_s": 5.0, "iterations": 4, "select_s": 0.1, "select_max_s": 0.04,
+                            "record_s": 0.15}},
+               {"metrics": {"latency_s": 5.0, "iterations": 6, "select_s": 0.2, "select_max_s": 0.05,
+                            "record_s": 0.05}}]
     s = _summary()
+    s["generator"]["running_mean"] = 50.0  # 100 steps of 50 requests
     add_host_time(s, records)
     assert s["host_s"] == pytest.approx(10.0 - 6.0 - 2.0)
     assert s["host_share"] == pytest.approx(0.2)
-    assert (s["host_backend_calls_s"], s["host_verifier_s"], s["host_select_s"]) == pytest.approx((0.5, 0.25, 0.3))
-    assert s["host_engine_s"] == pytest.approx(2.0 - 0.5 - 0.25 - 0.3)
-    assert s["engine_per_gen_step_ms"] == pytest.approx(1000 * 0.95 / 100)
+    assert (s["host_backend_calls_s"], s["host_verifier_s"], s["host_select_s"], s["host_record_s"]) \
+        == pytest.approx((0.5, 0.25, 0.3, 0.2))
+    assert s["host_engine_s"] == pytest.approx(2.0 - 0.5 - 0.25 - 0.3 - 0.2)
+    assert s["engine_per_gen_step_ms"] == pytest.approx(1000 * 0.75 / 100)
     assert s["host_per_gen_step_ms"] == pytest.approx(
         s["engine_per_gen_step_ms"] + s["backend_calls_per_gen_step_ms"] + s["verifier_host_per_gen_step_ms"]
-        + s["select_per_gen_step_ms"])
+        + s["select_per_gen_step_ms"] + s["record_per_gen_step_ms"])
+    assert s["engine_per_request_us"] == pytest.approx(1e6 * 0.75 / 5000)
+    assert s["host_per_request_us"] == pytest.approx(1e6 * 2.0 / 5000)
     assert s["select_ms_mean"] == pytest.approx(1000 * 0.3 / 10)
     assert s["select_ms_max"] == pytest.approx(50.0)
     keys = {k for k, *_ in RATIO_METRICS}
@@ -119,3 +125,46 @@ def test_every_request_carries_its_prompts_key(schedule, opts):
     list(eng.run([ProblemInput(p, f"problem {p}") for p in ("a", "b")]))
     assert len(seen) > 8
     assert all(r.prompt_key == extend_hash(0, r.prompt_token_ids) for r in seen)
+
+
+@pytest.mark.parametrize("concurrency,record_s", [(1, [0.5, 0.5, 0.5]), (3, [0.5, 0.75, 0.75])])
+def test_recording_a_problem_is_timed_apart_from_the_engine(tmp_path, monkeypatch, concurrency, record_s):
+    """Grading a finished problem's candidates and writing its record run while no model
+    step does: each record carries that time (`metrics.record_s`), and the summary counts it
+    apart from the engine's own work. On a virtual clock, a grading that takes 0.5 s is
+    exactly 0.5 s of the record's; the writing of a record is in the wall time where more
+    problems are in flight (it lands in the next record's), not where each problem runs on
+    its own (one at a time, interleaved with the other variants: the variant's clock stops
+    between its problems)."""
+    from tts.bench import record as record_mod
+    from tts.config.compose import compose
+    from tts.results.store import RunStore
+    from tts.runner import run_bench
+
+    vclock = clock.VirtualClock()
+    build = record_mod.build_record
+
+    def slow_build(*a, **k):
+        vclock.advance(0.5)
+        return build(*a, **k)
+
+    append = RunStore.append
+
+    def slow_append(self, record):
+        vclock.advance(0.25)
+        return append(self, record)
+
+    monkeypatch.setattr(record_mod, "build_record", slow_build)
+    monkeypatch.setattr(RunStore, "append", slow_append)
+    cfg = compose("config", ["generator=fake", "verifier=fake", "logger=none", "dataset.first_k=3", "search.n=4",
+                             "search.beam_width=2", "search.max_iterations=3", "bench.compare=[baseline]",
+                             "bench.warmup=0", f"bench.concurrency={concurrency}", f"bench.results_dir={tmp_path}",
+                             "bench.run_name=r"])
+    with clock.simulated(vclock):
+        path = run_bench(cfg)
+    store = RunStore(path)
+    assert [r["metrics"]["record_s"] for r in store.records()] == pytest.approx(record_s)
+    s = store.summary()["variants"]["baseline"]
+    assert s["host_record_s"] == pytest.approx(sum(record_s))
+    assert s["host_engine_s"] == pytest.approx(s["host_s"] - s["host_backend_calls_s"] - s["host_verifier_s"]
+                                               - s["host_select_s"] - sum(record_s))

@@ -226,7 +226,7 @@ def test_run_bench_embedded_writes_complete_records(real_run):
     gen_cost, ver_cost = summary["generator"]["cost"], summary["verifier"]["cost"]
     assert "calls_s" in gen_cost and "select_ms_mean" in summary  # timed: present, not sized
     assert summary["host_s"] == pytest.approx(summary["wall_s"] - gen_cost["wall_s"] - ver_cost["wall_s"])
-    parts = ("host_engine_s", "host_backend_calls_s", "host_verifier_s", "host_select_s")
+    parts = ("host_engine_s", "host_backend_calls_s", "host_verifier_s", "host_select_s", "host_record_s")
     assert sum(summary[k] for k in parts) == pytest.approx(summary["host_s"])
     # the block pools' counts: every problem's requests looked their prompt blocks up
     blocks = summary["kv_blocks"]

@@ -170,7 +170,7 @@ def untimed(record):
     """A record without its wall-clock values (seconds and what is derived from them) and
     its prefix-cache counters: a resumed run starts with a cold cache, the search does not
     depend on it."""
-    timed = ("latency_s", "generator_s", "verifier_s", "beam_completion_s", "precise_goodput", "select_s",
+    timed = ("latency_s", "generator_s", "verifier_s", "beam_completion_s", "precise_goodput", "select_s", "record_s",
              "select_max_s", "gen_cached_tokens", "gen_cache_hit_rate", "ver_cached_tokens", "ver_cache_hit_rate")
     out = json.loads(json.dumps(record))
     out.pop("variant_wall_s")

@@ -52,3 +52,61 @@ def test_the_docs_rule_registers_in_its_own_file_and_keeps_the_tree():
             assert eng.gen_log.steps < beng.gen_log.steps, algo
     finally:
         RULES.pop("first_child", None)
+
+
+class CheckedBranches(RULES["branches"]):
+    """Branches whose kept queue of candidates is checked, at every call, against the scan it
+    replaced: every finished parent's children, speculable now, in priority order."""
+
+    name = "checked_branches"
+    calls = preempted = 0
+
+    def begin(self, finished):
+        self._all = list(finished)
+        super().begin(finished)
+
+    def _enqueue(self, request):
+        if request not in getattr(self, "_all", ()):
+            self._all = [*getattr(self, "_all", ()), request]
+        super()._enqueue(request)
+
+    def candidates(self, problems):
+        kept = super().candidates(problems)
+        scan = [(r, k) for r in self._all if r.beam.uid not in self._pruned for k in range(r.spec_priority)
+                if self.steps.speculable(r.problem, r.beam, k)]
+        scan = [(r.problem, r.beam, k) for r, k in sorted(scan, key=lambda c: (-c[0].spec_priority, c[1]))]
+        assert kept == scan
+        type(self).calls += 1
+        return kept
+
+    def preempt(self, k=None):
+        nodes = super().preempt(k)
+        type(self).preempted += len(nodes)
+        return nodes
+
+
+@pytest.mark.parametrize("limit", [None, 0.3])
+def test_the_branches_queue_is_the_scan_it_replaced(limit):
+    """The branches rule keeps its candidates as the iteration goes (finished, stalled and
+    pruned branches leave for good, running ones until preempted) instead of scanning every
+    finished step's children at every generator step: the same candidates in the same order
+    at every call, with speculation preempted for memory (a low `kv_spec_limit`) and
+    without; and the tree stays the baseline's."""
+    register_rule(CheckedBranches)
+    try:
+        cfg = SearchConfig(algorithm=Algorithm.beam, n=8, beam_width=2, max_iterations=5)
+
+        def go(**opts):
+            eng = Engine(FakeGenerator(answering_script, batch_cap=12, cache_blocks=64), FakeVerifier(),
+                         lambda: make_policy(cfg, 30, 300), "sys", EngineOptions(**opts))
+            return {o.problem.id: sorted(b.text for b in o.candidates)
+                    for o in eng.run([ProblemInput(p, f"problem {p}") for p in ("a", "b", "c")])}
+
+        CheckedBranches.calls = CheckedBranches.preempted = 0
+        memory = {} if limit is None else {"kv_spec_limit": limit}
+        mine = go(speculative=True, spec_rule="checked_branches", spec_prune=True, **memory)
+        assert CheckedBranches.calls > 0
+        assert limit is None or CheckedBranches.preempted > 0  # branches went back to the queue
+        assert mine == go()
+    finally:
+        RULES.pop("checked_branches", None)

@@ -17,9 +17,57 @@ from tts.metrics.measures import ProblemMetrics
 from tts.search.base import ProblemSearch, SearchPolicy
 from tts.search.tree import Beam
 
-# the speculative steps held until selection: (parent uid, child seed) -> the step's request,
-# whose beam is forked from the parent with the child's seed
-Table = dict[tuple[int, int], Request]
+class Table:
+    """The speculative steps held until selection: (parent uid, child seed) -> the step's
+    request, whose beam is forked from the parent with the child's seed; in the order they
+    were made, and by parent (`of_beam`, read for every finished step: a scan of the whole
+    table there made an iteration's cost grow as the square of n)."""
+
+    __slots__ = ("_nodes", "_by_beam")
+
+    def __init__(self) -> None:
+        self._nodes: dict[tuple[int, int], Request] = {}
+        self._by_beam: dict[int, dict[int, Request]] = {}
+
+    def get(self, key: tuple[int, int], default: Request | None = None) -> Request | None:
+        return self._nodes.get(key, default)
+
+    def __setitem__(self, key: tuple[int, int], node: Request) -> None:
+        self._nodes[key] = node
+        self._by_beam.setdefault(key[0], {})[key[1]] = node
+
+    def __delitem__(self, key: tuple[int, int]) -> None:
+        del self._nodes[key]
+        children = self._by_beam[key[0]]
+        del children[key[1]]
+        if not children:
+            del self._by_beam[key[0]]
+
+    def pop(self, key: tuple[int, int], default: Request | None = None) -> Request | None:
+        if key not in self._nodes:
+            return default
+        node = self._nodes[key]
+        del self[key]
+        return node
+
+    def of_beam(self, uid: int) -> list[Request]:
+        """The steps held for the children of beam `uid`, in the order they were made."""
+        return list(self._by_beam.get(uid, {}).values())
+
+    def items(self):
+        return self._nodes.items()
+
+    def values(self):
+        return self._nodes.values()
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._nodes
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def __iter__(self):
+        return iter(self._nodes)
 
 
 @dataclass(frozen=True)
@@ -42,7 +90,7 @@ class Problem:
     rng: random.Random
     waiting: set[int] = field(default_factory=set)
     to_score: int = 0
-    spec: Table = field(default_factory=dict)
+    spec: Table = field(default_factory=Table)
     lengths: list[int] = field(default_factory=list)
 
     @property

@@ -10,7 +10,8 @@ from __future__ import annotations
 from itertools import accumulate
 
 from eval import extract_answer, grade_answer, grade_many
-from eval.accuracy import Candidate, accuracy_curves, majority_vote, pass_at_n, prm_max, weighted_best_of_n
+from eval.accuracy import (Candidate, accuracy_curves, group_answers, majority_vote, pass_at_n, prm_max,
+                           weighted_best_of_n)
 
 METHODS = ("majority", "weighted", "prm_max")
 
@@ -33,9 +34,12 @@ def candidate_dicts(outcome) -> list[dict]:
 def grade_candidates(gold: str, candidates: list[dict]) -> dict:
     """Chosen answers by each selection method, their verdicts, pass@N and the curves."""
     cands = [Candidate(c["answer"], c["score"]) for c in candidates]
+    # the candidates grouped by equivalent answers once (at n=512, hundreds of answers and
+    # their pairs asked of the grading pool), for every rule and the curves
+    labels = group_answers([c.answer for c in cands])
     chosen = {
-        "majority": majority_vote(cands),
-        "weighted": weighted_best_of_n(cands) if _scored(cands) else None,
+        "majority": majority_vote(cands, labels=labels),
+        "weighted": weighted_best_of_n(cands, labels=labels) if _scored(cands) else None,
         "prm_max": prm_max(cands) if _scored(cands) else None,
     }
     verdicts = {}
@@ -56,7 +60,7 @@ def grade_candidates(gold: str, candidates: list[dict]) -> dict:
         "correct": {m: v["correct"] for m, v in verdicts.items()},
         f"pass@{n}": pass_at_n(cands, gold, n) if n else False,
         "pass@n": pass_at_n(cands, gold, n) if n else False,
-        "curves": accuracy_curves(cands, gold) if n else {},
+        "curves": accuracy_curves(cands, gold, labels=labels) if n else {},
     }
 
 

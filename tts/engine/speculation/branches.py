@@ -14,6 +14,7 @@ whatever the sampler; child 0's branch doubles as its beam's lookahead step.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 
 from tts.backends.base import GenDelta
@@ -24,7 +25,7 @@ from tts.engine.speculation.policy import next_runs_to_eos
 from tts.engine.speculation.rule import TableRule
 from tts.engine.speculation.steps import SpeculativeSteps, step_tokens
 from tts.search.base import ProblemSearch
-from tts.search.tree import Beam
+from tts.search.tree import Beam, child_seed
 
 
 class Branches(TableRule):
@@ -34,13 +35,22 @@ class Branches(TableRule):
 
     def __init__(self, steps: SpeculativeSteps, parts: ScheduleParts) -> None:
         super().__init__(steps, parts)
-        self._parents: list[Request] = []  # finished steps whose children branch, in finish order
-        self._pruned: set[int] = set()  # their beams whose speculation pruning stopped
+        self._pruned: set[int] = set()  # beams whose speculation pruning stopped
+        # the branches waiting to start, kept as the iteration goes (a scan of every finished
+        # step's children at every generator step cost O(n) a step): by (-priority, child k),
+        # each a list of (finish order, parent request); those started leave it for
+        # `_started`, and come back if preempted
+        self._queue: dict[tuple[int, int], list[tuple[int, Request]]] = {}
+        # (parent uid, child seed) -> (finish order, parent request, child k)
+        self._started: dict[tuple[int, int], tuple[int, Request, int]] = {}
+        self._order = 0
 
     def begin(self, finished: Sequence[Request]) -> None:
         """A new iteration; `finished`: the requests that adopted a whole step and may
         speculate (they branch at once)."""
-        self._parents, self._pruned = list(finished), set()
+        self._pruned, self._queue, self._started, self._order = set(), {}, {}, 0
+        for request in finished:
+            self._enqueue(request)
 
     def speculates(self, search: ProblemSearch) -> bool:
         """Not where the next iteration samples to EOS and sampling is not resumable: no
@@ -52,16 +62,53 @@ class Branches(TableRule):
         """A real request's step just finished: its children branch when it may speculate.
         It never keeps running."""
         if speculate:
-            self._parents.append(request)
+            self._enqueue(request)
         return False
+
+    def _enqueue(self, request: Request) -> None:
+        for k in range(request.spec_priority):
+            self._queue.setdefault((-request.spec_priority, k), []).append((self._order, request))
+        self._order += 1
 
     def candidates(self, problems: Sequence[Problem]) -> list[tuple[Problem, Beam, int]]:
         """(problem, finished request's beam, child k) of the branches not running: new, or
         stopped short and resumable; the highest priority bins first, child 0 before
-        duplicates."""
-        out = [(r, k) for r in self._parents if r.beam.uid not in self._pruned for k in range(r.spec_priority)
-               if self.steps.speculable(r.problem, r.beam, k)]
-        return [(r.problem, r.beam, k) for r, k in sorted(out, key=lambda c: (-c[0].spec_priority, c[1]))]
+        duplicates, each in the order their parents finished. A branch that has finished,
+        stalled or been pruned leaves the queue for good; one running leaves it until it is
+        preempted (`preempt`)."""
+        out = []
+        for key in sorted(self._queue):
+            k, keep = key[1], []
+            for entry in self._queue[key]:
+                r = entry[1]
+                if r.beam.uid in self._pruned:
+                    continue
+                if self.steps.speculable(r.problem, r.beam, k):
+                    out.append((r.problem, r.beam, k))
+                else:
+                    node = r.problem.spec.get((r.beam.uid, child_seed(r.beam.seed, k)))
+                    if node is None:
+                        if r.beam.is_finished_path:
+                            continue  # no child steps past the path's end
+                    elif node.finished or node.stalled:
+                        continue
+                    elif node.state.in_backend:
+                        self._started[(r.beam.uid, node.beam.seed)] = (entry[0], r, k)
+                        continue
+                keep.append(entry)
+            self._queue[key] = keep
+        return out
+
+    def preempt(self, k: int | None = None) -> list[Request]:
+        """Stopped branches wait to start again (`StartRule.preempt`): back to the queue, in
+        their parents' order."""
+        nodes = super().preempt(k)
+        for node in nodes:
+            started = self._started.pop((node.beam.parent, node.beam.seed), None)
+            if started is not None:
+                order, r, c = started
+                bisect.insort(self._queue.setdefault((-r.spec_priority, c), []), (order, r), key=lambda e: e[0])
+        return nodes
 
     def stop_beams(self, beams: set[int]) -> tuple[list[Request], int]:
         """Speculation pruning: these beams' branches stop, the waiting ones lose their

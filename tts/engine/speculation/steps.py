@@ -157,7 +157,7 @@ class SpeculativeSteps:
 
     def of(self, request: Request) -> list[Request]:
         """The speculative steps held for the children of a request's beam, child 0 first."""
-        return [b for (uid, _), b in request.problem.spec.items() if uid == request.beam.uid]
+        return request.problem.spec.of_beam(request.beam.uid)
 
     def speculable(self, problem: Problem, beam: Beam, k: int) -> bool:
         """The beam has its step, and its child k's speculative step is not started, or
@@ -253,7 +253,7 @@ class SpeculativeSteps:
         for node in problem.spec.values():
             self._event("drop", node.beam.parent, node.beam.uid, node.generated)
         drop(self.runner, list(problem.spec.values()))
-        problem.spec = {}
+        problem.spec = Table()
 
     def paths(self, problems: Sequence[Problem]) -> set[tuple[str, tuple[str, ...]]]:
         """(problem id, path) of every speculative step held now, for checks and tests."""
