@@ -187,3 +187,26 @@ def test_a_killed_shard_resumes_alone_and_then_merges(tmp_path):
     second = run_bench(compose("config", args + ["bench.resume=true"]))
     merged = RunStore(merge_runs([first, second], tmp_path / "merged"))
     assert len(merged.records()) == 4 * 2 and merged.summary()["pending"] == []
+
+
+def test_a_shard_resumes_with_its_results_dir_given_relative(tmp_path, monkeypatch):
+    """A sweep's job records its folder's absolute path; `--resume` with the same folder
+    given relative to the working directory continues it (the same folder, the same setting),
+    and another folder is still another setting."""
+    class Killed(Exception):
+        pass
+
+    def kill(variant, record):
+        if variant == "PMS":
+            raise Killed
+
+    args = LIGHT + ["bench.run_name=0", "bench.shard=0/2"]
+    with pytest.raises(Killed):
+        run_bench(compose("config", args + [f"bench.results_dir={tmp_path / 'sweep'}"]), progress=kill)
+    monkeypatch.chdir(tmp_path)
+    resumed = RunStore(run_bench(compose("config", args + ["bench.results_dir=sweep", "bench.resume=true"])))
+    assert resumed.path.resolve() == tmp_path / "sweep" / "0"
+    assert len(resumed.records()) == 2 * 2 and resumed.summary()["pending"] == []
+    assert resumed.config_changes({"bench": {"results_dir": "./sweep/../sweep"}}) == []
+    # the resume wrote the folder as it was given
+    assert resumed.config_changes({"bench": {"results_dir": "elsewhere"}}) == ["bench.results_dir: 'sweep' -> 'elsewhere'"]
