@@ -126,7 +126,8 @@ def report(runs: Annotated[list[Path], typer.Argument(help="Result folders (or W
 
 
 @app.command()
-def merge(shards: Annotated[list[Path], typer.Argument(help="The shard folders of one run (bench.shard=I/K).")],
+def merge(shards: Annotated[list[Path], typer.Argument(
+              help="The shard folders of one run (bench.shard=I/K), or its sweep folder; other paths are skipped.")],
           out: Annotated[Path, typer.Option(help="The merged run folder (new).")]) -> None:
     """Join a sharded run's folders into one run folder, its summary over every problem."""
     from tts.cli_support import run_merge

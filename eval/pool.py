@@ -12,17 +12,24 @@ again in every worker. Elsewhere (a process running vLLM or torch, whose threads
 ``fork`` unsafe; or a platform without ``fork``) workers start with "spawn", which
 re-imports the main script in each worker: there a script that grades at top level needs
 that guard (console scripts such as ``tts`` and ``python -m`` modules are fine).
+
+A spawned worker is told a start method a fresh interpreter knows (`_SpawnContext`), whatever
+this process's default is: inside a launcher's worker (joblib's loky, submitit, Ray) grading
+works as it does in a plain process.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.util
 import os
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from multiprocessing.context import BaseContext, SpawnContext, SpawnProcess
 from typing import Any
 
 from eval._mv_worker import init_worker, ready
@@ -32,6 +39,7 @@ TIMEOUT = object()
 
 _LOCK = threading.Lock()
 _POOL: ProcessPoolExecutor | None = None
+_SHUT_AT_EXIT_IN: int | None = None  # the pid that registered `_shut_down_at_exit`
 _MAX_CRASHES = 2
 _STARTUP_TIMEOUT_S = 300
 
@@ -58,6 +66,51 @@ def start_method() -> str:
     return "fork" if safe else "spawn"
 
 
+_LAUNCH_LOCK = threading.Lock()
+
+
+@contextmanager
+def _default_start_method_known(method: str) -> Iterator[None]:
+    """While a worker launches, make this process's default start method one that a fresh
+    interpreter knows (``method`` in place of any other), and restore it after.
+
+    A spawned child sets its parent's default start method before anything else
+    (`multiprocessing.spawn.prepare`). In a joblib worker that default is "loky", which the
+    child cannot find ("cannot find context for 'loky'"): it would die before running a task.
+    """
+    with _LAUNCH_LOCK:
+        current = multiprocessing.get_start_method(allow_none=True)
+        foreign = current is not None and current not in multiprocessing.get_all_start_methods()
+        if foreign:
+            multiprocessing.set_start_method(method, force=True)
+        try:
+            yield
+        finally:
+            if foreign:
+                multiprocessing.set_start_method(current, force=True)
+
+
+class _SpawnProcess(SpawnProcess):
+    """A spawned worker whose start-up does not depend on this process's default start method."""
+
+    @staticmethod
+    def _Popen(process_obj: Any) -> Any:
+        with _default_start_method_known("spawn"):
+            return SpawnProcess._Popen(process_obj)
+
+
+class _SpawnContext(SpawnContext):
+    """The "spawn" context, with workers that start in any launcher's worker (`_SpawnProcess`)."""
+
+    Process = _SpawnProcess
+
+
+def pool_context(method: str) -> BaseContext:
+    """The multiprocessing context the pool's workers start with, for ``start_method()``'s
+    ``method``: never this process's default context, which a launcher may have replaced."""
+    return _SpawnContext() if method == "spawn" else multiprocessing.get_context(method)
+
+
 def _start_pool() -> ProcessPoolExecutor:
     """Start a pool and wait until its workers run.
 
@@ -67,7 +120,7 @@ def _start_pool() -> ProcessPoolExecutor:
     workers = num_workers()
     method = start_method()
     pool = ProcessPoolExecutor(
-        max_workers=workers, mp_context=multiprocessing.get_context(method), initializer=init_worker
+        max_workers=workers, mp_context=pool_context(method), initializer=init_worker
     )
     try:
         pings = [pool.submit(ready) for _ in range(workers)]
@@ -90,7 +143,23 @@ def get_pool() -> ProcessPoolExecutor:
     with _LOCK:
         if _POOL is None:
             _POOL = _start_pool()
+            _shut_down_at_exit()
         return _POOL
+
+
+def _shut_down_at_exit() -> None:
+    """Shut the pool down when this process exits, before multiprocessing joins its children.
+
+    A process that is itself a multiprocessing worker (a joblib/loky worker, for one) joins
+    its children as its target returns (`multiprocessing.util._exit_function`), before the
+    interpreter's own shutdown of executors: idle grading workers would be waited on forever.
+    Finalizers of priority 0 or more run before that join, the highest first; the pool's own
+    queues close theirs at 10 (after which no task, nor the workers' stop signal, gets through).
+    """
+    global _SHUT_AT_EXIT_IN
+    if _SHUT_AT_EXIT_IN != os.getpid():
+        multiprocessing.util.Finalize(None, shutdown_pool, exitpriority=20)
+        _SHUT_AT_EXIT_IN = os.getpid()
 
 
 def _kill(pool: ProcessPoolExecutor) -> None:

@@ -104,12 +104,16 @@ def test_shards_that_are_not_one_run_are_refused_and_nothing_is_written(tmp_path
     parts = shards(tmp_path, 2)
     other = run(tmp_path, "other", "bench.shard=1/2", "search.n=2")
     out = tmp_path / "merged"
+    unstarted = tmp_path / "unstarted"  # a shard killed before its first record
+    unstarted.mkdir()
+    (unstarted / "config.yaml").write_text((parts[1] / "config.yaml").read_text())
     cases = [
         ([parts[0], other], "ran other configs (search.n: 4 vs 2)"),
         ([parts[0]], "missing shard 1/2 of 2"),
         ([parts[0], parts[0]], "shard 0/2 given twice"),
         ([parts[0], tmp_path / "nothing"], "nothing: no such run folder"),
-        ([parts[0], tmp_path], "not a run folder"),
+        ([parts[0], unstarted], "unstarted: not a run folder (no config.yaml or records.jsonl)"),
+        ([tmp_path / "unstarted" / "config.yaml"], "merge: no run folder among"),
         ([parts[0], run(tmp_path, "unsharded")], "is no shard (its bench.shard is not set)"),
         ([parts[0], run(tmp_path, "three", "bench.shard=1/3")], "split the run differently"),
     ]
@@ -187,3 +191,56 @@ def test_a_killed_shard_resumes_alone_and_then_merges(tmp_path):
     second = run_bench(compose("config", args + ["bench.resume=true"]))
     merged = RunStore(merge_runs([first, second], tmp_path / "merged"))
     assert len(merged.records()) == 4 * 2 and merged.summary()["pending"] == []
+
+
+def test_a_shard_resumes_with_its_results_dir_given_relative(tmp_path, monkeypatch):
+    """A sweep's job records its folder's absolute path; `--resume` with the same folder
+    given relative to the working directory continues it (the same folder, the same setting),
+    and another folder is still another setting."""
+    class Killed(Exception):
+        pass
+
+    def kill(variant, record):
+        if variant == "PMS":
+            raise Killed
+
+    args = LIGHT + ["bench.run_name=0", "bench.shard=0/2"]
+    with pytest.raises(Killed):
+        run_bench(compose("config", args + [f"bench.results_dir={tmp_path / 'sweep'}"]), progress=kill)
+    monkeypatch.chdir(tmp_path)
+    resumed = RunStore(run_bench(compose("config", args + ["bench.results_dir=sweep", "bench.resume=true"])))
+    assert resumed.path.resolve() == tmp_path / "sweep" / "0"
+    assert len(resumed.records()) == 2 * 2 and resumed.summary()["pending"] == []
+    assert resumed.config_changes({"bench": {"results_dir": "./sweep/../sweep"}}) == []
+    # the resume wrote the folder as it was given
+    assert resumed.config_changes({"bench": {"results_dir": "elsewhere"}}) == ["bench.results_dir: 'sweep' -> 'elsewhere'"]
+
+
+def test_the_documented_merge_of_a_sweep_folder(tmp_path):
+    """`tts merge results/<stamp>-sweep/* --out ...` as the shell expands it, which matches the
+    sweep's `multirun.yaml` and `sweep.json` too: they are skipped, and said so in one line. The
+    sweep folder itself merges alike; paths of which none is a run folder are one clear error."""
+    import glob
+
+    from tts.results.store import write_sweep_summary
+
+    sweep = tmp_path / "results" / "20261128-000000-sweep"
+    for i in range(2):
+        run(sweep, str(i), f"bench.shard={i}/2")
+    write_sweep_summary(sweep)
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")  # as Hydra's launchers leave it
+    expanded = sorted(glob.glob(str(sweep / "*")))
+    assert [p.rsplit("/", 1)[1] for p in expanded] == ["0", "1", "multirun.yaml", "sweep.json"]
+    cli = CliRunner()
+    merged = cli.invoke(app, ["merge", *expanded, "--out", str(tmp_path / "merged")])
+    assert merged.exit_code == 0, merged.output
+    said = " ".join(merged.output.split())
+    assert f"merge: skipped {sweep / 'multirun.yaml'}, {sweep / 'sweep.json'}: not run folders" in said
+    records = RunStore(tmp_path / "merged").records()
+    assert len(records) == 4 * 2 and {r["shard"] for r in records} == {"0/2", "1/2"}
+    whole = cli.invoke(app, ["merge", str(sweep), "--out", str(tmp_path / "whole")])
+    assert whole.exit_code == 0 and "skipped" not in whole.output
+    assert sorted(map(untimed, RunStore(tmp_path / "whole").records()), key=str) == sorted(map(untimed, records), key=str)
+    none = cli.invoke(app, ["merge", *expanded[2:], "--out", str(tmp_path / "none")])
+    assert none.exit_code == 2 and "Traceback" not in none.output and not (tmp_path / "none").exists()
+    assert "merge: no run folder among" in " ".join(none.output.split())

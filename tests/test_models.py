@@ -400,16 +400,30 @@ def test_the_qwen_coder_models_are_registered_part_by_part() -> None:
 # ---------------------------------------------------------------- hub models
 
 
-def test_offline_pull_of_a_hub_model_fails_at_once_naming_the_setting(tmp_cache: Path) -> None:
-    import time
+def test_offline_pull_of_a_hub_model_fails_at_once_naming_the_setting(tmp_cache: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """`tts models pull` of a hub model with HF_HUB_OFFLINE set: one line naming the model and
+    the setting, and no attempt to reach the Hub (which offline would retry, or wait on)."""
+    import huggingface_hub
+    from typer.testing import CliRunner
 
-    started = time.monotonic()
-    done = subprocess.run([str(Path(sys.executable).with_name("tts")), "models", "pull", "qwen2.5-math-1.5b-instruct"],
-                          capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", "TTS_MODEL_DIR": str(tmp_cache)})
-    assert done.returncode == 1 and time.monotonic() - started < 30
-    out = " ".join((done.stdout + done.stderr).split())
+    from cli.main import app
+
+    calls = []
+
+    def no_hub(*args: object, **kwargs: object) -> None:
+        calls.append(args)
+        raise AssertionError("an offline pull must not call the Hub")
+
+    monkeypatch.setattr(provision, "_hub_file_listing", no_hub)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", no_hub)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    done = CliRunner().invoke(app, ["models", "pull", "qwen2.5-math-1.5b-instruct"])
+    assert done.exit_code == 1 and isinstance(done.exception, SystemExit), done.output
+    assert calls == []
+    out = " ".join(done.output.split())
     assert "Qwen/Qwen2.5-Math-1.5B-Instruct" in out and "HF_HUB_OFFLINE" in out and "Traceback" not in out
+    assert not list(tmp_cache.rglob("*.pull-*"))  # no download folder was started
 
 
 @pytest.mark.parametrize("name", ["Qwen/Qwen2.5-Math-1.5B-Instruct", "someorg/some-model"])

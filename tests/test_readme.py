@@ -172,18 +172,12 @@ def on_run_folders(command: str) -> bool:
                                      and not argv[1].startswith("-"))
 
 
-# The shell's glob over a sweep folder also matches the sweep's sweep.json (and a Hydra
-# sweep's multirun.yaml), which `tts merge` refuses as no run folder: issue 68, "The
-# documented merge fails". Strict: the fix fails these until it takes the mark away.
-MERGE_GLOB = pytest.mark.xfail(strict=True, reason="`tts merge results/<stamp>-sweep/*` refuses the sweep.json the "
-                               "glob matches (issue 68, 'The documented merge fails')")
 CONFIG_CASES = [(doc, c) for doc, c in CASES if not on_run_folders(c)]
 RUN_DOCS: dict[str, list[str]] = {}  # a command that runs takes seconds: once, for every doc that names it
 for doc, c in CASES:
     if on_run_folders(c):
         RUN_DOCS.setdefault(c, []).append(doc)
-RUN_CASES = [pytest.param(c, docs, id=c, marks=[MERGE_GLOB] if c.startswith("tts merge") and "/*" in c else [])
-             for c, docs in RUN_DOCS.items()]
+RUN_CASES = [pytest.param(c, docs, id=c) for c, docs in RUN_DOCS.items()]
 
 
 @pytest.mark.parametrize(("doc", "command"), CONFIG_CASES)

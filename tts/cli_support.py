@@ -392,7 +392,7 @@ def run_merge(shards: list[Path], out: Path) -> int:
     from tts.results.merge import merge_runs
 
     try:
-        path = merge_runs(shards, out)
+        path = merge_runs(shards, out, say=lambda line: console.print(line, soft_wrap=True, highlight=False, markup=False))
     except (ValueError, FileNotFoundError) as err:
         console.print(f"[red]error:[/red] {escape(str(err))}")
         return 2

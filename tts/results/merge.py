@@ -9,18 +9,23 @@ hosts (`hosts`, and the headline when there are several kinds). A merge is refus
 the difference named and nothing written, when the shards do not belong together: another
 config, a shard missing or given twice, overlapping problems, another tts or vLLM version,
 or a shard that has not finished.
+
+The paths given may be shard folders or a sweep folder (its job folders are the shards), and
+`results/<stamp>-sweep/*` works too: what is neither (the sweep's `multirun.yaml` and
+`sweep.json`) is skipped, and said so.
 """
 
 from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from tts.config.compose import ConfigError
 from tts.config.shard import parse_shard
 from tts.metrics.measures import merge_step_logs
-from tts.results.store import CONFIG, RECORDS, RunStore, _flatten
+from tts.results.store import CONFIG, RECORDS, RunStore, flatten
 from tts.trace.format import TRACE
 
 # settings a shard may differ in: where it wrote, which shard it is, how it logged
@@ -53,7 +58,7 @@ class Shard:
         return f"shard {self.index}/{self.count} ({self.path})"
 
     def settings(self) -> dict:
-        return {k: v for k, v in _flatten(self.config).items() if not k.startswith(PER_SHARD)}
+        return {k: v for k, v in flatten(self.config).items() if not k.startswith(PER_SHARD)}
 
     def versions(self) -> set[tuple]:
         """(tts, vLLM, torch) of each host its records ran on (the run's host for old records)."""
@@ -102,8 +107,36 @@ def check(shards: list[Shard]) -> None:
                           + "; ".join(f"{s.name}: {sorted(map(str, s.versions()))}" for s in shards))
 
 
-def merge_runs(paths: list[Path], out: Path) -> Path:
-    """Join the shard folders `paths` into the run folder `out` (new); returns it. Nothing is
+def _is_run(path: Path) -> bool:
+    return path.is_dir() and ((path / CONFIG).exists() or (path / RECORDS).exists())
+
+
+def run_folders(paths: list[Path]) -> tuple[list[Path], list[Path]]:
+    """The run folders among `paths`, a folder of run folders (a sweep's) standing for them,
+    and the paths that are neither (a sweep's `multirun.yaml` or `sweep.json`). A path that does
+    not exist, or no run folder at all, is an error."""
+    runs: list[Path] = []
+    skipped: list[Path] = []
+    for path in map(Path, paths):
+        if not path.exists():
+            raise ConfigError(f"merge: {path}: no such run folder")
+        if _is_run(path):
+            runs.append(path)
+            continue
+        jobs = sorted(p for p in path.iterdir() if _is_run(p)) if path.is_dir() else []
+        if jobs:
+            runs += jobs
+        else:
+            skipped.append(path)
+    if not runs:
+        raise ConfigError(f"merge: no run folder among {', '.join(map(str, skipped))}: give the shard folders "
+                          "of one run, or their sweep folder")
+    return runs, skipped
+
+
+def merge_runs(paths: list[Path], out: Path, say: Callable[[str], None] | None = None) -> Path:
+    """Join the shard folders `paths` (or their sweep folder: `run_folders`) into the run folder
+    `out` (new); returns it. `say` gets one line naming the paths skipped, if any. Nothing is
     written unless every check passes (`check`): the folder is built aside and moved in."""
     from omegaconf import OmegaConf
 
@@ -111,7 +144,10 @@ def merge_runs(paths: list[Path], out: Path) -> Path:
 
     if out.exists():
         raise ConfigError(f"merge: {out} exists; give --out a new folder")
-    shards = sorted((Shard(Path(p)) for p in paths), key=lambda s: s.index)
+    runs, skipped = run_folders(paths)
+    if skipped and say is not None:
+        say(f"merge: skipped {', '.join(map(str, skipped))}: not run folders")
+    shards = sorted((Shard(p) for p in runs), key=lambda s: s.index)
     check(shards)
     first = shards[0]
     names = list(first.summary["variants"])

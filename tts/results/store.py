@@ -68,19 +68,20 @@ class RunStore:
 
     def config_changes(self, config: dict) -> list[str]:
         """Settings of `config` that differ from the run's saved `config.yaml`, as
-        "key: saved -> now". Not compared: settings only one side has (another version of
-        tts), those that cannot change a record (`bench.resume`, `bench.order`,
-        `bench.warmup`, `logger.*`), the
-        subset's size and choice, the list of compared variants and the seeds (a resumed run
-        may take more problems, variants or seeds: records are per problem, seed and variant; each
-        variant's own settings, `bench.optim_overrides` included, are still compared)."""
+        "key: saved -> now" (`bench.results_dir` compared as the folder it names, absolute or
+        relative to the working directory). Not compared: settings only one side has (another
+        version of tts), those that cannot change a record (`bench.resume`, `bench.order`,
+        `bench.warmup`, `logger.*`), the subset's size and choice, the list of compared variants
+        and the seeds (a resumed run may take more problems, variants or seeds: records are per
+        problem, seed and variant; each variant's own settings, `bench.optim_overrides`
+        included, are still compared)."""
         saved = self.saved_config()
         if not saved:
             return []
         old, new = flatten(saved), flatten(config)
         skip = ("bench.resume", "bench.order", "bench.warmup", "logger.", "dataset.first_k", "dataset.random_k", "dataset.ids", "dataset.levels")
         return [f"{k}: {old[k]!r} -> {new[k]!r}" for k in sorted(old.keys() & new.keys())
-                if old[k] != new[k] and not k.startswith(skip)
+                if not _same_setting(k, old[k], new[k]) and not k.startswith(skip)
                 and k not in ("bench.compare", "bench.search_variants", "bench.seeds")]
 
     def saved_config(self) -> dict:
@@ -199,6 +200,14 @@ class RunStore:
             raise ValueError(f"{path}: corrupt {what} ({err.msg}){advice}") from err
 
 
+def _same_setting(key: str, saved, now) -> bool:
+    """Whether a setting is unchanged; the results folder is the same folder however it is
+    written (a sweep's job records its absolute path; a resume may give it relative)."""
+    if key == "bench.results_dir" and saved and now:
+        return Path(saved).expanduser().resolve() == Path(now).expanduser().resolve()
+    return saved == now
+
+
 def flatten(tree: dict, sep: str = ".", prefix: str = "") -> dict:
     """Nested mappings as one: {"a": {"b": 1}} -> {"a.b": 1}, the keys joined by `sep` (a
     config compared setting by setting; "/" for the W&B summary)."""
@@ -211,7 +220,6 @@ def flatten(tree: dict, sep: str = ".", prefix: str = "") -> dict:
     return out
 
 
-_flatten = flatten  # tts/results/merge.py imports this name until it moves (issue 69's next step)
 
 
 def _jsonable(obj):
