@@ -74,14 +74,27 @@ def position_params(*, max_tokens: int, seed: int, temperature: float, top_p: fl
     """SamplingParams for a position-sampled request (greedy for vLLM, the real sampling
     parameters in `extra_args`); a greedy request keeps vLLM's sampling. Sampling options
     this sampler cannot honour (top-k, min-p, penalties) are refused here, before vLLM's
-    greedy normalisation would silently drop them."""
-    real = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, **kwargs)
+    greedy normalisation would silently drop them. The real parameters are checked once per
+    set of options (`_checked`: a request differs only in its seed and length, and building
+    vLLM's SamplingParams to check them cost a tenth of each request's add at n=512)."""
     if temperature < _EPS:
-        return real
-    _refuse_unsupported(real)
+        return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, **kwargs)
+    _checked(float(temperature), float(top_p), tuple(sorted((k, repr(v)) for k, v in kwargs.items())), kwargs)
     extra = dict(kwargs.pop("extra_args", None) or {})
     extra[EXTRA_KEY] = [int(seed), float(temperature), float(top_p)]
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, extra_args=extra, **kwargs)
+
+
+_CHECKED: set[tuple] = set()
+
+
+def _checked(temperature: float, top_p: float, key: tuple, kwargs: dict[str, Any]) -> None:
+    """vLLM's own checks of these sampling options, and the refusal of those the position
+    sampler cannot honour, once per set of options (raises as SamplingParams does)."""
+    if (temperature, top_p, key) in _CHECKED:
+        return
+    _refuse_unsupported(SamplingParams(max_tokens=1, temperature=temperature, top_p=top_p, seed=0, **kwargs))
+    _CHECKED.add((temperature, top_p, key))
 
 
 def _refuse_unsupported(p: SamplingParams) -> None:

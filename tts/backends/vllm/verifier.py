@@ -153,7 +153,8 @@ class VllmVerifier(Verifier):
             return PoolingParams(task="token_classify", use_activation=False,
                                  skip_reading_prefix_cache=not read_cache)
         common: dict[str, Any] = dict(max_tokens=1, temperature=0.0, detokenize=False,
-                                      output_kind=RequestOutputKind.FINAL_ONLY)
+                                      output_kind=RequestOutputKind.FINAL_ONLY,
+                                      skip_clone=True)  # each request's own: vLLM need not copy them
         if spec.kind is ReadKind.PROMPT_TOKENS:
             return SamplingParams(prompt_logprobs=self.top_logprobs,
                                   logprobs=self.top_logprobs, **common)
