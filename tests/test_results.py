@@ -415,7 +415,7 @@ def test_run_completes_when_wandb_is_unavailable(tmp_path, monkeypatch):
 
 
 def test_wandb_mode_comes_from_config_then_env(monkeypatch, tmp_path):
-    from tts.results.wandb_logger import RunLogger
+    from tts.wandb_sink import RunLogger
 
     monkeypatch.setenv("WANDB_MODE", "disabled")
     assert RunLogger(True, None, "p", None, [], tmp_path, {}, "n").mode == "disabled"

@@ -326,7 +326,7 @@ def run_replays(run: Path, overrides: list[str], multirun: bool, out: Path | Non
 
 def run_rescore(run: Path, overrides: list[str], out: Path | None) -> int:
     """`tts rescore`: the table, and where it was written."""
-    from tts.results.rescore import rescore_run
+    from tts.saved.rescore import rescore_run
 
     try:
         folder, text = rescore_run(run, overrides, out)
@@ -388,8 +388,8 @@ def pull_model(key: str, force: bool) -> int:
 
 
 def run_merge(shards: list[Path], out: Path) -> int:
-    """`tts merge` (`tts.results.merge`), then the run's headline; else a clear error."""
-    from tts.results.merge import merge_runs
+    """`tts merge` (`tts.saved.merge`), then the run's headline; else a clear error."""
+    from tts.saved.merge import merge_runs
 
     try:
         path = merge_runs(shards, out, say=lambda line: console.print(line, soft_wrap=True, highlight=False, markup=False))
