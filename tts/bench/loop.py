@@ -16,7 +16,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from tts.assembly.build import build_engine
-from tts.assembly.host import run_host
+from tts.bench.host import run_host
 from tts.assembly.variants import run_variants
 from tts.bench.record import run_variant
 from tts.bench.rounds import Interim, chunks_left, in_turn, rounds
