@@ -31,16 +31,6 @@ def _env_defaults() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def _jobs(config_name: str, overrides: list[str] | None, multirun: bool, resume: bool):
-    from tts.cli_support import compose_jobs
-
-    try:
-        return compose_jobs(config_name, list(overrides or []), multirun, resume)
-    except ValueError as err:
-        typer.secho(f"config error: {err}", fg="red", err=True)
-        raise typer.Exit(2) from None
-
-
 def _hydra_sweep(config_name: str, overrides: list[str] | None, task: str) -> None:
     """With a hydra/launcher= or hydra/sweeper= override, Hydra's own sweeper and launcher
     run the sweep (tts.hydra_app) and the command exits with its code; else nothing."""
@@ -58,14 +48,11 @@ def _run(config_name: str, overrides: list[str] | None, multirun: bool, print_cf
          verbose: bool = False) -> None:
     if multirun and not print_cfg and not resume:
         _hydra_sweep(config_name, overrides, "bench")
-    jobs = _jobs(config_name, overrides, multirun, resume)
-    from tts.cli_support import print_config, run_jobs
+    from tts.cli_support import bench_verb
 
-    if print_cfg:
-        print_config(jobs)
-        return
-    _env_defaults()
-    raise typer.Exit(run_jobs(jobs, verbose))
+    if not print_cfg:
+        _env_defaults()
+    raise typer.Exit(bench_verb(config_name, list(overrides or []), multirun, print_cfg, resume, verbose))
 
 
 @app.command()
@@ -80,15 +67,10 @@ def eval_(target: Annotated[Optional[str], typer.Argument(help="A run folder to 
           overrides: Overrides = None, config_name: ConfigName = "eval", multirun: Multirun = False,
           cfg: PrintCfg = False, resume: Resume = False, verbose: Verbose = False) -> None:
     """Accuracy on MATH-500 / AIME24 / AMC23; or re-grade a saved run folder."""
-    if target and Path(target).is_dir():
+    if target and (Path(target).is_dir() or _looks_like_path(target)):  # a run folder, there or not
         from tts.cli_support import regrade
 
-        raise typer.Exit(regrade(Path(target)))
-    if target and _looks_like_path(target):  # not an override: a run folder that is not there
-        what = "not a folder" if Path(target).exists() else "no such run folder"
-        typer.secho(f"error: {target}: {what} (give a tts run folder, or Hydra overrides such as "
-                    "dataset=aime24)", fg="red", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(regrade(target))
     _run(config_name, ([target] if target else []) + list(overrides or []), multirun, cfg, resume, verbose)
 
 
@@ -105,14 +87,11 @@ def profile_memory(overrides: Overrides = None, config_name: ConfigName = "confi
     """Per-model memory breakdown and a sweep of the generator/verifier KV split."""
     if multirun and not cfg:
         _hydra_sweep(config_name, overrides, "profile")
-    jobs = _jobs(config_name, overrides, multirun, False)
-    from tts.cli_support import print_config, run_profile
+    from tts.cli_support import profile_verb
 
-    if cfg:
-        print_config(jobs)
-        return
-    _env_defaults()
-    raise typer.Exit(run_profile(jobs, calibrate))
+    if not cfg:
+        _env_defaults()
+    raise typer.Exit(profile_verb(config_name, list(overrides or []), multirun, cfg, calibrate))
 
 
 @app.command()
@@ -164,7 +143,7 @@ def models_list() -> None:
     """Known models, which are present locally, and which need a hub."""
     from tts.cli_support import print_models
 
-    print_models()
+    raise typer.Exit(print_models())
 
 
 @models_app.command("pull")

@@ -250,3 +250,92 @@ def test_engine_objects_hold_what_they_are_given_and_copy_nothing_off_it() -> No
                     copies.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
     assert len(list((ROOT / "engine").rglob("*.py"))) > 10
     assert not copies, "\n".join(copies)
+
+
+def package(module: str) -> str:
+    """A module's layer: its package under tts/ (`tts.results`), a top-level module of tts/
+    (`tts.runner`), or `eval` and `cli`."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "tts" and len(parts) > 1 else parts[0]
+
+
+# Every package of tts/, eval/ and cli/, bottom up; a module imports only from its own layer
+# or those below it (docs/design.md's map names each).
+LAYERS = (
+    ("tts", "eval", "tts.clock", "tts.token_hash", "tts.markdown", "tts.plotting", "tts.quiet"),
+    ("tts.memory",),
+    ("tts.config",),
+    ("tts.models",),
+    ("tts.backends",),
+    ("tts.metrics", "tts.search"),
+    ("tts.engine",),
+    ("tts.assembly",),
+    ("tts.trace",),
+    ("tts.results",),
+    ("tts.wandb_sink", "tts.problems", "tts.kv_budget"),
+    ("tts.bench", "tts.benchmarks"),
+    ("tts.replay",),
+    ("tts.profiling", "tts.report", "tts.saved"),
+    ("tts.runner",),
+    ("tts.hydra_app", "tts.cli_support"),
+    ("cli",),
+)
+# Imports that run up a layer where removing them is wrong (docs/design.md, "Arrows up"):
+# module -> the modules above it that it may import, in a function, lazily.
+UPWARD = {
+    # which model a config names, and whether its folder is here, is the registry's: the
+    # check of the context length runs at composition, before any model loads
+    "tts.config.limits": {"tts.models.registry", "tts.models.tiny", "tts.models.cache"},
+    # a pulled model's dtype note says what `dtype: auto` runs it in on this host, which is
+    # the vLLM backend's rule (`resolve_dtype`); one rule, read where it is said
+    "tts.models.provision": {"tts.backends.vllm.engine"},
+}
+
+
+def test_no_import_runs_back_up_the_layers() -> None:
+    """Every package has a layer (`LAYERS`), and no module imports one above its own, counting
+    the imports in functions and under `TYPE_CHECKING`, but the few `UPWARD` names."""
+    graph = import_graph()
+    rank = {p: i for i, layer in enumerate(LAYERS) for p in layer}
+    unplaced = sorted({package(m) for m in graph} - rank.keys())
+    assert not unplaced, f"packages with no layer: {unplaced}"
+    upward = sorted(f"{m} -> {e}" for m, edges in graph.items() for e in edges
+                    if rank[package(e)] > rank[package(m)] and e not in UPWARD.get(m, ()))
+    assert not upward, upward
+
+
+# What loads a model: vLLM, transformers (its model classes and their loaders), the vLLM
+# backend of tts, and what builds a run's backends (`tts.backends.factory`) or its engines
+# (`tts.assembly.build`). Not torch: the host line asks it what the hardware is (`host_info`).
+MODEL_LOADERS = ("vllm", "transformers", "tts.backends.vllm", "tts.backends.factory", "tts.assembly.build")
+
+
+def test_results_load_no_model() -> None:
+    """No module under tts/results/ imports what loads a model (`MODEL_LOADERS`, any module
+    under those names), at its top or in a function: results/ reads and summarises a run's
+    files. (It may read a module that names the PRM adapters or prices memory, which load
+    nothing.)"""
+    paths = sorted((ROOT / "results").rglob("*.py"))
+    assert ROOT / "results" / "summary.py" in paths
+    loading = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            loading += [f"{path.name}:{node.lineno}: {n}" for n in names
+                        if any(n == x or n.startswith(x + ".") for x in MODEL_LOADERS)]
+    assert not loading, loading
+
+
+def test_no_module_imports_another_ones_private_name() -> None:
+    """No module of tts/, cli/ or eval/ imports a private name (`from x import _y`) of another
+    module: what a module shares is public."""
+    private = []
+    for path in python_files():
+        module = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module != module and (
+                    node.module or "").split(".")[0] in ("tts", "cli", "eval"):
+                private += [f"{path.relative_to(REPO)}:{node.lineno}: from {node.module} import {a.name}"
+                            for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not private, private

@@ -127,11 +127,11 @@ def test_host_profile_does_not_keep_a_calibration_from_a_busy_machine(tmp_path, 
 def test_a_vllm_run_on_another_cpu_records_this_cpus_profile(tmp_path, monkeypatch):
     import tts.profiling.calibrate as cal
     from tts.config.compose import compose as compose_config
-    from tts.assembly.host import on_this_host
+    from tts.profiling.host_device import on_this_host
 
     measured = DeviceProfile("cpu", "cpu", 2.5, 25.0, 24.0, "measured here", calibrated=True, host=cal.this_host())
     monkeypatch.setattr(cal, "_calibrate", lambda *a: (measured, 0.0))
-    monkeypatch.setattr(cal, "_host_cache", lambda cache: tmp_path)
+    monkeypatch.setattr(cal, "host_cache", lambda cache: tmp_path)
     node = compose_config("config", ["device.host='Some Other CPU, 64 threads, float32'"])
     got = on_this_host(node)
     assert got.device.peak_tflops == 2.5 and got.device.host == cal.this_host()
@@ -143,7 +143,7 @@ def test_a_vllm_run_on_another_cpu_records_this_cpus_profile(tmp_path, monkeypat
 def test_a_resumed_run_keeps_the_profile_it_measured_on_this_cpu(tmp_path, monkeypatch):
     import tts.profiling.calibrate as cal
     from tts.config.compose import compose as compose_config
-    from tts.assembly.host import on_this_host
+    from tts.profiling.host_device import on_this_host
 
     monkeypatch.setattr(cal, "_calibrate", lambda *a: pytest.fail("a resumed run measures nothing"))
     recorded = DeviceProfile("cpu", "cpu", 2.25, 24.0, 24.0, "measured here", calibrated=True, host=cal.this_host())
@@ -154,7 +154,7 @@ def test_a_resumed_run_keeps_the_profile_it_measured_on_this_cpu(tmp_path, monke
     got = on_this_host(compose_config("config", other + ["bench.resume=true"]))
     assert got.device.peak_tflops == 2.25 and got.device.host == cal.this_host()
     monkeypatch.setattr(cal, "_calibrate", lambda *a: (dataclasses.replace(recorded, peak_tflops=3.0), 0.0))
-    monkeypatch.setattr(cal, "_host_cache", lambda cache: tmp_path / "cache")
+    monkeypatch.setattr(cal, "host_cache", lambda cache: tmp_path / "cache")
     assert on_this_host(compose_config("config", other)).device.peak_tflops == 3.0  # a new run measures
 
 
@@ -164,7 +164,7 @@ def test_a_run_resumed_on_another_cpu_keeps_its_profile(tmp_path, monkeypatch):
     as "other settings"); the note names both CPUs."""
     import tts.profiling.calibrate as cal
     from tts.config.compose import compose as compose_config
-    from tts.assembly.host import _resumed_device, on_this_host
+    from tts.profiling.host_device import _resumed_device, on_this_host
 
     monkeypatch.setattr(cal, "_calibrate", lambda *a: pytest.fail("a resumed run measures nothing"))
     recorded = _other_cpu()

@@ -34,9 +34,9 @@ def cuda(monkeypatch):
 
 def on_this_host(caplog, tmp_path, monkeypatch):
     """The device profile a vLLM run that names no device records here, and the lines it logs."""
-    from tts.assembly.host import on_this_host as host
+    from tts.profiling.host_device import on_this_host as host
 
-    monkeypatch.setattr("tts.profiling.calibrate._host_cache", lambda cache: tmp_path)  # no kept calibration
+    monkeypatch.setattr("tts.profiling.calibrate.host_cache", lambda cache: tmp_path)  # no kept calibration
     with caplog.at_level(logging.WARNING):
         node = host(compose("config", []))
     return validate(node).device, [r.getMessage() for r in caplog.records]
@@ -161,7 +161,7 @@ def test_the_calibration_measures_on_the_device_it_is_given():
 def test_a_cpu_host_keeps_the_cpu_profile(monkeypatch):
     import torch
 
-    from tts.assembly.host import on_this_host
+    from tts.profiling.host_device import on_this_host
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: pytest.fail("no card is asked for"))
@@ -171,7 +171,7 @@ def test_a_cpu_host_keeps_the_cpu_profile(monkeypatch):
 
 
 def test_a_device_given_is_kept_on_any_card(cuda):
-    from tts.assembly.host import on_this_host
+    from tts.profiling.host_device import on_this_host
 
     cuda.props.name = "NVIDIA L4"
     given = compose("config", ["device=h100"])

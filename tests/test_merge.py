@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from cli.main import app
 from tts.config.compose import ConfigError, compose
 from tts.problems import shard_of
-from tts.results.merge import merge_runs
+from tts.saved.merge import merge_runs
 from tts.results.store import RunStore
 from tts.runner import run_bench
 

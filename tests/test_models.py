@@ -419,7 +419,7 @@ def test_offline_pull_of_a_hub_model_fails_at_once_naming_the_setting(tmp_cache:
     monkeypatch.setattr(huggingface_hub, "snapshot_download", no_hub)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     done = CliRunner().invoke(app, ["models", "pull", "qwen2.5-math-1.5b-instruct"])
-    assert done.exit_code == 1 and isinstance(done.exception, SystemExit), done.output
+    assert done.exit_code == 2 and isinstance(done.exception, SystemExit), done.output
     assert calls == []
     out = " ".join(done.output.split())
     assert "Qwen/Qwen2.5-Math-1.5B-Instruct" in out and "HF_HUB_OFFLINE" in out and "Traceback" not in out

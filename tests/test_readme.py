@@ -309,7 +309,9 @@ def test_every_documented_command_on_run_folders_runs(command, docs, doc_runs, t
         report = json.loads((written.parent / "report.json").read_text())
         assert list(report["runs"]) == report_runs(home, argv[1:]) and report["rows"]
     elif argv[0] == "merge":
-        shards = [home / a for a in argv[1:argv.index("--out")]]
+        given = [home / a for a in argv[1:argv.index("--out")]]  # shard folders, or their sweep folder
+        shards = [f for g in given for f in ([g] if (g / "records.jsonl").exists()
+                                             else sorted(j for j in g.iterdir() if (j / "records.jsonl").exists()))]
         merged = json.loads((Path(argv[-1]) / "summary.json").read_text())
         records = (Path(argv[-1]) / "records.jsonl").read_text().splitlines()
         assert len(records) == sum(len((s / "records.jsonl").read_text().splitlines()) for s in shards)

@@ -13,7 +13,7 @@ import pytest
 
 from tts.report import ReportError, write_report
 from tts.report.plots import split_sweep, sweep_metrics
-from tts.results.summary import RATIO_METRICS
+from tts.results.ratios import RATIO_METRICS
 
 
 def _bench(results: Path, name: str, n: int, extra: list[str] | None = None) -> Path:

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from tts.config.compose import ConfigError, compose
-from tts.results.rescore import candidate_steps, rescore_run
+from tts.saved.rescore import candidate_steps, rescore_run
 from tts.results.store import RECORDS, RunStore
 from tts.runner import run_bench
 

@@ -415,7 +415,7 @@ def test_run_completes_when_wandb_is_unavailable(tmp_path, monkeypatch):
 
 
 def test_wandb_mode_comes_from_config_then_env(monkeypatch, tmp_path):
-    from tts.results.wandb_logger import RunLogger
+    from tts.wandb_sink import RunLogger
 
     monkeypatch.setenv("WANDB_MODE", "disabled")
     assert RunLogger(True, None, "p", None, [], tmp_path, {}, "n").mode == "disabled"
@@ -546,7 +546,8 @@ def test_hit_rates_are_unknown_without_the_count_or_anything_made_ahead():
 
 def test_kv_block_counts_add_up_across_a_resume_and_reach_the_ratio_table():
     from tts.metrics.measures import merge_step_logs
-    from tts.results.summary import format_table, ratio_table, variant_summary
+    from tts.results.ratios import format_table, ratio_table
+    from tts.results.summary import variant_summary
 
     step = {"batch_util_mean": 0.5, "running_mean": 2.0}
     killed = {"generator": step, "kv_blocks": {"generator": {"thrash_blocks": 3, "evictions": 10, "hits": 7}}}
@@ -577,7 +578,8 @@ def test_cost_sums_add_up_across_a_resume_and_bound_each_variant():
     (every variant's steps) bounds each variant's work, and the table shows the bound."""
     from tts.backends.base import StepStats
     from tts.metrics.measures import StepLog, merge_step_logs
-    from tts.results.summary import add_bounds, cost_models, ratio_table, variant_summary
+    from tts.results.ratios import ratio_table
+    from tts.results.summary import add_bounds, cost_models, variant_summary
 
     def log(steps):
         g = StepLog()

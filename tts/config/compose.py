@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -247,3 +248,45 @@ def expand_sweep(overrides: list[str]) -> list[list[str]]:
 
 def to_yaml(cfg: DictConfig) -> str:
     return OmegaConf.to_yaml(cfg, resolve=True)
+
+
+def command_line(overrides: list[str], resume: bool = False) -> list[str]:
+    """A run's overrides as the command line means them: `--resume` is `bench.resume=true`, and
+    an engine chosen there (`optim=...`) runs alone (`bench.compare=[]`) unless the command
+    line sets `bench.compare` too."""
+    overrides = overrides + ["bench.resume=true"] if resume else list(overrides)
+    if any(override_key(o) == "optim" for o in overrides) and not any(override_key(o) == "bench.compare"
+                                                                     for o in overrides):
+        overrides.append("bench.compare=[]")
+    return overrides
+
+
+def override_key(override: str) -> str:
+    """The config key an override sets (`optim` for `optim=PMS`, `+x`/`~x` without the sign)."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def refuse_sweep(overrides: list[str]) -> None:
+    """A ConfigError for comma-separated values (a sweep) given without `-m`."""
+    swept = [o for o in overrides if _is_sweep(o)]
+    if swept:
+        raise ConfigError(f"{swept}: comma-separated values sweep; add -m")
+
+
+def _is_sweep(override: str) -> bool:
+    value = override.split("=", 1)[-1]
+    return "," in value and not value.startswith("[") and "(" not in value
+
+
+def job_names(combos: list[list[str]]) -> list[str]:
+    """The folder name of each job of a sweep: its number and the overrides whose values differ
+    between the jobs (`3_search.n=16`; `job` where none do), in characters a path keeps."""
+    values: dict[str, set[str]] = {}
+    for combo in combos:
+        for override in combo:
+            key, _, value = override.partition("=")
+            values.setdefault(key, set()).add(value)
+    swept = {key for key, seen in values.items() if len(seen) > 1 or any(
+        key not in {o.partition("=")[0] for o in combo} for combo in combos)}
+    labels = [",".join(o for o in combo if o.split("=", 1)[0] in swept) or "job" for combo in combos]
+    return [f"{i}_{re.sub(r'[^A-Za-z0-9_.=-]+', '_', label)[:80]}" for i, label in enumerate(labels)]

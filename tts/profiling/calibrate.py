@@ -27,7 +27,7 @@ def total_memory_gb() -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
 
 
-def _best_time(fn: Callable[[], object], budget_s: float, min_repeats: int = 3) -> tuple[float, int]:
+def best_time(fn: Callable[[], object], budget_s: float, min_repeats: int = 3) -> tuple[float, int]:
     """Near-best wall time of ``fn`` over repeats until ``budget_s`` is spent (after a warm-up).
 
     Returns the 20th-percentile time (the minimum when there are fewer than five repeats):
@@ -55,7 +55,7 @@ def measure_bandwidth_gbs(budget_s: float = 1.0, mib: int = 256) -> float:
     n = mib * 2**20 // 4
     src = torch.ones(n, dtype=torch.float32)
     dst = torch.empty_like(src)
-    best, _ = _best_time(lambda: dst.copy_(src), budget_s)
+    best, _ = best_time(lambda: dst.copy_(src), budget_s)
     return 2 * src.numel() * src.element_size() / best / 1e9
 
 
@@ -66,7 +66,7 @@ def measure_matmul_tflops(dtype_name: str, budget_s: float = 0.5, n: int = 2048)
     dtype = getattr(torch, dtype_name)
     a = torch.randn(n, n).to(dtype)
     b = torch.randn(n, n).to(dtype)
-    best, _ = _best_time(lambda: torch.mm(a, b), budget_s)
+    best, _ = best_time(lambda: torch.mm(a, b), budget_s)
     return 2 * n**3 / best / 1e12
 
 
@@ -184,7 +184,7 @@ def calibrate_and_write(path: str | Path | None = None, seconds: float = 2.0) ->
 BUSY_SHARE = 0.2  # above this share of the CPUs used by others, a calibration is not kept
 
 
-def _host_cache(cache: Path | None) -> Path:
+def host_cache(cache: Path | None) -> Path:
     """Where this host's calibration is kept: `cache`, else `device/` beside the model cache."""
     if cache is not None:
         return cache
@@ -219,7 +219,7 @@ def host_profile(profile: DeviceProfile, cache: Path | None = None,
     here = this_host(dtype)
     if profile.kind != "cpu" or not profile.calibrated or not profile.host or profile.host == here:
         return profile, None
-    path = _host_cache(cache) / f"cpu-{hashlib.sha1(here.encode()).hexdigest()[:12]}.yaml"
+    path = host_cache(cache) / f"cpu-{hashlib.sha1(here.encode()).hexdigest()[:12]}.yaml"
     measured = None
     if path.is_file():
         try:

@@ -55,9 +55,9 @@ def gpu_profile(profile: DeviceProfile, cache: Path | None = None) -> tuple[Devi
 def calibration_path(card: str, cache: Path | None = None) -> Path:
     """Where the calibration of the card called `card` is kept: `cache`, else `device/`
     beside the model cache, as a CPU's (`tts.profiling.calibrate.host_profile`)."""
-    from tts.profiling.calibrate import _host_cache
+    from tts.profiling.calibrate import host_cache
 
-    return _host_cache(cache) / f"gpu-{hashlib.sha1(card.encode()).hexdigest()[:12]}.yaml"
+    return host_cache(cache) / f"gpu-{hashlib.sha1(card.encode()).hexdigest()[:12]}.yaml"
 
 
 def kept_calibration(card: str, cache: Path | None = None) -> DeviceProfile | None:
@@ -81,15 +81,15 @@ def measure(device: str, dtype_name: str, seconds: float, n: int, copy_mib: int)
     repeats `seconds` / 2 allows, the device synchronised after each."""
     import torch
 
-    from tts.profiling.calibrate import _best_time
+    from tts.profiling.calibrate import best_time
 
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     a = torch.randn(n, n, device=device).to(getattr(torch, dtype_name))
     b = torch.randn(n, n, device=device).to(getattr(torch, dtype_name))
-    matmul, _ = _best_time(lambda: (torch.mm(a, b), sync()), seconds / 2)
+    matmul, _ = best_time(lambda: (torch.mm(a, b), sync()), seconds / 2)
     src = torch.ones(copy_mib * 2**20 // 4, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
-    copy, _ = _best_time(lambda: (dst.copy_(src), sync()), seconds / 2)
+    copy, _ = best_time(lambda: (dst.copy_(src), sync()), seconds / 2)
     return 2 * n**3 / matmul / 1e12, 2 * src.numel() * src.element_size() / copy / 1e9
 
 

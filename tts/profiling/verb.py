@@ -60,7 +60,7 @@ def profile_memory(cfg: DictConfig, calibrate: bool = False, console: Console | 
     from tts.profiling.sweep import split_config, workload_overrides
     from tts.problems import load_problems_for
 
-    from tts.assembly.host import on_this_host
+    from tts.profiling.host_device import on_this_host
 
     console = console or Console()
     calibrate = calibrate or bool(cfg.profile.get("calibrate", False))

@@ -3,10 +3,10 @@
 - ``sources``: reading a run (local folder or ``wandb:entity/project/run_id``), ``ReportError``.
 - ``tables``: the columns, the baseline, the metric and config tables.
 - ``plots``: goodput/latency by N, accuracy, prefix-cache hits, the memory split sweep.
-- ``build``: :func:`write_report`, which puts them together.
+- ``build``: :func:`build_report` (and :func:`write_report`), which puts them together.
 """
 
-from tts.report.build import write_report
+from tts.report.build import build_report, write_report
 from tts.report.sources import ReportError
 
-__all__ = ["ReportError", "write_report"]
+__all__ = ["ReportError", "build_report", "write_report"]

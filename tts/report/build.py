@@ -28,12 +28,18 @@ PRESSURE_PLOT = "pressure.png"
 
 
 def write_report(runs: list[str], baseline: str | None = None, out: Path | None = None) -> Path:
+    """`build_report`, returning the path of ``report.md``."""
+    return build_report(runs, baseline, out)[0]
+
+
+def build_report(runs: list[str], baseline: str | None = None, out: Path | None = None) -> tuple[Path, dict]:
     """Compare `runs` (result folders or ``wandb:entity/project/run_id``) and write the report.
 
     Each variant of a run is a column ("<run>/<variant>", or "<run>" for a single-variant
     run); ratios are taken against `baseline` (a column or run name; default the first
     column). Writes ``report.md``, ``report.json`` and the PNGs under `out` (default
-    ``results/report-<timestamp>/``) and returns the path of ``report.md``.
+    ``results/report-<timestamp>/``) and returns the path of ``report.md`` and what
+    ``report.json`` holds (its ``host_warnings`` among it).
     Raises ReportError for a missing or corrupt run, or an unknown baseline.
     """
     loaded = load_runs([str(r) for r in runs])
@@ -61,7 +67,7 @@ def write_report(runs: list[str], baseline: str | None = None, out: Path | None 
         data["scaling"] = {"rows": scaling, "plot": SCALING_PLOT.as_posix()
                            if (folder / SCALING_PLOT).exists() else None}
     (folder / REPORT_JSON).write_text(json.dumps(data, indent=2), encoding="utf-8")
-    return path
+    return path, data
 
 
 def _out_folder(out: Path | None) -> Path:

@@ -117,6 +117,12 @@ class RunStore:
     def records(self) -> list[dict]:
         return list(self.iter_records())
 
+    def rewrite_records(self, records: list[dict]) -> None:
+        """Replace the run's records with `records`, atomically (a kill leaves the old file)."""
+        tmp = self.path / (RECORDS + ".tmp")
+        tmp.write_text("".join(json.dumps(r, default=_jsonable) + "\n" for r in records), encoding="utf-8")
+        os.replace(tmp, self.path / RECORDS)
+
     def iter_records(self) -> Iterator[dict]:
         path = self.path / RECORDS
         if not path.exists():
@@ -218,8 +224,6 @@ def flatten(tree: dict, sep: str = ".", prefix: str = "") -> dict:
         else:
             out[f"{prefix}{key}"] = value
     return out
-
-
 
 
 def _jsonable(obj):

@@ -12,8 +12,7 @@ from tts.metrics.measures import KV_BLOCKS, summarize_problems
 from tts.metrics.cost_model import (COST, CostModel, CostSums, above_bound, busy_rate, fit, tail_forfeit,
                                      work_bounds, work_of)
 from tts.results.host import run_hosts
-from tts.results.ratios import (RATIO_METRICS, STATISTICS_ERRORS, accuracy_rows, format_table,  # noqa: F401
-                                guarded, ratio_table)
+from tts.results.ratios import STATISTICS_ERRORS, format_table, guarded, ratio_table
 from tts.results.records import accuracy_summary, pair_key, paired_accuracy
 from tts.results.store import RunStore
 from tts.results.host_time import add_host_time

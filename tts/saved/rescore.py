@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from eval.accuracy import Candidate, prm_max, weighted_best_of_n
 from eval.verifier_quality import final_auroc
 from tts.backends.base import ScoreRequest, Verifier
+from tts.markdown import markdown_table
 from tts.search.base import aggregate
 
 BATCH = 32  # candidates per verifier call
@@ -104,13 +105,11 @@ def table(result: dict, recorded: str, rescored: str) -> str:
         ci = a.get("ci")
         return f"{a['auroc']:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
 
-    lines = ["| variant | verifier | problems | final-path AUROC, 95% | weighted vote right | PRM-max right |",
-             "|---|---|---|---|---|---|"]
-    for variant, s in result.items():
-        for who, name in (("recorded", recorded), ("rescored", rescored)):
-            acc = s["accuracy"]
-            lines.append(f"| {variant} | {name} | {s['problems']} | {au(s['auroc'][who])} | "
-                         f"{acc.get(f'weighted@{who}', 0):.2f} | {acc.get(f'prm_max@{who}', 0):.2f} |")
+    rows = [(variant, name, s["problems"], au(s["auroc"][who]), f"{s['accuracy'].get(f'weighted@{who}', 0):.2f}",
+             f"{s['accuracy'].get(f'prm_max@{who}', 0):.2f}")
+            for variant, s in result.items() for who, name in (("recorded", recorded), ("rescored", rescored))]
+    lines = [markdown_table(("variant", "verifier", "problems", "final-path AUROC, 95%", "weighted vote right",
+                             "PRM-max right"), rows)]
     resegmented = sum(s["resegmented"] for s in result.values())
     if resegmented:
         lines.append(f"\n{resegmented} candidates were cut at \"\\n\\n\" into another number of steps than the "

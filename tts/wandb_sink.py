@@ -1,4 +1,5 @@
-"""Weights & Biases logging, offline by default; a W&B failure never loses local results.
+"""The W&B sink (`RunLogger`): a run's config, records, summary and plots logged to Weights &
+Biases, offline by default; a W&B failure never loses local results.
 
 The mode comes from `logger.mode`, else `$WANDB_MODE`, else "offline" (it is never
 hard-coded: the mode passed in code would override the environment).
@@ -36,13 +37,13 @@ class RunLogger:
             self.run = None
 
     @classmethod
-    def from_config(cls, config: dict, run_dir: Path) -> RunLogger:
+    def from_config(cls, config: dict, run_dir: Path, shard_dir: Path | None = None) -> RunLogger:
         """The logger a run's resolved config (`logger.*`) asks for, named after its folder,
-        in its W&B group (`wandb_group`)."""
+        in its W&B group (`wandb_group`; of `shard_dir` for a merged run: its shards')."""
         logger = config.get("logger") or {}
         return cls(bool(logger.get("wandb")), logger.get("mode"), logger.get("project") or "tts",
                    logger.get("entity"), list(logger.get("tags") or []), run_dir, config, Path(run_dir).name,
-                   wandb_group(config, run_dir))
+                   wandb_group(config, shard_dir or run_dir))
 
     def _safe(self, fn, *args, **kwargs) -> None:
         if self.run is None:

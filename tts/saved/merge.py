@@ -26,7 +26,6 @@ from tts.config.compose import ConfigError
 from tts.config.shard import parse_shard
 from tts.metrics.measures import merge_step_logs
 from tts.results.store import CONFIG, RECORDS, RunStore, flatten
-from tts.trace.format import TRACE
 
 # settings a shard may differ in: where it wrote, which shard it is, how it logged
 PER_SHARD = ("bench.shard", "bench.run_name", "bench.results_dir", "bench.resume", "logger.")
@@ -155,7 +154,7 @@ def merge_runs(paths: list[Path], out: Path, say: Callable[[str], None] | None =
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}-") as tmp:
         work = Path(tmp) / out.name
         store = RunStore(work)
-        (work / "plots").mkdir(parents=True)
+        store.plots.mkdir(parents=True)
         config = OmegaConf.create(first.config)
         config.bench.shard, config.bench.run_name, config.bench.results_dir = None, out.name, str(out.parent)
         store.write_config(OmegaConf.to_yaml(config))
@@ -170,21 +169,18 @@ def merge_runs(paths: list[Path], out: Path, say: Callable[[str], None] | None =
         raw = first.store.raw_generator()
         if raw:  # each shard timed its own host; the first's stands for the merged run
             store.write_raw_generator(raw)
-        with open(work / TRACE, "wb") as trace:  # a trace is a series of gzip members
+        with open(store.trace, "wb") as trace:  # a trace is a series of gzip members
             for s in shards:
-                if (s.path / TRACE).exists():
-                    trace.write((s.path / TRACE).read_bytes())
+                if s.store.trace.exists():
+                    trace.write(s.store.trace.read_bytes())
         shards_of = [{"shard": f"{s.index}/{s.count}", "folder": str(s.path), "records": len(s.records),
                       "host": s.summary.get("host")} for s in shards]
         summary, plots = write_summary(store, names, logs, first.summary.get("host"), pending=[],
                                        extra={"shards": shards_of})
         shutil.move(str(work), str(out))
-    from tts.results.wandb_logger import RunLogger, wandb_group
+    from tts.wandb_sink import RunLogger
 
-    logger = first.config.get("logger") or {}
-    run = RunLogger(bool(logger.get("wandb")), logger.get("mode"), logger.get("project") or "tts",
-                    logger.get("entity"), list(logger.get("tags") or []), out, first.config, out.name,
-                    wandb_group(first.config, first.path))  # the shards' group
+    run = RunLogger.from_config(first.config, out, shard_dir=first.path)  # in the shards' group
     run.log_summary(summary, {}, [out / p.relative_to(work) for p in plots])
     run.finish()
     return out
