@@ -4,7 +4,8 @@ the answer settles."""
 import pytest
 
 from tts.backends.fake import FakeGenerator, FakeVerifier
-from tts.config.schema import Algorithm, OptimConfig, SearchConfig
+from tts.config.enums import Algorithm
+from tts.config.schema import OptimConfig, SearchConfig
 from tts.engine.options import AdaptiveOptions
 from tts.engine.engine import Engine, EngineOptions, ProblemInput
 from tts.engine.problem import hash_id

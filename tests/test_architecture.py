@@ -339,3 +339,41 @@ def test_no_module_imports_another_ones_private_name() -> None:
                 private += [f"{path.relative_to(REPO)}:{node.lineno}: from {node.module} import {a.name}"
                             for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
     assert not private, private
+
+
+def _top_level_names(path: Path) -> tuple[set[str], set[str], set[str]]:
+    """What a module defines at its top level, what it only imports there, and its `__all__`."""
+    defined, imported, exported = set(), set(), set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                defined |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+                if isinstance(target, ast.Name) and target.id == "__all__" and isinstance(node.value, ast.List):
+                    exported |= {e.value for e in node.value.elts if isinstance(e, ast.Constant)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            imported |= {a.asname or a.name.split(".")[0] for a in node.names}
+    return defined, imported - defined, exported
+
+
+def test_every_name_is_imported_from_where_it_lives() -> None:
+    """No module of the repository (tests included) imports a name from a module that only
+    imports it itself: one place for each thing, no re-export kept for old importers. A
+    package's `__init__` and a name a module lists in its `__all__` (its public face) may
+    pass names on."""
+    files = python_files() + sorted((REPO / "tests").glob("*.py"))
+    found = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0
+                    and (node.module or "").split(".")[0] in ("tts", "cli", "eval")):
+                continue
+            source = REPO / Path(*node.module.split(".")).with_suffix(".py")
+            if not source.exists():
+                continue  # a package: its __init__ may pass names on
+            _, only_imported, exported = _top_level_names(source)
+            found += [f"{path.relative_to(REPO)}:{node.lineno}: from {node.module} import {a.name}"
+                      for a in node.names if a.name in only_imported and a.name not in exported
+                      and not (source.parent / a.name).is_dir() and not (source.parent / f"{a.name}.py").exists()]
+    assert not found, found

@@ -10,7 +10,8 @@ from cli.main import app
 from omegaconf import OmegaConf
 
 from tts.config.compose import CONF_DIR, ConfigError, compose, expand_sweep, validate
-from tts.config.schema import GROUPS, Algorithm, Config
+from tts.config.enums import Algorithm
+from tts.config.schema import GROUPS, Config
 
 runner = CliRunner()
 

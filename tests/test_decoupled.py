@@ -4,7 +4,8 @@ import pytest
 
 from tts.backends.base import StepStats
 from tts.backends.fake import EOS_CHAR, FakeGenerator, FakeVerifier, answering_script, endless_script
-from tts.config.schema import Algorithm, EngineKind, OptimConfig, SearchConfig
+from tts.config.enums import Algorithm, EngineKind
+from tts.config.schema import OptimConfig, SearchConfig
 from tts.engine.engine import Engine, EngineOptions, ProblemInput
 from tts.engine.options import decoupled_options
 from tts.engine.decoupled_policy import (EAGER_FIRST, FILL_POLICIES, SPECULATIVE_FIRST, Adaptive, FillState,

@@ -5,7 +5,8 @@ import random
 import pytest
 
 from tts.backends.fake import FakeGenerator, FakeVerifier, answering_script, endless_script
-from tts.config.schema import Algorithm, SearchConfig
+from tts.config.enums import Algorithm
+from tts.config.schema import SearchConfig
 from tts.engine.engine import Engine, EngineOptions, ProblemInput
 from tts.engine.ordering import PrefixAware, greedy_order
 from tts.engine.speculation.policy import inherit_speculation, spec_priorities, truncate_len
@@ -224,7 +225,8 @@ def test_spec_prune_stops_only_the_speculation_of_beams_selection_prunes(monkeyp
 
 
 def test_spec_prune_needs_speculation_and_the_barrier():
-    from tts.config.schema import EngineKind, OptimConfig
+    from tts.config.enums import EngineKind
+    from tts.config.schema import OptimConfig
 
     with pytest.raises(ValueError, match="optim.spec_prune: needs optim.speculative=true and engine=flash"):
         OptimConfig(engine=EngineKind.flash, spec_prune=True)
@@ -688,7 +690,8 @@ def test_one_memory_rule_stops_speculation_in_both_disciplines():
     after a preemption no speculation starts for `PAUSE_STEPS` steps. Both disciplines
     hold this guard, with the one default limit."""
     from tts.backends.base import StepStats
-    from tts.config.schema import EngineKind, OptimConfig
+    from tts.config.enums import EngineKind
+    from tts.config.schema import OptimConfig
     from tts.engine.speculation.memory import PAUSE_STEPS, WAIT_STEPS, MemoryGuard
     from tts.engine.options import KV_SPEC_LIMIT, decoupled_options
 

@@ -9,7 +9,8 @@ import pytest
 
 from tts import clock
 from tts.backends.fake import FakeGenerator, FakeVerifier, endless_script
-from tts.config.schema import Algorithm, SearchConfig
+from tts.config.enums import Algorithm
+from tts.config.schema import SearchConfig
 from tts.engine.engine import Engine, EngineOptions, ProblemInput
 from tts.metrics.cost_model import COST, CostSums
 from tts.results.host_time import add_host_time

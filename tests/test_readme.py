@@ -140,7 +140,7 @@ def compose_on_a_run(argv: list[str]) -> None:
     """`tts replay|rescore RUN [OVERRIDES] [-m] [--out DIR]`: the overrides onto the default
     run's config, as the command puts them onto the recorded run's, each sweep job alike."""
     from tts.config.compose import compose, expand_sweep, validate
-    from tts.replay.run import replay_config
+    from tts.config.saved_run import replay_config
 
     words, multirun, skip = [], False, False
     for word in argv[2:]:

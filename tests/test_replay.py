@@ -12,12 +12,13 @@ from tts.clock import VirtualClock, now, simulated
 from tts.config.compose import ConfigError, compose
 from tts.memory.device import load_device
 from tts.metrics.cost_model import CostModel
-from tts.replay.backends import SimEngine, Slot
+from tts.replay.sim_engine import SimEngine, Slot
 from tts.replay.cost import FittedCost, RooflineCost
 from tts.replay.run import run_replay
 from tts.results.store import RunStore
 from tts.runner import run_bench
-from tts.trace.format import TRACE, extend_hash, read_trace
+from tts.token_hash import extend_hash
+from tts.trace.format import TRACE, read_trace
 
 FAKE = ["generator=fake", "verifier=fake", "logger=none", "dataset.first_k=3", "search.n=4",
         "search.beam_width=2", "search.max_iterations=5"]

@@ -12,7 +12,7 @@ from tts.backends.prefix_cache import PrefixCache
 from tts.config.compose import ConfigError, compose
 from tts.metrics.cost_model import CostModel
 from tts.replay import setup
-from tts.replay.backends import SimEngine, Slot
+from tts.replay.sim_engine import SimEngine, Slot
 from tts.replay.cost import FittedCost
 from tts.replay.run import run_replay
 from tts.results.store import RunStore

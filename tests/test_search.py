@@ -2,7 +2,8 @@
 
 import pytest
 
-from tts.config.schema import Algorithm, SearchConfig
+from tts.config.enums import Algorithm
+from tts.config.schema import SearchConfig
 from tts.search import make_policy
 from tts.search.base import ProblemSearch, aggregate, expand
 from tts.search.dynamic_branching import branch_counts

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from tts.backends.fake import FakeGenerator, FakeVerifier, answering_script
-from tts.config.schema import Algorithm, SearchConfig
+from tts.config.enums import Algorithm
+from tts.config.schema import SearchConfig
 from tts.engine.engine import Engine, EngineOptions, ProblemInput
 from tts.engine.speculation.registry import RULES, register_rule
 from tts.search import make_policy

@@ -163,7 +163,8 @@ def test_detach_restores_the_engine_and_one_counter_per_pool(tight):
 def test_other_vllm_versions_are_refused(monkeypatch, caplog):
     import vllm
 
-    from tts.backends.vllm.thrash import ThrashCounter, UnsupportedVllmError
+    from tts.backends.vllm.internals import UnsupportedVllmError
+    from tts.backends.vllm.thrash import ThrashCounter
 
     monkeypatch.setattr(vllm, "__version__", "0.31.9")
     with pytest.raises(UnsupportedVllmError, match="0.31.9"):

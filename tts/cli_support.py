@@ -211,9 +211,9 @@ def _run_search(fn, cfg: DictConfig, term: Console, on_folder) -> Path:
 
 def print_summary(path: Path, log: Path | None = None, full: bool = False) -> None:
     """The run's headline (`tts.results.headline`); `full` (`-v`): summary.md's tables."""
-    from tts.results.headline import SUMMARY_MD, WIDTH, headline, summary_markdown
+    from tts.results.headline import WIDTH, headline, summary_markdown
     from tts.results.host import host_lines
-    from tts.results.store import RunStore
+    from tts.results.store import SUMMARY_MD, RunStore
 
     store = RunStore(path)
     summary = store.summary()

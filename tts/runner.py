@@ -20,7 +20,8 @@ from tts.bench.host import model_runner
 from tts.bench.loop import run_problems
 from tts.config.compose import ConfigError, validate
 from tts.config.limits import check_context
-from tts.config.schema import BackendKind, BenchMode, Config
+from tts.config.enums import BackendKind, BenchMode
+from tts.config.schema import Config
 from tts.kv_budget import kv_budget
 from tts.problems import fit_prompts, load_problems_for
 from tts.profiling.host_device import on_this_host

@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 from tts.backends.factory import Backends, read_prompt, static_split
-from tts.config.schema import BackendKind, Config, EngineKind, OptimConfig, SearchConfig
+from tts.config.enums import BackendKind, EngineKind
+from tts.config.schema import Config, OptimConfig, SearchConfig
 from tts.engine.engine import Engine
 from tts.engine.options import EngineOptions
 from tts.engine.options import options_for

@@ -54,7 +54,7 @@ def device_profile(cfg: Config) -> DeviceProfile:
 def kv_bytes_per_token(model) -> int:
     """KV bytes per token of a generator or verifier config, at the dtype its engine runs
     in (the fake backend's `KV_BYTES_PER_TOKEN`)."""
-    from tts.config.schema import BackendKind
+    from tts.config.enums import BackendKind
 
     if model.backend is BackendKind.fake:
         from tts.backends.fake import KV_BYTES_PER_TOKEN
@@ -204,7 +204,7 @@ def gpu_kv_budget(cfg: Config, free_bytes: int) -> int:
     that share of it, less the weights and `engine_overhead_bytes` of each vLLM engine the
     run starts. ValueError naming the numbers when nothing is left for the KV cache."""
     from tts.config.limits import engine_length
-    from tts.config.schema import BackendKind
+    from tts.config.enums import BackendKind
 
     m, g = cfg.memory, cfg.generator
     batched = max(m.max_num_batched_tokens, engine_length(g))

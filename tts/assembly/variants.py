@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 from tts.config.compose import CONF_DIR, ConfigError, preset_optims
-from tts.config.schema import Config, EngineKind, OptimConfig, SearchConfig
+from tts.config.enums import EngineKind
+from tts.config.schema import Config, OptimConfig, SearchConfig
 
 
 def variant_optims(cfg: Config) -> list[tuple[str, OptimConfig]]:

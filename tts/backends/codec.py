@@ -48,7 +48,7 @@ def generator_codec(g: GeneratorConfig) -> Any:
     """The configured generator's text side from its tokenizer alone, before any engine loads
     (the fake backend's: `tts.backends.fake.FakeCodec`). A hub model not here is downloaded
     first (`tts.models.resolve.resolve_model`): its engine needs it next anyway."""
-    from tts.config.schema import BackendKind
+    from tts.config.enums import BackendKind
 
     if g.backend is BackendKind.fake:
         from tts.backends.fake import FakeCodec

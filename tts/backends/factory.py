@@ -15,7 +15,8 @@ from pathlib import Path
 from tts.backends.base import Generator, Verifier
 from tts.config.limits import engine_length
 from tts.config.compose import ConfigError
-from tts.config.schema import BackendKind, Config, Overlap, Sampler
+from tts.config.enums import BackendKind, Overlap, Sampler
+from tts.config.schema import Config
 
 GIB = 1 << 30
 CONF_PROMPTS = Path(__file__).resolve().parents[2] / "conf" / "prompts"

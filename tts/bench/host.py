@@ -3,7 +3,8 @@ runner and each engine's overlap, as a run's records and summary carry it."""
 
 from __future__ import annotations
 
-from tts.config.schema import BackendKind, Config
+from tts.config.enums import BackendKind
+from tts.config.schema import Config
 
 
 def resolved_dtypes(cfg: Config) -> dict[str, str]:
@@ -38,7 +39,7 @@ def model_runner(cfg: Config) -> str | None:
         return None
     from tts.backends.factory import resolve_sampler
     from tts.backends.vllm.model_runner import pin_for_sampler
-    from tts.config.schema import Sampler
+    from tts.config.enums import Sampler
 
     position = cfg.generator.backend is BackendKind.vllm and resolve_sampler(cfg) is Sampler.position
     return pin_for_sampler(position)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 
-from tts.config.schema import VariantOrder
+from tts.config.enums import VariantOrder
 from tts.results.store import RunStore
 from tts.results.summary import write_summary
 

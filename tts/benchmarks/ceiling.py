@@ -40,7 +40,7 @@ def run_ceiling(cfg_node: DictConfig, progress=None, on_folder=None) -> Path:
     from tts.backends.vllm.engine import make_llm, read_hf_config, resolve_dtype
     from tts.backends.vllm.generator import VllmGenerator, sampler_engine_kwargs
     from tts.config.compose import ConfigError, to_yaml, validate
-    from tts.config.schema import BackendKind
+    from tts.config.enums import BackendKind
     from tts.models.resolve import resolve_model
     from tts.results.host import host_info
     from tts.results.store import RunStore

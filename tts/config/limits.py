@@ -82,7 +82,7 @@ def check_context(cfg: Config) -> None:
     """Raise a ValueError naming the model, its context, the fields and the value to set,
     when an engine of `cfg` would run sequences longer than its model holds (`compose`
     turns it into a ConfigError). The fake backend has no context."""
-    from tts.config.schema import BackendKind, BenchMode
+    from tts.config.enums import BackendKind, BenchMode
 
     g = cfg.generator
     if cfg.bench.mode is BenchMode.ceiling:  # the generator alone, at its own length

@@ -9,7 +9,9 @@ REPLACED_OPTIM_KEYS = {"spec_branches": "optim.spec_rule (spec_branches=true is 
 
 def upgrade_saved(saved: dict) -> dict:
     """A run's saved config in the schema's terms: a config saved before `optim.spec_rule`
-    holds `optim.spec_branches` (true: spec_rule=branches)."""
+    holds `optim.spec_branches` (true: spec_rule=branches). Kept for the saved runs: the
+    study runs under docs/runs/ (aa_order, accuracy_power, sharded_joblib, sharded_ray)
+    were saved so, and `tts report`, `tts eval RUN` and `tts replay` read them."""
     optim = saved.get("optim")
     if isinstance(optim, dict) and "spec_branches" in optim:
         if optim.pop("spec_branches"):

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from hydra.core.config_store import ConfigStore
 
-from tts.config.enums import (  # noqa: F401 - the schema's choices, importable from here
+from tts.config.enums import (
     Adapter, Aggregation, Algorithm, BackendKind, BenchMode, DatasetName, DecoupledPolicy, DecoupledSpecScope,
     EngineKind, LookaheadScope, Overlap, Sampler, VariantOrder)
 from tts.config.shard import parse_shard

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from tts.config.schema import LookaheadScope
+from tts.config.enums import LookaheadScope
 from tts.engine.model_runner import ModelRunner
 from tts.engine.options import EngineOptions
 from tts.engine.problem import Problem

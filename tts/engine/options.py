@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from tts.config.schema import DecoupledPolicy, DecoupledSpecScope, LookaheadScope, OptimConfig
+from tts.config.enums import DecoupledPolicy, DecoupledSpecScope, LookaheadScope
+from tts.config.schema import OptimConfig
 
 _OPTIM = OptimConfig()  # the defaults
 

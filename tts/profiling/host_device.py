@@ -8,7 +8,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from tts.config.schema import BackendKind
+from tts.config.enums import BackendKind
 from tts.results.store import RunStore
 
 log = logging.getLogger(__name__)

@@ -183,7 +183,7 @@ def infeasible(cfg: Config) -> str | None:
     from tts.backends.factory import static_split
     from tts.backends.vllm.engine import check_kv_budget, read_hf_config
     from tts.config.limits import engine_length
-    from tts.config.schema import BackendKind
+    from tts.config.enums import BackendKind
     from tts.models.resolve import resolve_model
 
     from tts.search import make_policy

@@ -162,7 +162,7 @@ def build_breakdown(cfg: Config, backends: Backends) -> dict[str, dict[str, Any]
     """
     from tts.backends.factory import static_split
     from tts.backends.vllm.engine import has_cuda
-    from tts.config.schema import BackendKind
+    from tts.config.enums import BackendKind
     from tts.backends.vllm.memory_breakdown import engine_breakdown, measure_start
     from tts.profiling.sweep import warm_up
     from tts.search import make_policy
@@ -246,7 +246,7 @@ def assemble(cfg: DictConfig, base: Config, device: DeviceProfile, overrides: di
 
 
 def _vllm_version(cfg: Config) -> str | None:
-    from tts.config.schema import BackendKind
+    from tts.config.enums import BackendKind
 
     if BackendKind.vllm not in (cfg.generator.backend, cfg.verifier.backend):
         return None

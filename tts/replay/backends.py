@@ -20,8 +20,9 @@ from tts.engine.model_runner import SPECULATIVE_PREFIX
 from tts.replay.reader import VariantReader, Whose
 from tts.replay.sampler import StepSampler
 from tts.replay.served import ReplayCounts
-from tts.replay.sim_engine import SimEngine, Slot  # noqa: F401 - importable from here, as before
-from tts.trace.format import Generation, extend_hash, score_key
+from tts.replay.sim_engine import SimEngine, Slot
+from tts.token_hash import extend_hash
+from tts.trace.format import Generation, score_key
 
 
 @dataclass

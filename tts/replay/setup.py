@@ -13,9 +13,12 @@ from tts.backends.fake import FakeCodec
 from tts.backends.prefix_cache import PrefixCache
 from tts.clock import VirtualClock
 from tts.config.limits import engine_length
-from tts.config.schema import BackendKind, Config
+from tts.config.enums import BackendKind
+from tts.config.schema import Config
 from tts.metrics.cost_model import CostModel
-from tts.replay.backends import ReplayCounts, ReplayGenerator, ReplayVerifier, SimEngine
+from tts.replay.backends import ReplayGenerator, ReplayVerifier
+from tts.replay.served import ReplayCounts
+from tts.replay.sim_engine import SimEngine
 from tts.replay.cost import FittedCost, RooflineCost, StepCost
 from tts.replay.reader import VariantReader
 from tts.replay.sampler import StepSampler

@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from tts.markdown import markdown_table, number
-from tts.report.sources import RunData
+from tts.report.sources import RunData, variant_ratios
 from tts.report.tables import ratio_cell
-from tts.results.ratios import ratio
 
 # (label, goodput gain, working-set fractions of 1.5 GB at n=512 and n=64) from the paper's Sec. 6.4.4
 PAPER_POINTS = [("paper P", 0.58, 0.023, 0.185), ("paper M+P", 1.45, 0.023, 0.185)]
@@ -30,8 +29,6 @@ def pressure_rows(runs: list[RunData]) -> list[dict[str, Any]]:
     """One row per variant of every run with `memory.working_set_fraction` set: its n,
     fraction and KV budget, its gains over the run's first variant with their paired
     intervals, and its block-pool counts. Empty when no run is a pressure cell."""
-    from tts.results.intervals import speed_intervals
-
     rows = []
     for run in runs:
         memory = run.config.get("memory") or {}
@@ -50,14 +47,7 @@ def pressure_rows(runs: list[RunData]) -> list[dict[str, Any]]:
                         "ver_cache_hit_rate"):
                 row[key] = s.get(key)
             if name != base:
-                point = {k: ratio(s.get(k), run.variants[base].get(k)) for k, _ in GAINS}
-                cis = speed_intervals(run.variant_records(base), run.variant_records(name), point)
-                for key, _ in GAINS:
-                    ci = cis[key]
-                    row[key] = ci.ratio
-                    row[f"{key}_ci"] = ci.bounds
-                    row[f"{key}_text"] = ci.text()
-                    row["pairs"] = ci.n_pairs
+                row.update(variant_ratios(run, base, name, [k for k, _ in GAINS]))
             rows.append(row)
     return rows
 

@@ -21,9 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from tts.markdown import markdown_table, number
-from tts.report.sources import RunData
+from tts.report.sources import RunData, variant_ratios
 from tts.report.tables import ratio_cell
-from tts.results.ratios import ratio
 
 PAPER_MEAN, PAPER_LOW, PAPER_HIGH = 2.2, 1.2, 5.4
 PAPER_LABEL = "FlashTTS Fig. 12 (24 GB GPU): mean 2.2x, range 1.2-5.4x"
@@ -86,50 +85,12 @@ def scaling_rows(runs: list[RunData]) -> list[dict[str, Any]]:
                    "device": source.get("device"), "pair": source.get("pair"), "price": source.get("price"),
                    "variant": name, "baseline": base}
             if name != base:
-                row.update(_ratios(run, base, name))
+                row.update(variant_ratios(run, base, name, [k for k, _ in RATIOS]))
             for key, _, _ in WHERE:
                 value = s.get(key)
                 row[key] = None if key == "bound_share" and s.get("bound_fit_note") else value
             rows.append(row)
     return rows
-
-
-def _ratios(run: RunData, base: str, name: str) -> dict[str, Any]:
-    """The variant's ratios to `base` with their intervals: `<key>`, `<key>_ci` ([low, high]
-    or None), `<key>_text` ("[1.05, 1.41]", or why there is none) and `pairs`, as the run's
-    ratio table holds them (`tts.results.ratios.ratio_table`), else from its records."""
-    col, out = f"{name}/{base}", {}
-    table = {r["key"]: r for r in run.ratios if isinstance(r, dict) and "key" in r}
-    missing = [k for k, _ in RATIOS if col not in (table.get(k) or {})]
-    computed = _from_records(run, base, name) if missing else {}
-    for key, _ in RATIOS:
-        row = table.get(key) or {}
-        if col in row:
-            ci = row.get(f"{col}_ci")
-            text = f"[{ci[0]:.3g}, {ci[1]:.3g}]" if ci else (row.get(f"{col}_ci_note") or "")
-            out |= {key: row[col], f"{key}_ci": ci, f"{key}_text": text}
-            out["pairs"] = out.get("pairs") or (row.get("n_pairs") or {}).get(name)
-        else:
-            out |= computed.get(key, {key: None, f"{key}_ci": None, f"{key}_text": ""})
-            out["pairs"] = out.get("pairs") or computed.get("pairs")
-    return out
-
-
-def _from_records(run: RunData, base: str, name: str) -> dict[str, Any]:
-    """The ratios and intervals the run's summary would hold (`tts.results.ratios`), from its
-    summaries and records: a run whose summary has no ratio table."""
-    from tts.results.intervals import speed_intervals
-
-    point = {k: ratio(run.variants[name].get(k), run.variants[base].get(k)) for k, _ in RATIOS}
-    records = run.variant_records(base), run.variant_records(name)
-    cis = speed_intervals(*records, point) if all(records) else {}
-    out: dict[str, Any] = {}
-    for key, _ in RATIOS:
-        ci = cis.get(key)
-        out[key] = {key: point[key], f"{key}_ci": ci.bounds if ci else None,
-                    f"{key}_text": ci.text() if ci else "n/a (no records)"}
-        out["pairs"] = out.get("pairs") or (ci.n_pairs if ci else None)
-    return out
 
 
 def _order(row: dict[str, Any]) -> tuple:

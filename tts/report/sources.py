@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -244,3 +244,34 @@ def _unique_names(runs: list[RunData]) -> None:
     names = [r.name for r in runs]
     if len(set(names)) != len(names):
         raise ReportError(f"the same run is given twice: {sorted({n for n in names if names.count(n) > 1})}")
+
+
+def variant_ratios(run: RunData, base: str, name: str, keys: Sequence[str]) -> dict[str, Any]:
+    """A variant's ratios to `base` with their paired intervals, for every report table:
+    `<key>`, `<key>_ci` ([low, high] or None), `<key>_text` ("[1.05, 1.41]", or why there is
+    none) and `pairs`, as the run's ratio table holds them (`tts.results.ratios.ratio_table`).
+    Where it holds none for a key (a W&B run's summary carries no ratio table; a folder
+    written before the table held intervals), as that table would: the summaries' ratio and
+    the records' paired interval (`speed_intervals`; none without records)."""
+    from tts.results.intervals import bounds_text, speed_intervals
+    from tts.results.ratios import ratio
+
+    col, out = f"{name}/{base}", {}
+    table = {r["key"]: r for r in run.ratios if isinstance(r, dict) and "key" in r}
+    missing = [k for k in keys if col not in (table.get(k) or {})]
+    records = run.variant_records(base), run.variant_records(name)
+    if missing:
+        point = {k: ratio(run.variants[name].get(k), run.variants[base].get(k)) for k in keys}
+        cis = speed_intervals(*records, point) if all(records) else {}
+    for key in keys:
+        row = table.get(key) or {}
+        if col in row:
+            ci = row.get(f"{col}_ci")
+            out |= {key: row[col], f"{key}_ci": ci, f"{key}_text": bounds_text(ci, row.get(f"{col}_ci_note") or "")}
+            out["pairs"] = out.get("pairs") or (row.get("n_pairs") or {}).get(name)
+        else:
+            ci = cis.get(key)
+            out |= {key: point[key], f"{key}_ci": ci.bounds if ci else None,
+                    f"{key}_text": ci.text() if ci else "n/a (no records)"}
+            out["pairs"] = out.get("pairs") or (ci.n_pairs if ci else None)
+    return out

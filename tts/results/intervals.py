@@ -101,9 +101,14 @@ class RatioInterval:
 
     def text(self) -> str:
         """"[1.05, 1.41]", or the reason there is none ("n/a (1 pair)")."""
-        if self.bounds is None:
-            return self.note or "n/a"
-        return f"[{_g(self.low)}, {_g(self.high)}]"
+        return bounds_text(self.bounds, self.note)
+
+
+def bounds_text(bounds: list[float] | None, note: str | None = None) -> str:
+    """An interval as the tables print it: "[1.05, 1.41]", or the reason there is none."""
+    if bounds is None:
+        return note or "n/a"
+    return f"[{_g(bounds[0])}, {_g(bounds[1])}]"
 
 
 def _g(x: float) -> str:

@@ -131,7 +131,8 @@ def rescore_run(run, overrides: list[str], out=None) -> tuple:
     from tts.backends.vllm.engine import read_hf_config, resolve_dtype
     from tts.config.compose import ConfigError, compose, validate
     from tts.config.saved_run import replay_config
-    from tts.config.schema import BackendKind, Config
+    from tts.config.enums import BackendKind
+    from tts.config.schema import Config
     from tts.models.resolve import resolve_model
     from tts.results.host import host_info, host_line
     from tts.results.store import RunStore

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from tts.config.schema import Algorithm, SearchConfig
+from tts.config.enums import Algorithm
+from tts.config.schema import SearchConfig
 from tts.search.base import ProblemSearch, SearchPolicy, aggregate
 from tts.search.beam import BeamSearch
 from tts.search.dvts import DVTS

@@ -13,7 +13,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tts.config.schema import Aggregation, SearchConfig
+from tts.config.enums import Aggregation
+from tts.config.schema import SearchConfig
 from tts.search.tree import Beam, BeamState, child_seed
 
 

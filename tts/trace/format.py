@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tts.backends.base import FinishReason
-from tts.token_hash import extend_hash  # noqa: F401 - the prompts' keys, read with the trace
+from tts.token_hash import extend_hash
 
 TRACE = "trace.jsonl.gz"
 VERSION = 1

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tts.config.schema import DecoupledSpecScope
+from tts.config.enums import DecoupledSpecScope
 from tts.engine.frontier import ScheduleParts
 from tts.engine.problem import Problem
 from tts.engine.speculation.rule import Stops, TableRule
