@@ -5,6 +5,10 @@ variant reports the model's busy share of the wall. Priced here with a chosen st
 and host time per step, so that every figure follows from them and none from this host."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -106,3 +110,20 @@ def test_the_replay_overlaps_as_the_recorded_run_did_unless_told(tmp_path):
     assert ", overlap;" not in simulated_line(told)
     with pytest.raises(ConfigError, match=r"replay.overlap: 'maybe'; valid choices: true, false"):
         run_replay(plain, ["replay.overlap=maybe"])
+
+
+def test_the_gpu_overlap_check_prices_each_row_as_the_replay_does(tmp_path):
+    """`docs/gpu/overlap_check.py` (run on a card, with torch alone) compares the wall it
+    times with the replay's price: model + host one after the other, max(model, host)
+    overlapped. Its `--dry` run on this CPU checks the script runs and prices every row
+    so; the timings themselves are the card's (docs/gpu/overlap_check_h200.md)."""
+    repo = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, str(repo / "docs/gpu/overlap_check.py"), "--dry", "--out", str(tmp_path)],
+                   check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(repo)})
+    rows = json.loads((tmp_path / "overlap_check.json").read_text())["rows"]
+    assert {r["overlap"] for r in rows} == {False, True}
+    for r in rows:
+        expected = max(r["model_ms"], r["host_ms"]) if r["overlap"] else r["model_ms"] + r["host_ms"]
+        assert r["price_ms"] == pytest.approx(expected)
+        assert r["busy_share"] == pytest.approx(r["model_ms"] / r["wall_ms"])
+    assert "| overlapped: wall (ms) |" in (tmp_path / "overlap_check.md").read_text()

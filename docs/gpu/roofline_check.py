@@ -110,9 +110,9 @@ def device_checks() -> dict:
 class Model:
     """One transformer of `shape`'s dimensions with random bf16 weights."""
 
-    def __init__(self, s: ModelShape) -> None:
+    def __init__(self, s: ModelShape, dev: str = "cuda") -> None:
         self.s = s
-        dev, dt = "cuda", torch.bfloat16
+        dt = torch.bfloat16
         q, kv = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
 
         def w(*size):
