@@ -51,48 +51,53 @@ def load_class(field: str, value: str, builtins: Mapping[str, type], group: str,
     """The class `value` names (module docstring), a concrete subclass of `kind`, with its
     plain name. A ValueError of one line names `field`, what was tried, and the valid
     choices (`also`: names the caller takes itself, listed first, such as `auto`)."""
-    valid = (f"valid choices: {', '.join([*also, *builtins, *installed(group)])}, or module:attribute "
-             "(a class in your own module: mymodule:MyClass)")
     if value in builtins:
         return Named(value, builtins[value])
+    try:
+        return _load(value, builtins, group, kind)
+    except ValueError as err:  # the installed names are looked up only now, for the message
+        raise ValueError(f"{field}: {err}; valid choices: {', '.join([*also, *builtins, *installed(group)])}, "
+                         "or module:attribute (a class in your own module: mymodule:MyClass)") from err.__cause__
+
+
+def _load(value: str, builtins: Mapping[str, type], group: str, kind: type) -> Named:
+    """`load_class` for a value that is no built-in's name; a ValueError says why not."""
     module, colon, attr = value.partition(":")
     if not colon:
         found = [ep for ep in entry_points(group=group) if ep.name == value]
         if not found:
-            raise ValueError(f"{field}: unknown {value!r} (not a built-in, nor an installed package's entry "
-                             f"point in {group}); {valid}")
+            raise ValueError(f"unknown {value!r} (not a built-in, nor an installed package's entry point in {group})")
         try:
             obj = found[0].load()
         except Exception as err:  # the package's own import failing, whatever it raised
-            raise ValueError(f"{field}: {value!r}, entry point {found[0].value} of {group}, does not load "
-                             f"({_first_line(err)}); {valid}") from err
-        return Named(value, _checked(field, value, obj, kind, valid))
+            raise ValueError(f"{value!r}, entry point {found[0].value} of {group}, does not load "
+                             f"({_first_line(err)})") from err
+        return Named(value, _checked(value, obj, kind))
     if not module or not attr:
-        raise ValueError(f"{field}: {value!r} is not module:attribute; {valid}")
+        raise ValueError(f"{value!r} is not module:attribute")
     on_path(os.getcwd())
     try:
         obj = importlib.import_module(module)
         for part in attr.split("."):
             obj = getattr(obj, part)
     except Exception as err:  # a module not found, a missing attribute, or the module's own error
-        raise ValueError(f"{field}: {value!r} does not import ({_first_line(err)}; modules are found from "
-                         f"{os.getcwd()}, PYTHONPATH and installed packages); {valid}") from err
-    cls = _checked(field, value, obj, kind, valid)
+        raise ValueError(f"{value!r} does not import ({_first_line(err)}; modules are found from "
+                         f"{os.getcwd()}, PYTHONPATH and installed packages)") from err
+    cls = _checked(value, obj, kind)
     declared = cls.__dict__.get("name")
     name = declared if isinstance(declared, str) and declared else attr.rpartition(".")[2].lower()
     if builtins.get(name, cls) is not cls:
-        raise ValueError(f"{field}: {value!r} is named {name!r}, as the built-in {builtins[name].__name__} is; "
-                         f"give the class another `name`")
+        raise ValueError(f"{value!r} is named {name!r}, as the built-in {builtins[name].__name__} is; "
+                         "give the class another `name`")
     return Named(name, cls)
 
 
-def _checked(field: str, value: str, obj: object, kind: type, valid: str) -> type:
-    """`obj` where it is a concrete subclass of `kind`; else a ValueError naming `field`."""
+def _checked(value: str, obj: object, kind: type) -> type:
+    """`obj` where it is a concrete subclass of `kind`; else a ValueError says what it is."""
     if not (isinstance(obj, type) and issubclass(obj, kind)):
-        raise ValueError(f"{field}: {value!r} is {obj!r}, not a {kind.__name__} subclass; {valid}")
+        raise ValueError(f"{value!r} is {obj!r}, not a {kind.__name__} subclass")
     if inspect.isabstract(obj):
-        missing = ", ".join(sorted(obj.__abstractmethods__))
-        raise ValueError(f"{field}: {value!r} is abstract: it does not define {missing}")
+        raise ValueError(f"{value!r} is abstract: it does not define {', '.join(sorted(obj.__abstractmethods__))}")
     return obj
 
 
