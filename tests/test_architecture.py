@@ -289,6 +289,10 @@ UPWARD = {
     # a pulled model's dtype note says what `dtype: auto` runs it in on this host, which is
     # the vLLM backend's rule (`resolve_dtype`); one rule, read where it is said
     "tts.models.provision": {"tts.backends.vllm.engine"},
+    # which search algorithms there are, and what each asks of the other search options (a
+    # tree search's n a multiple of its beam width), is the search registry's: checked at
+    # composition, as any other value is, before any model loads (a user's own imported)
+    "tts.config.compose": {"tts.search"},
 }
 
 

@@ -19,7 +19,7 @@ runner = CliRunner()
 def test_default_config_composes_to_the_schema():
     cfg = validate(compose("config"))
     assert isinstance(cfg, Config)
-    assert cfg.search.algorithm is Algorithm.beam and (cfg.search.n, cfg.search.beam_width) == (8, 4)
+    assert cfg.search.algorithm == Algorithm.beam.value and (cfg.search.n, cfg.search.beam_width) == (8, 4)
     assert cfg.generator.model == "smollm2-135m-instruct" and cfg.verifier.adapter.value == "judge"
     assert cfg.dataset.name.value == "embedded"
 
@@ -27,7 +27,8 @@ def test_default_config_composes_to_the_schema():
 @pytest.mark.parametrize("override,needle", [
     ("search.foo=1", "unknown config key 'search.foo'; valid keys: algorithm, n, beam_width"),
     ("search=nope", "Available options in 'search'"),
-    ("search.algorithm=xx", "expected one of [beam, dvts, best_of_n"),
+    ("search.algorithm=xx", "search.algorithm: unknown 'xx' (not a built-in, nor an installed package's entry "
+                            "point in tts.search_algorithms); valid choices: beam, dvts, best_of_n"),
     ("search.n=10", "search.n: n=10 must be divisible by search.beam_width=4"),
     ("optim.lookahead=true", "optim.lookahead: needs optim.speculative=true"),
     ("memory.block_size=16", "memory.block_size: 16 is not a multiple of 32"),

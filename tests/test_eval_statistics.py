@@ -136,7 +136,7 @@ def test_a_search_variant_is_the_runs_own_search_with_what_its_preset_sets() -> 
     assert not run.filter_duplicates and dedup.filter_duplicates
     assert (dedup.algorithm, dedup.n, dedup.beam_width, dedup.max_iterations, dedup.aggregation) == (
         run.algorithm, 6, 3, 7, run.aggregation)
-    assert bon.algorithm.value == "best_of_n" and bon.aggregation.value == "last" and bon.n == 6
+    assert bon.algorithm == "best_of_n" and bon.aggregation.value == "last" and bon.n == 6
 
 
 def test_the_greedy_variant_is_one_path_at_temperature_zero() -> None:

@@ -15,6 +15,10 @@ Hydra's sweeper expands the sweep and its launcher runs the jobs, e.g.
 Each job composes its config exactly as `tts bench` does (`tts.config.compose.compose`,
 with the job's own overrides) and writes its results folder into Hydra's job folder
 `<sweep>/<job number>/`, and `job.json` there when it ends (its overrides, host and pid).
+A user's own rule or search algorithm (`module:attribute`, `tts.config.plugins`) is
+imported in the job's process by the same value, from the folder the sweep was started in
+(Hydra's `hydra.runtime.cwd`, first on the worker's `sys.path`), wherever the launcher
+runs the job and whatever its working folder there.
 """
 
 from __future__ import annotations
@@ -102,9 +106,11 @@ def _in_job_folder(run) -> str:
 
     from tts.backends.factory import models_on_cuda
     from tts.config.compose import compose
+    from tts.config.plugins import on_path
     from tts.results.store import JOB
 
     hc = HydraConfig.get()
+    on_path(hc.runtime.cwd)  # a user's module:attribute imports as in the launching process
     folder = Path(hc.runtime.output_dir)
     mine = [o for o in hc.overrides.task if not o.lstrip("+~").startswith("hydra")]
     cfg = compose(hc.job.config_name, mine + [f"bench.results_dir='{folder.parent}'", f"bench.run_name='{folder.name}'"],

@@ -19,6 +19,7 @@ from tts.memory.allocator import Workload, search_caps
 from tts.memory.device import DeviceProfile, device_from_dict
 from tts.memory.policy import KVSplit, RooflineSplit
 from tts.memory.roofline import ModelShape
+from tts.search import is_tree
 
 PROMPT_TOKENS = 160  # a typical chat-templated problem prompt; refined at run time
 
@@ -80,7 +81,7 @@ def planned_context_blocks(cfg: Config, path_tokens: int) -> float:
     tree search's `search.beam_width` siblings their parent's path (independent samples
     share only the prompt)."""
     block, n = cfg.memory.block_size, cfg.search.n
-    siblings = cfg.search.beam_width if cfg.search.algorithm.is_tree else 1
+    siblings = cfg.search.beam_width if is_tree(cfg.search.algorithm) else 1
     prompt = PROMPT_TOKENS // block
     return prompt / n + ((PROMPT_TOKENS + path_tokens) // block - prompt) / siblings
 

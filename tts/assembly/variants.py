@@ -6,14 +6,20 @@ from __future__ import annotations
 from tts.config.compose import CONF_DIR, ConfigError, preset_optims
 from tts.config.enums import EngineKind
 from tts.config.schema import Config, OptimConfig, SearchConfig
+from tts.engine.speculation.registry import AUTO, DEFAULTS, rule_named
 
 
 def variant_optims(cfg: Config) -> list[tuple[str, OptimConfig]]:
     """(name, optim config) for each variant: the `bench.compare` presets, each with
-    `bench.optim_overrides` on top, else the one configured."""
+    `bench.optim_overrides` on top, else the one configured. Each variant's start rule is
+    found here, before any model loads (a user's own is imported): a ConfigError names
+    one that is not there."""
     if not cfg.bench.compare:
         return [(_preset_name(cfg.optim), cfg.optim)]
-    return preset_optims(list(cfg.bench.compare), list(cfg.bench.optim_overrides))
+    variants = preset_optims(list(cfg.bench.compare), list(cfg.bench.optim_overrides))
+    for name, optim in variants:
+        _rule(optim, f"bench.compare: variant {name!r}: ")
+    return variants
 
 
 def run_variants(cfg: Config) -> list[tuple[str, OptimConfig, SearchConfig]]:
@@ -40,7 +46,24 @@ def _preset_name(optim: OptimConfig) -> str:
             return name
     if optim.engine is EngineKind.baseline:
         return "baseline"
+    rule = _rule(optim)
     if optim.engine is EngineKind.decoupled:
-        return f"decoupled-{optim.decoupled_policy.value}"
+        return f"decoupled-{optim.decoupled_policy.value}" + _rule_suffix(rule, "decoupled")
     flags = "P" * optim.prefix_aware + "M" * optim.roofline_memory + "S" * optim.speculative
-    return (flags or "flash") + ("" if optim.spec_rule in ("auto", "runon") else f"_{optim.spec_rule}")
+    return (flags or "flash") + _rule_suffix(rule, "barrier")
+
+
+def _rule(optim: OptimConfig, where: str = "") -> str:
+    """The plain name of the start rule `optim.spec_rule` names (`auto` as it is), never a
+    `module:attribute`; a ConfigError, after `where`, names one that is not there."""
+    if optim.spec_rule == AUTO:
+        return AUTO
+    try:
+        return rule_named(optim.spec_rule).name
+    except ValueError as err:
+        raise ConfigError(f"{where}{err}") from err
+
+
+def _rule_suffix(rule: str, discipline: str) -> str:
+    """A label's ending for a rule other than the discipline's own: `_NAME`."""
+    return "" if rule in (AUTO, DEFAULTS[discipline]) else f"_{rule}"

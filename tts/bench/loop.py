@@ -26,6 +26,7 @@ from tts.engine.problem import ProblemInput
 from tts.results.records import build_record
 from tts.results.store import RunStore
 from tts.results.summary import write_summary
+from tts.search import policy_named
 from tts.wandb_sink import RunLogger
 from tts.trace.provenance import recorded
 from tts.trace.recorder import TraceRecorder
@@ -135,7 +136,8 @@ def _warm_up(cfg: Config, variant: tuple, backends, problems: list) -> None:
 def _open_store(cfg: Config, cfg_node: DictConfig, names: list[str]) -> RunStore:
     """The run's folder (new, or the one `--resume` continues, refused when it was run with
     other settings), with its config written."""
-    hint = f"{cfg.search.algorithm.value}-n{cfg.search.n}-" + "-vs-".join(names)
+    hint = f"{policy_named(cfg.search.algorithm).name}-n{cfg.search.n}-"  # a plain name, no module:attribute
+    hint += "-vs-".join(names)
     store = RunStore.create(cfg.bench.results_dir, cfg.bench.run_name, cfg.bench.resume, hint)
     if cfg.bench.resume:  # records made with other settings must not be mixed in
         changed = store.config_changes(OmegaConf.to_container(cfg_node, resolve=True))

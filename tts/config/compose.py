@@ -137,6 +137,8 @@ def preset_searches(names: list[str], base) -> list:
     `NAME@K` entry gives (`self_consistency@1`: one sample, the single-sample reference;
     `greedy`: one path at temperature 0). A ConfigError names an unknown preset with the
     choices."""
+    from tts.search import check_search
+
     n = base.n
     out = []
     for entry in names:
@@ -151,18 +153,24 @@ def preset_searches(names: list[str], base) -> list:
         preset = OmegaConf.load(path)
         greedy = preset.get("temperature") == 0  # greedy is one path, whatever the run's n
         try:
-            merged = OmegaConf.merge(OmegaConf.structured(base), preset,
-                                     {"n": int(k) if k else 1 if greedy else n})
-            out.append((entry, OmegaConf.to_object(merged)))
+            merged = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(base), preset,
+                                                         {"n": int(k) if k else 1 if greedy else n}))
+            check_search(merged)
+            out.append((entry, merged))
         except Exception as err:
             raise ConfigError(f"bench.search_variants: {entry!r} at n={k or n}: {explain(err)}") from err
     return out
 
 
 def validate(cfg: DictConfig):
-    """Instantiate the dataclass schemas (running each `__post_init__`)."""
+    """Instantiate the dataclass schemas (running each `__post_init__`), and check the search
+    algorithm against its registry (`tts.search.check_search`: a user's own is imported)."""
+    from tts.search import check_search
+
     try:
-        return OmegaConf.to_object(cfg)
+        out = OmegaConf.to_object(cfg)
+        check_search(out.search)
+        return out
     except ValueError as err:
         raise ConfigError(str(err)) from err
     except Exception as err:

@@ -6,17 +6,15 @@ import enum
 
 
 class Algorithm(str, enum.Enum):
+    """The built-in search algorithms' names, the keys of their registry (`tts.search.POLICIES`,
+    which also names a user's own); `search.algorithm` is a string, so it can name those too."""
+
     beam = "beam"
     dvts = "dvts"
     best_of_n = "best_of_n"
     self_consistency = "self_consistency"
     dynamic_branching = "dynamic_branching"
     varying_granularity = "varying_granularity"
-
-    @property
-    def is_tree(self) -> bool:
-        """Kept beams expand into `search.beam_width` children (siblings share a parent's path)."""
-        return self in (Algorithm.beam, Algorithm.dvts, Algorithm.dynamic_branching, Algorithm.varying_granularity)
 
 
 class Aggregation(str, enum.Enum):

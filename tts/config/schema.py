@@ -74,7 +74,9 @@ class VerifierConfig:
 class SearchConfig:
     """The search algorithm: which beams expand, and which survive."""
 
-    algorithm: Algorithm = Algorithm.beam
+    # a built-in's name (Algorithm), an installed package's entry point, or module:attribute
+    # (a user's own; tts.config.plugins), checked against the registry (`tts.search`) at composition
+    algorithm: str = Algorithm.beam.value
     n: int = 8  # candidates per iteration (beam, dvts) or samples (best_of_n, self_consistency)
     beam_width: int = 4  # M: children per kept beam; N/M beams are kept
     max_iterations: int = 40
@@ -92,14 +94,12 @@ class SearchConfig:
     sample_wave: int = 0
 
     def __post_init__(self) -> None:
+        self.algorithm = getattr(self.algorithm, "value", self.algorithm)  # `Algorithm.beam` given in code
         _require(self.n >= 1, "search.n", "must be >= 1")
         _require(self.temperature is None or self.temperature >= 0, "search.temperature", "must be >= 0 or null")
         _require(self.temperature != 0 or self.n == 1, "search.n",
                  f"n={self.n} greedy paths (search.temperature=0) would all be the same path; use n=1")
         _require(self.beam_width >= 1, "search.beam_width", "must be >= 1")
-        if self.algorithm.is_tree:
-            _require(self.n % self.beam_width == 0, "search.n",
-                     f"n={self.n} must be divisible by search.beam_width={self.beam_width}")
         _require(self.max_iterations >= 1, "search.max_iterations", "must be >= 1")
         _require(self.verify_every >= 1, "search.verify_every", "must be >= 1")
         _require(0 <= self.sample_wave <= self.n, "search.sample_wave", f"must be in [0, n={self.n}] (0: all at once)")

@@ -145,9 +145,12 @@ def _device(cfg: DictConfig, calibrate: bool, console: Console) -> DeviceProfile
 
 
 def _print_workload(console: Console, base: Config, overrides: dict[str, Any], num_problems: int) -> None:
+    from tts.search import policy_named
+
     capped = ", ".join(f"{k}={v}" for k, v in overrides.items()) or "none"
+    algorithm = policy_named(base.search.algorithm).name
     console.print(
-        f"profile workload: {base.search.algorithm.value} n={base.search.n} M={base.search.beam_width}, "
+        f"profile workload: {algorithm} n={base.search.n} M={base.search.beam_width}, "
         f"step<= {base.generator.step_max_tokens} tok, path<= {base.generator.max_total_tokens} tok, "
         f"{num_problems} problem(s), concurrency {base.bench.concurrency}, "
         f"KV budget {base.memory.kv_cache_gib} GiB (caps applied: {capped})")
@@ -212,6 +215,7 @@ def assemble(cfg: DictConfig, base: Config, device: DeviceProfile, overrides: di
     """The JSON-ready profile (see the module docstring for its parts)."""
     from tts.profiling.modelled import model_for_config
     from tts.profiling.sweep import sweep_row
+    from tts.search import policy_named
 
     rows = [sweep_row(runs[f]) for f in sorted(runs)]
     traces = {}
@@ -229,7 +233,7 @@ def assemble(cfg: DictConfig, base: Config, device: DeviceProfile, overrides: di
     return {
         "vllm_version": _vllm_version(base),
         "device": device.to_dict(),
-        "workload": {"overrides": overrides, "algorithm": base.search.algorithm.value,
+        "workload": {"overrides": overrides, "algorithm": policy_named(base.search.algorithm).name,
                      "n": base.search.n, "beam_width": base.search.beam_width,
                      "step_max_tokens": base.generator.step_max_tokens,
                      "max_total_tokens": base.generator.max_total_tokens,

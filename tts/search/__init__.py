@@ -1,8 +1,14 @@
-"""Search algorithms as policies over one engine, chosen by name."""
+"""Search algorithms as policies over one engine, chosen by name (`search.algorithm`).
+
+The registry is `POLICIES` (the built-ins, by the names `Algorithm` lists); a user's own
+algorithm is named by an installed package's entry point of `GROUP` or as
+`module:attribute` (`tts.config.plugins`). What the rest of tts asks of an algorithm
+(whether it is a tree search) it asks here, of the class the value names."""
 
 from __future__ import annotations
 
 from tts.config.enums import Algorithm
+from tts.config.plugins import Named, load_class
 from tts.config.schema import SearchConfig
 from tts.search.base import ProblemSearch, SearchPolicy, aggregate
 from tts.search.beam import BeamSearch
@@ -19,14 +25,32 @@ POLICIES: dict[str, type[SearchPolicy]] = {
     Algorithm.dynamic_branching.value: DynamicBranching,
     Algorithm.varying_granularity.value: VaryingGranularity,
 }
+GROUP = "tts.search_algorithms"  # the entry-point group of installed packages' algorithms
+
+
+def policy_named(value: str) -> Named:
+    """The policy class `search.algorithm` names and its plain name (a run's labels); a
+    ValueError of one line names an unknown or unimportable one, with the valid choices."""
+    return load_class("search.algorithm", value, POLICIES, GROUP, SearchPolicy)
+
+
+def is_tree(value: str) -> bool:
+    """The algorithm `value` names is a tree search (`SearchPolicy.tree`)."""
+    return policy_named(value).cls.tree
+
+
+def check_search(cfg: SearchConfig) -> None:
+    """What the algorithm asks of the other search options (a tree search: `search.n` a
+    multiple of `search.beam_width`); a ValueError names the field."""
+    if is_tree(cfg.algorithm) and cfg.n % cfg.beam_width:
+        raise ValueError(f"search.n: n={cfg.n} must be divisible by search.beam_width={cfg.beam_width}")
 
 
 def make_policy(cfg: SearchConfig, step_max_tokens: int, max_total_tokens: int) -> SearchPolicy:
-    """The policy named by `cfg.algorithm`; an unknown name lists the valid ones."""
-    name = getattr(cfg.algorithm, "value", cfg.algorithm)
-    if name not in POLICIES:
-        raise ValueError(f"search.algorithm: unknown {name!r}; valid choices: {', '.join(POLICIES)}")
-    return POLICIES[name](cfg, step_max_tokens, max_total_tokens)
+    """The policy named by `cfg.algorithm`, over options it can take (`check_search`)."""
+    check_search(cfg)
+    return policy_named(cfg.algorithm).cls(cfg, step_max_tokens, max_total_tokens)
 
 
-__all__ = ["POLICIES", "ProblemSearch", "SearchPolicy", "aggregate", "make_policy"]
+__all__ = ["GROUP", "POLICIES", "ProblemSearch", "SearchPolicy", "aggregate", "check_search", "is_tree",
+           "make_policy", "policy_named"]

@@ -12,6 +12,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from tts.config.enums import Aggregation
 from tts.config.schema import SearchConfig
@@ -56,6 +57,10 @@ class SearchPolicy(ABC):
 
     uses_verifier: bool = True
     stops_at_boundary: bool = True  # False: a whole solution is generated in one go
+    # kept beams branch into `search.beam_width` children that share their parent's path:
+    # `search.n` must be a multiple of it, and a planned KV working set counts the siblings
+    # as sharing (`tts.assembly.memory_split`); False: the paths share only the prompt
+    tree: ClassVar[bool] = False
 
     def __init__(self, cfg: SearchConfig, step_max_tokens: int, max_total_tokens: int) -> None:
         self.cfg = cfg

@@ -9,6 +9,8 @@ from tts.search.tree import Beam
 class BeamSearch(SearchPolicy):
     """N candidates per iteration; keep the top N/M; each kept beam gets M children."""
 
+    tree = True
+
     def select(self, search: ProblemSearch, now: float) -> None:
         active = self.dedup(self.finish_completed(search, now))
         kept = self.top_k(active, self.cfg.n // self.cfg.beam_width, search)

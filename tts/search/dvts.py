@@ -13,6 +13,8 @@ class DVTS(SearchPolicy):
     the subtrees' beams (N/M of them, padded to N by `finalize`).
     """
 
+    tree = True
+
     def start(self, search: ProblemSearch) -> None:
         m, subtrees = self.cfg.beam_width, self.cfg.n // self.cfg.beam_width
         search.frontier = [

@@ -24,6 +24,8 @@ class DynamicBranching(SearchPolicy):
     """Keep the top N/M like beam search, then give each survivor children in
     proportion to its path score, N in total; a survivor given none is pruned."""
 
+    tree = True
+
     def select(self, search: ProblemSearch, now: float) -> None:
         active = self.dedup(self.finish_completed(search, now))
         kept = self.top_k(active, self.cfg.n // self.cfg.beam_width, search)
