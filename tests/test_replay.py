@@ -13,7 +13,7 @@ from tts.config.compose import ConfigError, compose
 from tts.memory.device import load_device
 from tts.metrics.cost_model import CostModel
 from tts.replay.sim_engine import SimEngine, Slot
-from tts.replay.cost import FittedCost, RooflineCost
+from tts.metrics.step_cost import FittedCost, RooflineCost
 from tts.replay.run import run_replay
 from tts.results.store import RunStore
 from tts.runner import run_bench
@@ -379,7 +379,7 @@ def test_a_gpu_replay_takes_the_kv_budget_of_the_card():
     from tts.assembly.memory_split import gpu_kv_budget
     from tts.backends.factory import GIB
     from tts.config.compose import validate
-    from tts.replay.run import kv_of_the_card
+    from tts.kv_budget import kv_of_the_card
 
     gpu = ["device=rtx4090", "memory=gpu", "generator=qwen2.5-math-1.5b", "verifier=skywork_1.5b"]
     cfg = compose("config", gpu)
@@ -396,3 +396,19 @@ def test_a_gpu_replay_takes_the_kv_budget_of_the_card():
     too_big = compose("config", ["device=rtx4090", "memory=gpu", "generator=qwen2.5-math-7b", "verifier=qwen_prm_7b"])
     with pytest.raises(ConfigError, match="device=rtx4090"):
         kv_of_the_card(too_big, [])
+
+
+def test_a_preempted_requests_prefill_again_is_counted(tmp_path):
+    """The tokens a model's steps computed beyond the work its records count
+    (`gen_recomputed_tokens`): none where the card's KV cache holds the paths, some where
+    requests were preempted and their contexts prefilled again."""
+    path = bench(tmp_path, "bench.compare=[paper_baseline]", "dataset.first_k=1", "search.n=32", "search.beam_width=4")
+
+    def on_the_card(kv):
+        out = run_replay(path, ["device=rtx4090", "generator=qwen2.5-math-1.5b", "verifier=skywork_1.5b",
+                                "memory.gpu_free_fraction=null", f"memory.kv_cache_gib={kv}"], run_name=f"kv{kv}")
+        return RunStore(out).summary()["variants"]["paper_baseline"]
+
+    roomy, tight = on_the_card(0.2), on_the_card(0.08)
+    assert roomy["gen_preemptions"] == 0 and roomy["gen_recomputed_tokens"] == 0
+    assert tight["gen_preemptions"] > 0 and tight["gen_recomputed_tokens"] > 0

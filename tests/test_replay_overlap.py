@@ -17,7 +17,7 @@ from tts.config.compose import ConfigError, compose
 from tts.metrics.cost_model import CostModel
 from tts.replay import setup
 from tts.replay.sim_engine import SimEngine, Slot
-from tts.replay.cost import FittedCost
+from tts.metrics.step_cost import FittedCost
 from tts.replay.run import run_replay
 from tts.results.store import RunStore
 from tts.runner import run_bench

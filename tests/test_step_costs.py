@@ -14,7 +14,7 @@ from tts.config.compose import ConfigError, compose, validate
 from tts.config.saved_run import ReplayOptions, replay_config
 from tts.memory.device import StepEfficiency, device_from_dict, load_device
 from tts.memory.roofline import decode_cost, prefill_cost, t_decode_step, t_prefill
-from tts.replay.cost import RooflineCost
+from tts.metrics.step_cost import RooflineCost
 
 REPO = Path(__file__).resolve().parent.parent
 SHAPE = SHAPES["qwen2.5-7b"]

@@ -5,7 +5,10 @@ search's working set.
 from the card itself (`tts.assembly.memory_split.gpu_kv_budget`) instead of a fixed
 `memory.kv_cache_gib`; the run folder's config records the budget used, and `--resume`
 keeps it. With `memory.working_set_fraction` the budget is that share of the search's KV
-working set (`tts.assembly.memory_split.working_set_bytes`), on any host.
+working set (`tts.assembly.memory_split.working_set_bytes`), on any host. A run recorded
+for a card (`bench.record_for`) takes the budget a replay on that card takes
+(`kv_for_the_card`, `kv_of_the_card`), and its engines hold that budget's tokens
+(`tts.assembly.card`).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from tts.config.compose import validate
+from tts.config.compose import ConfigError, validate
 from tts.config.enums import BackendKind
 from tts.results.store import RunStore
 
@@ -70,6 +73,24 @@ def kv_budget(cfg_node: DictConfig) -> DictConfig:
         if cfg_node.memory.get("working_set_fraction") is not None else gpu
 
 
+def kv_for_the_card(cfg_node: DictConfig) -> DictConfig:
+    """`cfg_node` with `memory.kv_cache_gib` the KV budget of the card its `bench.record_for`
+    names, for the pair it names, as a replay there takes it (`kv_of_working_set`, then
+    `kv_of_the_card`, on `tts.assembly.card.card_node`); unchanged without a card. The run
+    folder's config records it."""
+    if cfg_node.bench.record_for.device is None:
+        return cfg_node
+    import copy
+
+    from tts.assembly.card import card_node
+
+    card = kv_of_working_set(card_node(cfg_node))
+    kv_of_the_card(card, [])
+    cfg_node = copy.deepcopy(cfg_node)
+    cfg_node.memory.kv_cache_gib = card.memory.kv_cache_gib
+    return cfg_node
+
+
 def kv_of_working_set(cfg_node: DictConfig, most_gib: float | None = None) -> DictConfig:
     """`cfg_node` with `memory.kv_cache_gib` `memory.working_set_fraction` of the search's KV
     working set (`tts.assembly.memory_split.working_set_bytes`, with the config's models and
@@ -93,3 +114,23 @@ def kv_of_working_set(cfg_node: DictConfig, most_gib: float | None = None) -> Di
     cfg_node = copy.deepcopy(cfg_node)
     cfg_node.memory.kv_cache_gib = round(gib, 6)
     return cfg_node
+
+
+def kv_of_the_card(cfg: DictConfig, overrides: list[str]) -> None:
+    """On a GPU device, the KV budget a real run there would take (`tts.assembly.memory_split.
+    gpu_kv_budget`): `memory.gpu_free_fraction` of the card's memory, less both models'
+    weights and activations, so memory pressure arrives at large n as it does on the card.
+    Kept as it is when the overrides name `memory.kv_cache_gib`, with no share
+    (`memory.gpu_free_fraction=null`), a share of the working set instead
+    (`memory.working_set_fraction`), or on a CPU."""
+    named = any(o.split("=", 1)[0].lstrip("+") == "memory.kv_cache_gib" for o in overrides)
+    if cfg.device.kind != "gpu" or cfg.memory.gpu_free_fraction is None or named or cfg.memory.working_set_fraction:
+        return
+    from tts.assembly.memory_split import gpu_kv_budget
+    from tts.backends.factory import GIB
+
+    try:
+        budget = gpu_kv_budget(validate(cfg), int(cfg.device.memory_gb * 1e9))
+    except ValueError as err:
+        raise ConfigError(f"device={cfg.device.name}: {err}") from err
+    cfg.memory.kv_cache_gib = round(budget / GIB, 3)

@@ -22,7 +22,7 @@ from tts.config.compose import ConfigError, validate
 from tts.config.limits import check_context
 from tts.config.enums import BackendKind, BenchMode
 from tts.config.schema import Config
-from tts.kv_budget import kv_budget
+from tts.kv_budget import kv_budget, kv_for_the_card
 from tts.problems import fit_prompts, load_problems_for
 from tts.profiling.host_device import on_this_host
 
@@ -46,7 +46,7 @@ def run_bench(cfg_node: DictConfig, progress: Callable | None = None,
     if cfg.bench.mode is BenchMode.ceiling:  # times raw vLLM only: no device profile to measure
         from tts.benchmarks.ceiling import run_ceiling
         return run_ceiling(cfg_node, on_folder=on_folder)
-    here = kv_budget(on_this_host(cfg_node))
+    here = kv_for_the_card(kv_budget(on_this_host(cfg_node)))  # a card's, where the run is recorded for one
     if here is not cfg_node:
         cfg_node, cfg = here, validate(here)
     model_runner(cfg)  # before the first engine: vLLM chooses its runner once per process

@@ -1,5 +1,5 @@
 """What a CUDA machine without vLLM can check of tts's GPU route, and of the roofline the
-trace replay prices a GPU's engine steps with (`tts.replay.cost.RooflineCost`).
+trace replay prices a GPU's engine steps with (`tts.metrics.step_cost.RooflineCost`).
 
     PYTHONPATH=. python3 docs/gpu/roofline_check.py --out DIR   # about 30 s on an H100
 
@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from tts.memory.device import load_device
 from tts.memory.roofline import ModelShape
-from tts.replay.cost import RooflineCost
+from tts.metrics.step_cost import RooflineCost
 
 SHAPES = {  # as in tts.benchmarks.allocator_timing: the models' config.json numbers
     "qwen2.5-1.5b": ModelShape(28, 1536, 12, 2, 128, 8960, 151936, 2, 1_543_714_304),

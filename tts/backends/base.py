@@ -86,6 +86,9 @@ class StepStats:
     # before their EOS came back (vLLM, the fake: in the step that returns the EOS; an abort's
     # come back from `Generator.abort`), or, in a replay, every one the step prices. 0 without overlap.
     late_tokens: int = 0
+    # the step's seconds on the card a run is recorded for (`bench.record_for`,
+    # `Generator.step_price`): what the decisions that weigh time read; None: `wall_s`
+    card_s: float | None = None
 
 
 class Generator(ABC):
@@ -112,6 +115,8 @@ class Generator(ABC):
     _step_observers: tuple[Callable[[list[GenDelta], StepStats, float], None], ...] = ()
     _add_observers: tuple[Callable[[GenRequest], None], ...] = ()
     _abort_observers: tuple[Callable[[list[str]], None], ...] = ()
+    # a run recorded for a card (`bench.record_for`): each step's price there (`StepStats.card_s`)
+    step_price: Callable[[list[GenDelta], StepStats], float] | None = None
 
     @property
     @abstractmethod
@@ -160,6 +165,8 @@ class Generator(ABC):
         deltas, stats = self._step()
         if self._calls_s:
             stats, self._calls_s = replace(stats, calls_s=self._calls_s), 0.0
+        if self.step_price is not None:
+            stats = replace(stats, card_s=self.step_price(deltas, stats))
         for observer in self._step_observers:
             observer(deltas, stats, clock.now() - start)
         return deltas, stats

@@ -236,7 +236,8 @@ class FakeGenerator(Generator):
                       FinishReason.LENGTH if len(run.produced) >= req.max_tokens else None)
             deltas.append(GenDelta(req.request_id, (tok,), finish, cached,
                                    len(req.prompt_token_ids) if first else None))
-            per_req.append(1 + (len(req.prompt_token_ids) - (cached or 0) if first else 0))
+            # as vLLM schedules it: a new request's uncached prompt (its first token sampled from it)
+            per_req.append(max(1, len(req.prompt_token_ids) - (cached or 0)) if first else 1)
         done = {d.request_id for d in deltas if d.finished}
         if self.lag:  # an EOS stays scheduled one step more; a length stop does not
             eos = {d.request_id for d in deltas if d.finish_reason is FinishReason.EOS}

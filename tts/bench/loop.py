@@ -64,7 +64,8 @@ def run_problems(cfg: Config, cfg_node: DictConfig, problems: list, backends, ho
     # step statistics of every variant, carried across a resume like the records
     step_logs: dict[str, dict] = store.step_logs() if cfg.bench.resume else {}
     trace = TraceRecorder(store.trace, {"generator": cfg.generator.model, "verifier": cfg.verifier.model,
-                                               "adapter": cfg.verifier.adapter.value, "sampler": host.get("sampler")},
+                                        "adapter": cfg.verifier.adapter.value, "sampler": host.get("sampler"),
+                                        "record_for": recorded_for(cfg)},
                           recorded(cfg, variants) if record_trace else None)  # the code and options
     names = [n for n, _, _ in variants]
     interim = Interim(store, step_logs, host, every_round=cfg.bench.chunk > 0)
@@ -131,6 +132,18 @@ def _warm_up(cfg: Config, variant: tuple, backends, problems: list) -> None:
     gold = {p.id: p.answer for p in problems}
     for outcome in build_engine(cfg, optim, backends, search).run([ProblemInput(p.id, p.problem) for p in problems]):
         build_record(outcome, gold[outcome.problem.id], name)
+
+
+def recorded_for(cfg: Config) -> dict | None:
+    """The card and pair the run's decisions are priced for (`bench.record_for`), as its
+    trace's header says it: the config choices, and the models they name; None: none."""
+    if cfg.bench.record_for.device is None:
+        return None
+    from tts.assembly.card import card_config
+
+    card = card_config(cfg)
+    return {**dataclasses.asdict(cfg.bench.record_for),
+            "models": {"generator": card.generator.model, "verifier": card.verifier.model}}
 
 
 def _open_store(cfg: Config, cfg_node: DictConfig, names: list[str]) -> RunStore:

@@ -11,6 +11,7 @@ import dataclasses
 from omegaconf import DictConfig, OmegaConf
 
 from tts.config.compose import ConfigError, compose
+from tts.config.record_for import RecordFor
 from tts.config.schema import Config
 
 GROUPS = ("device", "generator", "verifier", "memory")
@@ -19,8 +20,9 @@ GROUPS = ("device", "generator", "verifier", "memory")
 KEPT_GROUPS = ("dataset", "optim", "search")
 # What a generator= / verifier= choice takes from its group: the model and how it runs. The
 # recorded run's step limits, path budget and temperature stay: the trace's tree is theirs.
-MODEL_KEYS = {"generator": ("model", "dtype", "tensor_parallel_size"),
-              "verifier": ("model", "dtype", "adapter", "judge_prompt_file")}
+# Its backend too: a fake run's trace may be priced for a real pair.
+MODEL_KEYS = {"generator": ("model", "backend", "dtype", "tensor_parallel_size"),
+              "verifier": ("model", "backend", "dtype", "adapter", "judge_prompt_file")}
 COSTS = ("auto", "fitted", "roofline")
 STEP_COSTS = ("measured", "datasheet")
 HOSTS = ("recorded", "none")
@@ -35,7 +37,7 @@ class ReplayOptions:
 
     cost: str = "auto"
     # what a roofline step costs: the device profile's measured efficiencies (a profile
-    # without them: its own numbers), or the datasheet's peak numbers (tts.replay.cost)
+    # without them: its own numbers), or the datasheet's peak numbers (tts.metrics.step_cost)
     step_costs: str = "measured"
     launch_ms: float = 2.0
     host: str = "recorded"
@@ -76,7 +78,10 @@ def replay_config(saved: dict, overrides: list[str]) -> tuple[DictConfig, Replay
     group's model, dtype (and verifier adapter) only (`MODEL_KEYS`); `replay.KEY=VALUE`
     sets an option; any other `KEY=VALUE` sets that key (e.g.
     `bench.compare=[baseline,PMS,decoupled]` replays other variants over the trace).
-    `dtype: auto` is pinned to what the recorded run resolved, or bf16 on a GPU."""
+    `dtype: auto` is pinned to what the recorded run resolved, or bf16 on a GPU. On a GPU
+    the memory settings are `memory=gpu`'s unless `memory=...` is named, or the run was
+    recorded for this card (`bench.record_for`): then they are the recorded run's, those
+    its decisions were priced with. The replay records for no card itself."""
     from tts.config.schema import register_configs
 
     register_configs()
@@ -114,7 +119,9 @@ def replay_config(saved: dict, overrides: list[str]) -> tuple[DictConfig, Replay
                     cfg[key][name] = fresh[key][name]
             else:
                 cfg[key] = fresh[key]
-    if cfg.device.kind == "gpu" and not any(o.startswith("memory=") for o in groups):
+    recorded_for = ((saved.get("bench") or {}).get("record_for") or {}).get("device")
+    named = any(o.startswith("memory=") for o in groups)
+    if cfg.device.kind == "gpu" and not named and recorded_for != cfg.device.name:
         cfg.memory = compose("config", ["memory=gpu"]).memory
     if dotted:
         try:
@@ -122,5 +129,16 @@ def replay_config(saved: dict, overrides: list[str]) -> tuple[DictConfig, Replay
         except Exception as err:
             raise ConfigError(f"{dotted}: {err}") from err
     cfg.bench.resume = False
+    cfg.bench.record_for = OmegaConf.structured(RecordFor())
     cfg.logger.wandb = False
     return cfg, ReplayOptions(**options)
+
+
+def pin_dtypes(cfg: DictConfig, recorded_host: dict | None) -> None:
+    """`dtype: auto` as the recorded run resolved it (a model unchanged, on the recorded
+    device), else the model's own dtype as a GPU runs it (bf16)."""
+    recorded = (recorded_host or {}).get("dtype") or {}
+    for role in ("generator", "verifier"):
+        if cfg[role].dtype == "auto" and cfg[role].backend != "fake":
+            same = cfg.device.kind == "cpu" and recorded.get(role) not in (None, "fake")
+            cfg[role].dtype = recorded[role] if same else "bfloat16"

@@ -15,6 +15,7 @@ from hydra.core.config_store import ConfigStore
 from tts.config.enums import (
     Adapter, Aggregation, Algorithm, BackendKind, BenchMode, DatasetName, DecoupledPolicy, DecoupledSpecScope,
     EngineKind, LookaheadScope, Overlap, Sampler, VariantOrder)
+from tts.config.record_for import RecordFor
 from tts.config.shard import parse_shard
 from tts.memory.device import StepEfficiency
 
@@ -307,6 +308,9 @@ class BenchConfig:
     # costs (kernels built per shape) must not land on the first variant alone. 0: none
     warmup: int = 1
     shard: str | None = None  # "I/K": shard I of K of the selected problems (tts.problems.shard_of)
+    # the card and pair the engine's decisions are priced for while this host computes the
+    # tokens (tts.assembly.card); all null: for this host
+    record_for: RecordFor = field(default_factory=RecordFor)
 
     def __post_init__(self) -> None:
         _require(self.concurrency >= 1, "bench.concurrency", "must be >= 1")

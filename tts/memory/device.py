@@ -22,7 +22,7 @@ DEVICE_KINDS = ("cpu", "gpu")
 class StepEfficiency:
     """A measured engine step against the datasheet roofline: a step of F FLOPs and B bytes
     on an L-layer model takes ``L * layer_us + max(F / (peak * compute), B / (bandwidth *
-    memory))`` (`tts.replay.cost.RooflineCost`), fitted to measured steps by
+    memory))`` (`tts.metrics.step_cost.RooflineCost`), fitted to measured steps by
     :mod:`tts.profiling.step_fit`. Prefill is compute-bound, so `compute` prices it;
     decode is memory-bound up to a few hundred sequences (`memory`), compute-bound beyond.
 

@@ -10,7 +10,7 @@ the kernels alone).
 The fit: the three numbers (compute and memory share of the datasheet, microseconds per
 layer) that minimise the root mean square of log(price / measured) over every step of the
 file, on a grid of 0.01 and 1 us (`GRID`), so the same file always gives the same numbers.
-A step's FLOPs and bytes are the replay's own (`tts.replay.cost.RooflineCost.work`), on the
+A step's FLOPs and bytes are the replay's own (`tts.metrics.step_cost.RooflineCost.work`), on the
 model shapes the check ran (`tts.benchmarks.allocator_timing.SHAPES`).
 """
 
@@ -32,7 +32,7 @@ GRID = (np.round(np.arange(0.30, 1.001, 0.01), 2), np.arange(0, 121, 1.0))  # sh
 def steps_of(check: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(FLOPs, bytes, layers, measured seconds) of each step row of a roofline check's JSON."""
     from tts.benchmarks.allocator_timing import SHAPES
-    from tts.replay.cost import RooflineCost
+    from tts.metrics.step_cost import RooflineCost
 
     device = device_from_dict(check["device_profile"])
     flops, bytes_, layers, seconds = [], [], [], []

@@ -9,6 +9,8 @@ variant's resolved options (`recorded`), and a replay compares them with its own
 (`compare`): its first line and its summary say whether it replays through the same code
 and options, other ones (named), or a trace from before they were recorded; and name each
 variant's first divergence (`tts.replay.served.Divergence`), whatever the provenance.
+Before all that, the card and pair the trace was recorded for (`bench.record_for`, in its
+header, `card_line`): this replay's, another's, or none (decided on the recording host).
 
 The code identity and the options recorded are `tts.trace.provenance`'s.
 """
@@ -62,6 +64,20 @@ def _v(value) -> str:
     return "absent" if value is None else json.dumps(value)
 
 
+def card_line(recorded_for: dict | None, cfg) -> str:
+    """What the trace was recorded for (`bench.record_for`, its header's) against the card
+    and pair this replay simulates (`cfg`'s device and models)."""
+    if not recorded_for:
+        return "recorded for no card (decided as its recording host would)"
+    models = recorded_for.get("models") or {}
+    what = f"{recorded_for.get('device')} with {models.get('generator')} + {models.get('verifier')}"
+    if (recorded_for.get("device"), models.get("generator"), models.get("verifier")) == (
+            cfg.device.name, cfg.generator.model, cfg.verifier.model):
+        return f"recorded for this card and pair ({what})"
+    return (f"recorded for another card or pair ({what}; replayed on {cfg.device.name} with "
+            f"{cfg.generator.model} + {cfg.verifier.model})")
+
+
 def brief(compared: dict, divergence: dict) -> str:
     """The provenance and the first divergences in a few words, for the replay's first line."""
     parts = []
@@ -87,8 +103,10 @@ class ReplayProvenance:
     variant's first divergence (the backends note it, `Divergence`; this tells them the
     search iteration each problem is in)."""
 
-    def __init__(self, provenance: list[dict], cfg, problems: list, backends) -> None:
+    def __init__(self, provenance: list[dict], cfg, problems: list, backends,
+                 recorded_for: dict | None = None) -> None:
         self.compared = compare(provenance, cfg)
+        self.card = card_line(recorded_for, cfg)  # the trace header's `record_for`
         self.backends = backends
         self.ids = {p.problem: p.id for p in problems}
         self.texts = {p.id: p.problem for p in problems}
@@ -114,14 +132,15 @@ class ReplayProvenance:
 
     def host(self, divergence: dict | None = None) -> dict:
         """What the replay's host record says of it (`simulated_line` prints `note`)."""
-        return {"status": self.compared["status"], "note": brief(self.compared, divergence or {})}
+        return {"status": self.compared["status"], "card": self.card,
+                "note": f"{self.card}; {brief(self.compared, divergence or {})}"}
 
     def summary(self) -> dict:
         divergence = self.divergence()
         kept = [] if divergence else ["every replayed variant kept to its recording: its own answered each "
                                       "request and score it sent"]
         return {"provenance": self.compared, "divergence": divergence,
-                "provenance_lines": self.compared["lines"] + [_line(first) for first in divergence.values()] + kept}
+                "provenance_lines": [self.card, *self.compared["lines"], *map(_line, divergence.values()), *kept]}
 
 
 def _line(first: dict) -> str:

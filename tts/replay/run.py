@@ -23,24 +23,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from tts.clock import VirtualClock, simulated
 from tts.config.compose import ConfigError, validate
-from tts.config.saved_run import replay_config
+from tts.config.saved_run import pin_dtypes, replay_config
 from tts.config.schema import Config
-from tts.kv_budget import kv_of_working_set
+from tts.kv_budget import kv_of_the_card, kv_of_working_set
 from tts.markdown import markdown_table, number
 from tts.replay.provenance import ReplayProvenance, write_markdown
 from tts.results.ratios import ratio
 from tts.results.store import RunStore
 from tts.trace.format import read_trace
-
-
-def pin_dtypes(cfg: DictConfig, recorded_host: dict | None) -> None:
-    """`dtype: auto` as the recorded run resolved it (a model unchanged, on the recorded
-    device), else the model's own dtype as a GPU runs it (bf16)."""
-    recorded = (recorded_host or {}).get("dtype") or {}
-    for role in ("generator", "verifier"):
-        if cfg[role].dtype == "auto" and cfg[role].backend != "fake":
-            same = cfg.device.kind == "cpu" and recorded.get(role) not in (None, "fake")
-            cfg[role].dtype = recorded[role] if same else "bfloat16"
 
 
 def pricing_run(cfg: DictConfig, run: str, overrides: list[str]) -> dict:
@@ -63,26 +53,6 @@ def pricing_run(cfg: DictConfig, run: str, overrides: list[str]) -> dict:
         if dtype not in (None, "fake") and not named:
             cfg[role].dtype = dtype
     return summary
-
-
-def kv_of_the_card(cfg: DictConfig, overrides: list[str]) -> None:
-    """On a GPU device, the KV budget a real run there would take (`tts.assembly.memory_split.
-    gpu_kv_budget`): `memory.gpu_free_fraction` of the card's memory, less both models'
-    weights and activations, so memory pressure arrives at large n as it does on the card.
-    Kept as it is when the overrides name `memory.kv_cache_gib`, with no share
-    (`memory.gpu_free_fraction=null`), a share of the working set instead
-    (`memory.working_set_fraction`), or on a CPU."""
-    named = any(o.split("=", 1)[0].lstrip("+") == "memory.kv_cache_gib" for o in overrides)
-    if cfg.device.kind != "gpu" or cfg.memory.gpu_free_fraction is None or named or cfg.memory.working_set_fraction:
-        return
-    from tts.assembly.memory_split import gpu_kv_budget
-    from tts.backends.factory import GIB
-
-    try:
-        budget = gpu_kv_budget(validate(cfg), int(cfg.device.memory_gb * 1e9))
-    except ValueError as err:
-        raise ConfigError(f"device={cfg.device.name}: {err}") from err
-    cfg.memory.kv_cache_gib = round(budget / GIB, 3)
 
 
 def check_fits(cfg: Config) -> None:
@@ -154,7 +124,8 @@ def run_replay(run_dir: Path, overrides: list[str], results_dir: Path | None = N
     check_fits(cfg)
     clock = VirtualClock()
     backends = ReplayBackends(cfg, recorded_cfg, trace, recorded, options, clock, pricing)
-    watch = ReplayProvenance(trace.provenance, cfg, problems, backends)  # the same code and options?
+    watch = ReplayProvenance(trace.provenance, cfg, problems, backends,  # the same card, code and options?
+                             trace.header.get("record_for"))
     host = {**simulated_host(cfg, backends, recorded.get("host")), "options": dataclasses.asdict(options),
             "provenance": watch.host()}
     with simulated(clock):

@@ -16,10 +16,10 @@ from tts.config.limits import engine_length
 from tts.config.enums import BackendKind
 from tts.config.schema import Config
 from tts.metrics.cost_model import CostModel
+from tts.metrics.step_cost import FittedCost, RooflineCost, StepCost
 from tts.replay.backends import ReplayGenerator, ReplayVerifier
 from tts.replay.served import ReplayCounts
 from tts.replay.sim_engine import SimEngine
-from tts.replay.cost import FittedCost, RooflineCost, StepCost
 from tts.replay.reader import VariantReader
 from tts.replay.sampler import StepSampler
 from tts.trace.format import Trace
@@ -97,9 +97,11 @@ class ReplayBackends:
         over its own tokenizer where that is here, else the recorded verifier's as a
         stand-in (`self.tokenizer_note` says which)."""
         v = self.cfg.verifier
-        if v.backend is BackendKind.fake:
+        if BackendKind.fake in (v.backend, self.recorded.verifier.backend):  # a fake's steps: its prompts
             from tts.backends.fake import encode
 
+            if v.backend is not BackendKind.fake:
+                self.tokenizer_note = f"the recorded fake verifier's prompts standing in for {v.model}'s"
             return (lambda req: [encode(req.problem + "".join(req.steps[: max(req.indices) + 1]))]), False, True
         from tts.backends.adapters import make_adapter
 

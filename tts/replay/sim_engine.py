@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from tts.backends.base import StepStats
 from tts.backends.prefix_cache import PrefixCache, block_keys
-from tts.replay.cost import StepCost
+from tts.metrics.step_cost import StepCost
 
 
 @dataclass(eq=False)

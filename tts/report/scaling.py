@@ -34,6 +34,7 @@ WHERE = (("straggler_gap", "straggler gap", "{:.2f}"), ("gen_batch_util_mean", "
          ("ver_batch_util_mean", "ver batch util", "{:.2f}"), ("generator_s_mean", "gen time (s)", "{:.3g}"),
          ("verifier_s_mean", "ver time (s)", "{:.3g}"), ("gen_evictions", "gen evicted", "{}"),
          ("gen_thrash_blocks", "gen thrash blocks", "{}"), ("gen_preemptions", "gen preempted", "{}"),
+         ("gen_recomputed_tokens", "gen recomputed tokens", "{}"),
          ("ver_evictions", "ver evicted", "{}"), ("ver_thrash_blocks", "ver thrash blocks", "{}"),
          ("latency_bound_s_mean", "latency bound (s)", "{:.3g}"), ("bound_share", "bound / latency", "{:.2f}"))
 

@@ -16,7 +16,7 @@ from tts.results.ratios import STATISTICS_ERRORS, format_table, guarded, ratio_t
 from tts.results.records import accuracy_summary, pair_key, paired_accuracy
 from tts.results.store import RunStore
 from tts.results.host_time import add_host_time
-from tts.results.pool_counts import add_pool_counts
+from tts.results.pool_counts import add_pool_counts, add_recomputed
 from tts.results.tree import describe, diversity
 
 
@@ -65,6 +65,7 @@ def variant_summary(records: list[dict], step_log: dict | None, wall_s: float | 
                 s[f"{model[:3]}_batch_cap"] = cap
             if late := log.get("late_tokens"):  # with overlap only: thrown-away tokens past a stop
                 s[f"{model[:3]}_late_tokens"] = late
+        add_recomputed(s, [r["metrics"] for r in records])
         phase = (step_log.get("generator") or {}).get("model_s")
         if phase and "total_gen_tokens" in s:  # absent before the variant's model time was logged
             s["gen_phase_tok_s"] = s["total_gen_tokens"] / phase

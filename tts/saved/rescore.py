@@ -129,7 +129,7 @@ def rescore_run(run, overrides: list[str], out=None) -> tuple:
 
     from tts.backends.factory import Backends
     from tts.backends.vllm.engine import read_hf_config, resolve_dtype
-    from tts.config.compose import ConfigError, compose, validate
+    from tts.config.compose import ConfigError, validate
     from tts.config.saved_run import replay_config
     from tts.config.enums import BackendKind
     from tts.config.schema import Config
@@ -147,9 +147,6 @@ def rescore_run(run, overrides: list[str], out=None) -> tuple:
         raise ConfigError(f"{run}: the run recorded no candidates to rescore")
     recorded = validate(OmegaConf.merge(OmegaConf.structured(Config), saved)).verifier.model
     node = replay_config(saved, overrides)[0]
-    chosen = [o for o in overrides if o.startswith("verifier=")]
-    if chosen:  # that group's backend too: a fake run's candidates may go to a real judge
-        node.verifier.backend = compose("config", chosen).verifier.backend
     cfg = validate(node)
     v = cfg.verifier  # only the verifier loads: the generator's model need not be here
     host = host_info({"verifier": "fake" if v.backend is BackendKind.fake

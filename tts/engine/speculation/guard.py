@@ -18,6 +18,8 @@ to measure again.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tts.backends.base import StepStats
 from tts.metrics.cost_model import CostModel, CostSums, fit
 from tts.metrics.measures import SpeculationLog
@@ -46,8 +48,9 @@ class SpeculationGuard:
         self.off_steps = 0  # all such steps
 
     def observe(self, st: StepStats, real: int) -> None:
-        """After a generator step that ran `real` real requests."""
-        self._sums.observe(st)
+        """After a generator step that ran `real` real requests; priced where the run is
+        recorded for a card (`StepStats.card_s`) as that card's step."""
+        self._sums.observe(st if st.card_s is None else replace(st, wall_s=st.card_s))
         if not self._fixed and self._sums.steps % REFIT_STEPS == 0:
             self._model = fit(self._sums)
         self._batch = 0.9 * self._batch + 0.1 * real if self._batch else float(real)

@@ -1,4 +1,6 @@
-"""Step cost models for a replay: the seconds one engine step of a model takes.
+"""Step cost models for a replay, and for a run recorded for a card (`bench.record_for`,
+whose speculation guard weighs each step at its price there): the seconds one engine step
+of a model takes.
 
 A step decodes one token for each of some sequences (each at its context length) and
 prefills chunks of prompts (each some new tokens after some cached ones).
