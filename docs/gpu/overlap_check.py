@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from roofline_check import SHAPES, Model, timed  # noqa: E402 - beside this file
+from roofline_check import SHAPES, Model, card_line, timed, write_result  # noqa: E402 - beside this file
 
 from tts.memory.roofline import ModelShape  # noqa: E402
 
@@ -181,18 +181,11 @@ def main() -> int:
         return 2
     else:
         cases = [(name, SHAPES[name], b, c) for name, b, c in CASES]
-        props = torch.cuda.get_device_properties(0)
-        device = "cuda"
-        host_line = (f"{torch.cuda.get_device_name(0)} ({props.multi_processor_count} SMs, "
-                     f"{props.total_memory / 2**30:.0f} GiB), torch {torch.__version__}, CUDA {torch.version.cuda}, "
-                     f"host CPU {platform.processor() or platform.machine()}")
+        device, host_line = "cuda", card_line()
     t0 = time.time()
     rows = [r for name, shape, b, c in cases for r in rows_for(name, shape, b, c, device)]
     result = dict(host_line=host_line, steps=STEPS, warmup=WARMUP, rows=rows, seconds=time.time() - t0)
-    (args.out / "overlap_check.json").write_text(json.dumps(result, indent=1))
-    text = markdown(result)
-    (args.out / "overlap_check.md").write_text(text)
-    print(text)
+    write_result(args.out, "overlap_check", result, markdown(result))
     return 0
 
 

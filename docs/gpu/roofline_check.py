@@ -233,6 +233,21 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def card_line() -> str:
+    """The card, torch and CUDA, and the host's processor: the line a check's table starts with."""
+    props = torch.cuda.get_device_properties(0)
+    return (f"{torch.cuda.get_device_name(0)} ({props.multi_processor_count} SMs, "
+            f"{props.total_memory / 2**30:.0f} GiB), torch {torch.__version__}, "
+            f"CUDA {torch.version.cuda}, {platform.processor() or platform.machine()}")
+
+
+def write_result(out: Path, name: str, result: dict, text: str) -> None:
+    """`name`.json and `name`.md in `out`, and the table printed."""
+    (out / f"{name}.json").write_text(json.dumps(result, indent=1))
+    (out / f"{name}.md").write_text(text)
+    print(text)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -249,19 +264,12 @@ def main() -> int:
         profile = gpu_profile(load_device("cpu"))[0]
     except Exception:  # noqa: BLE001 - the host checks above record the error
         profile = load_device("h100")
-    props = torch.cuda.get_device_properties(0)
-    result = dict(host_line=f"{torch.cuda.get_device_name(0)} ({props.multi_processor_count} SMs, "
-                            f"{props.total_memory / 2**30:.0f} GiB), torch {torch.__version__}, "
-                            f"CUDA {torch.version.cuda}, {platform.processor() or platform.machine()}",
-                  host=host, device_profile=profile.to_dict())
+    result = dict(host_line=card_line(), host=host, device_profile=profile.to_dict())
     result["device"] = device_checks()
     print(json.dumps(result["device"]), flush=True)
     result["steps"] = step_rows(profile)
     result["seconds"] = time.time() - t0
-    (args.out / "roofline_check.json").write_text(json.dumps(result, indent=1))
-    text = markdown(result)
-    (args.out / "roofline_check.md").write_text(text)
-    print(text)
+    write_result(args.out, "roofline_check", result, markdown(result))
     return 0
 
 
