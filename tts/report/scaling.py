@@ -3,7 +3,10 @@ latency and problems/min against its run's first variant (the paper's vLLM basel
 every search.n, measured and simulated (`tts replay` of the sweep's jobs on another device,
 other models, either price of a step), beside FlashTTS's Fig. 12; and where the time went
 at each n (straggler gap, both models' batch utilisation and time, the block pools'
-evictions, thrash and preemptions, the latency bound and the variant's share of it).
+evictions, thrash, preemptions and recomputed prefill, the latency bound and the variant's
+share of it); beside a replayed row, the shares of the variant's tokens and scores that its
+trace did not hold, so the replay drew them. `tts.report.ablation` takes the gain apart (the
+tree against the schedule, one optimisation at a time).
 
 The runs taken are those with two variants or more, the same variant set, and at least two
 values of search.n among them (a memory-pressure cell, `memory.working_set_fraction`, is the
