@@ -25,19 +25,13 @@ import math
 from typing import Any
 
 from tts.markdown import is_number, markdown_table, number
-from tts.report.scaling import drawn_cell, scaling_runs, search_n, source_of
+from tts.report.scaling import drawn_cell, run_line, scaling_runs
 from tts.report.sources import RunData, variant_ratios
 from tts.report.tables import interval_cell
 
 KEY = "precise_goodput"
 TREE, CONTROL = "PMS", "PMS_branches_prune"  # PMS, and PMS's schedule on the baseline's tree
 LADDER = ("P", "PM", "PMS")  # each adds its last letter to the one before (the first: to the baseline)
-
-
-def _line(run: RunData) -> dict[str, Any]:
-    source = source_of(run)
-    return {"run": run.name, "n": search_n(run), "source": source["label"], "simulated": source["simulated"],
-            "baseline": next(iter(run.variants))}
 
 
 def _ratio(run: RunData, base: str, name: str, label: str) -> dict[str, Any]:
@@ -59,7 +53,7 @@ def tree_rows(runs: list[RunData]) -> list[dict[str, Any]]:
     share of PMS's gain (module docstring) and the most drawn of the three variants."""
     rows = []
     for run in scaling_runs(runs):
-        row = _line(run)
+        row = run_line(run)
         base = row["baseline"]
         if not {TREE, CONTROL} <= set(run.variants) or base in (TREE, CONTROL):
             continue
@@ -77,7 +71,7 @@ def step_rows(runs: list[RunData]) -> list[dict[str, Any]]:
     gain and the most drawn of the variants."""
     rows = []
     for run in scaling_runs(runs):
-        row = _line(run)
+        row = run_line(run)
         chain = [row["baseline"], *LADDER]
         if not set(LADDER) <= set(run.variants) or row["baseline"] in LADDER:
             continue

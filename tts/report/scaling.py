@@ -83,19 +83,25 @@ def source_of(run: RunData) -> dict[str, Any]:
             "label": f"simulated on {device} {pair} ({price} prices)"}
 
 
+def run_line(run: RunData) -> dict[str, Any]:
+    """What every line of a run of the sweep starts with: the run, its n, its source
+    (`source_of`) and its first variant, the baseline of its ratios."""
+    source = source_of(run)
+    return {"run": run.name, "n": search_n(run), "source": source["label"], "simulated": source["simulated"],
+            "device": source.get("device"), "pair": source.get("pair"), "price": source.get("price"),
+            "baseline": next(iter(run.variants))}
+
+
 def scaling_rows(runs: list[RunData]) -> list[dict[str, Any]]:
     """One row per variant of each run of the sweep (`scaling_runs`): its n and source, its
     ratios to the run's first variant with their paired 95% intervals (the first variant's
     row has none), and where its time went. Empty when the runs are no scaling sweep."""
     rows = []
     for run in scaling_runs(runs):
-        names = list(run.variants)
-        base, source = names[0], source_of(run)
-        for name in names:
-            s = run.variants[name]
-            row = {"run": run.name, "n": search_n(run), "source": source["label"], "simulated": source["simulated"],
-                   "device": source.get("device"), "pair": source.get("pair"), "price": source.get("price"),
-                   "variant": name, "baseline": base}
+        line = run_line(run)
+        base = line["baseline"]
+        for name, s in run.variants.items():
+            row = {**line, "variant": name}
             if name != base:
                 row.update(variant_ratios(run, base, name, [k for k, _ in RATIOS]))
             row.update(zip((k for k, _ in DRAWN), run.drawn_shares(name)))
