@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tts.report.ablation import ablation_lines, step_rows, tree_rows
 from tts.report.plots import COLUMN_PLOTS, plot_memory_split
 from tts.report.pressure import plot_pressure, pressure_rows, pressure_table
 from tts.report.scaling import PLOT as SCALING_PLOT
@@ -57,14 +58,16 @@ def build_report(runs: list[str], baseline: str | None = None, out: Path | None 
     sections = ["## Memory pressure", "", "Each variant against its run's first (the baseline), per cell of "
                 "the sweep; thrash is KV recomputed after an eviction.", "", pressure_table(pressure)] if pressure else []
     scaling = scaling_rows(loaded)  # a sweep over search.n (`--config-name=paper_sweep`), measured or replayed
+    tree, steps = tree_rows(loaded), step_rows(loaded)  # its gain taken apart
     if scaling:
-        sections += scaling_section(scaling, plot_ratio_by_n(folder / SCALING_PLOT, scaling))
+        sections += scaling_section(scaling, plot_ratio_by_n(folder / SCALING_PLOT, scaling),
+                                    ablation_lines(tree, steps))
     text = render_markdown(loaded, columns, base, rows, plots, sections)
     path = folder / REPORT_MD
     path.write_text(text, encoding="utf-8")
     data = _report_json(loaded, columns, base, rows, plots) | ({"pressure": pressure} if pressure else {})
     if scaling:
-        data["scaling"] = {"rows": scaling, "plot": SCALING_PLOT.as_posix()
+        data["scaling"] = {"rows": scaling, "tree": tree, "steps": steps, "plot": SCALING_PLOT.as_posix()
                            if (folder / SCALING_PLOT).exists() else None}
     (folder / REPORT_JSON).write_text(json.dumps(data, indent=2), encoding="utf-8")
     return path, data

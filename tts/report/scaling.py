@@ -3,7 +3,10 @@ latency and problems/min against its run's first variant (the paper's vLLM basel
 every search.n, measured and simulated (`tts replay` of the sweep's jobs on another device,
 other models, either price of a step), beside FlashTTS's Fig. 12; and where the time went
 at each n (straggler gap, both models' batch utilisation and time, the block pools'
-evictions, thrash and preemptions, the latency bound and the variant's share of it).
+evictions, thrash, preemptions and recomputed prefill, the latency bound and the variant's
+share of it); beside a replayed row, the shares of the variant's tokens and scores that its
+trace did not hold, so the replay drew them. `tts.report.ablation` takes the gain apart (the
+tree against the schedule, one optimisation at a time).
 
 The runs taken are those with two variants or more, the same variant set, and at least two
 values of search.n among them (a memory-pressure cell, `memory.working_set_fraction`, is the
@@ -20,7 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tts.markdown import markdown_table, number
+from tts.markdown import is_number, markdown_table, number
 from tts.report.sources import RunData, variant_ratios
 from tts.report.tables import ratio_cell
 
@@ -37,6 +40,13 @@ WHERE = (("straggler_gap", "straggler gap", "{:.2f}"), ("gen_batch_util_mean", "
          ("gen_recomputed_tokens", "gen recomputed tokens", "{}"),
          ("ver_evictions", "ver evicted", "{}"), ("ver_thrash_blocks", "ver thrash blocks", "{}"),
          ("latency_bound_s_mean", "latency bound (s)", "{:.3g}"), ("bound_share", "bound / latency", "{:.2f}"))
+# (row key, column label): a replayed variant's shares of its tokens and scores that its trace
+# did not hold, so were drawn (`RunData.drawn_shares`); none on a measured row
+DRAWN = (("drawn_token_share", "drawn tokens"), ("drawn_score_share", "drawn scores"))
+# a simulated cell drawing more than this share of its tokens or scores rests on drawn
+# tokens, not on the recorded tree: its table cell says so (issue 67: only cells at or
+# under it count toward an answer)
+DRAWN_LIMIT = 0.05
 
 
 def scaling_runs(runs: list[RunData]) -> list[RunData]:
@@ -44,13 +54,14 @@ def scaling_runs(runs: list[RunData]) -> list[RunData]:
     cell, and sharing their variant set with runs at another n. Empty when there is none."""
     groups: dict[tuple[str, ...], list[RunData]] = {}
     for run in runs:
-        if len(run.variants) > 1 and _n(run) is not None and \
+        if len(run.variants) > 1 and search_n(run) is not None and \
                 (run.config.get("memory") or {}).get("working_set_fraction") is None:
             groups.setdefault(tuple(run.variants), []).append(run)
-    return [run for group in groups.values() if len({_n(r) for r in group}) > 1 for run in group]
+    return [run for group in groups.values() if len({search_n(r) for r in group}) > 1 for run in group]
 
 
-def _n(run: RunData) -> int | None:
+def search_n(run: RunData) -> int | None:
+    """The run's search.n, or None where its config does not hold a whole number."""
     value = (run.config.get("search") or {}).get("n")
     return value if isinstance(value, int) else None
 
@@ -72,21 +83,28 @@ def source_of(run: RunData) -> dict[str, Any]:
             "label": f"simulated on {device} {pair} ({price} prices)"}
 
 
+def run_line(run: RunData) -> dict[str, Any]:
+    """What every line of a run of the sweep starts with: the run, its n, its source
+    (`source_of`) and its first variant, the baseline of its ratios."""
+    source = source_of(run)
+    return {"run": run.name, "n": search_n(run), "source": source["label"], "simulated": source["simulated"],
+            "device": source.get("device"), "pair": source.get("pair"), "price": source.get("price"),
+            "baseline": next(iter(run.variants))}
+
+
 def scaling_rows(runs: list[RunData]) -> list[dict[str, Any]]:
     """One row per variant of each run of the sweep (`scaling_runs`): its n and source, its
     ratios to the run's first variant with their paired 95% intervals (the first variant's
     row has none), and where its time went. Empty when the runs are no scaling sweep."""
     rows = []
     for run in scaling_runs(runs):
-        names = list(run.variants)
-        base, source = names[0], source_of(run)
-        for name in names:
-            s = run.variants[name]
-            row = {"run": run.name, "n": _n(run), "source": source["label"], "simulated": source["simulated"],
-                   "device": source.get("device"), "pair": source.get("pair"), "price": source.get("price"),
-                   "variant": name, "baseline": base}
+        line = run_line(run)
+        base = line["baseline"]
+        for name, s in run.variants.items():
+            row = {**line, "variant": name}
             if name != base:
                 row.update(variant_ratios(run, base, name, [k for k, _ in RATIOS]))
+            row.update(zip((k for k, _ in DRAWN), run.drawn_shares(name)))
             for key, _, _ in WHERE:
                 value = s.get(key)
                 row[key] = None if key == "bound_share" and s.get("bound_fit_note") else value
@@ -102,22 +120,34 @@ def _order(row: dict[str, Any]) -> tuple:
 def scaling_table(rows: list[dict[str, Any]]) -> str:
     """The sweep as a Markdown table: one line per n, source and variant."""
     head = ["n", "source", "variant", *(f"{label} / baseline [95%]" for _, label in RATIOS), "pairs",
-            *(label for _, label, _ in WHERE)]
+            *(label for _, label in DRAWN), *(label for _, label, _ in WHERE)]
     return markdown_table(head, ([r["n"], r["source"], r["variant"], *(ratio_cell(r, k) for k, _ in RATIOS),
                                   None if r["variant"] == r["baseline"] else r.get("pairs"),
+                                  *(drawn_cell(r.get(key)) for key, _ in DRAWN),
                                   *(number(r.get(key), spec) for key, _, spec in WHERE)]
                                  for r in sorted(rows, key=_order)))
 
 
-def scaling_section(rows: list[dict[str, Any]], plot: Path | None) -> list[str]:
-    """The report's lines for the sweep: what the table holds, the table, the plot."""
+def drawn_cell(share: float | None) -> str:
+    """A drawn share as a table prints it: "0.0%", "12.3% (over 5%)" past `DRAWN_LIMIT`, "-"
+    on a measured row."""
+    if not is_number(share):
+        return "-"
+    return f"{share:.1%}" + (f" (over {DRAWN_LIMIT:.0%})" if share > DRAWN_LIMIT else "")
+
+
+def scaling_section(rows: list[dict[str, Any]], plot: Path | None, parts: list[str] = ()) -> list[str]:
+    """The report's lines for the sweep: what the table holds, the table, `parts` (the gain
+    taken apart, `tts.report.ablation`), the plot."""
     simulated = any(r["simulated"] for r in rows)
     return ["## Scaling with n", "",
             "Each variant against its run's first (the baseline) at each search.n, over the run's problems and "
             "seeds (paired 95% intervals, resampled by problem); the other columns are each variant's own. "
-            + ("Rows whose source says simulated come from `tts replay` (a simulated clock), not a measurement. "
+            + ("Rows whose source says simulated come from `tts replay` (a simulated clock), not a measurement; "
+               "their drawn tokens and scores are the shares of the variant's own the trace did not hold, so the "
+               f"replay drew them: a cell over {DRAWN_LIMIT:.0%} rests on drawn tokens, not on the recorded tree. "
                if simulated else "")
-            + f"Reference: {PAPER_LABEL}.", "", scaling_table(rows), "",
+            + f"Reference: {PAPER_LABEL}.", "", scaling_table(rows), "", *parts,
             f"![Goodput ratio by n]({PLOT.as_posix()})" if plot else "_no goodput ratio to draw_", ""]
 
 

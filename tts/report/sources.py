@@ -38,6 +38,9 @@ class RunData:
     # ratios' paired intervals are computed from them
     records: list[dict] = field(default_factory=list)
     ratios: list[dict] = field(default_factory=list)  # its summary's ratio table (`ratios`), if any
+    # a replay's (`tts replay`) counts of what the trace served each variant, by variant
+    # (summary.json's `simulated.served`: `tts.replay.served.ReplayCounts`); empty for a measured run
+    served: dict[str, dict] = field(default_factory=dict)
 
     def variant_records(self, variant: str) -> list[dict]:
         """The records of one variant, each with its seed (the run's `bench.seed` where a
@@ -45,6 +48,12 @@ class RunData:
         seed = (self.config.get("bench") or {}).get("seed") or 0
         return [r if "seed" in r else {**r, "seed": seed} for r in self.records
                 if r.get("variant", "") == variant and "problem_id" in r and isinstance(r.get("metrics"), dict)]
+
+    def drawn_shares(self, variant: str) -> tuple[float | None, float | None]:
+        """A replayed variant's shares of its tokens and of its scores that the trace did not
+        hold, so were drawn (`tts.replay.sampler`); (None, None) for a measured run."""
+        counts = self.served.get(variant) or {}
+        return counts.get("drawn_token_share"), counts.get("drawn_score_share")
 
     def columns(self) -> list[tuple[str, str]]:
         """(column name, variant name): "<run>/<variant>" with several variants, else "<run>"."""
@@ -107,6 +116,7 @@ def load_folder(path: Path) -> RunData:
         run.host = summary.get("host") if isinstance(summary.get("host"), dict) else None
         run.records = _read_records(path / RECORDS)
         run.ratios = summary["ratios"] if isinstance(summary.get("ratios"), list) else []
+        run.served = _served(summary)
     if has_profile:
         run.profile = _read_json(path / PROFILE, "memory profile")
     run.config = _read_config(path / CONFIG)
@@ -136,6 +146,12 @@ def _variants(summary: dict, path: Path) -> dict[str, dict]:
             raise ReportError(f"{path.parent}: corrupt summary {path.name} (variant {name!r} is "
                               f"{type(metrics).__name__}, not a mapping of metrics)")
     return variants
+
+
+def _served(summary: dict) -> dict[str, dict]:
+    """A replay's `simulated.served` counts by variant; empty where the summary has none."""
+    served = (summary.get("simulated") or {}).get("served") if isinstance(summary.get("simulated"), dict) else None
+    return {k: v for k, v in served.items() if isinstance(v, dict)} if isinstance(served, dict) else {}
 
 
 def _read_records(path: Path) -> list[dict]:
@@ -200,7 +216,7 @@ def load_wandb_run(spec: str) -> RunData:
         raise ReportError(f"{spec}: the W&B run's summary has no per-variant metrics (variants/<name>/...); "
                           "was it logged by `tts bench`?")
     host = summary.get("host") if isinstance(summary.get("host"), dict) else None
-    return RunData(name=name, source=spec, variants=variants, config=config, host=host)
+    return RunData(name=name, source=spec, variants=variants, config=config, host=host, served=_served(summary))
 
 
 def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:

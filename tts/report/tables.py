@@ -141,6 +141,12 @@ def ratio_cell(row: dict[str, Any], key: str) -> str:
     first variant's own row."""
     if row["variant"] == row["baseline"]:
         return "(baseline)"
+    return interval_cell(row, key)
+
+
+def interval_cell(row: dict[str, Any], key: str) -> str:
+    """A ratio with its paired interval, "1.23x [1.05, 1.41]" (`<key>`, `<key>_text`), or
+    with the reason it has none ("1.23x n/a (1 problem)")."""
     return f"{number(row.get(key), '{:.2f}x')} {row.get(f'{key}_text', '')}".strip()
 
 
