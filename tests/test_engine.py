@@ -362,6 +362,7 @@ class Generation:
         from tts.engine.problem import Problem, ProblemInput
         from tts.engine.requests import Request
         from tts.engine.scoring import ScoringPhase
+        from tts.engine.speculation.iteration import IterationSpeculation
         from tts.engine.speculation.registry import make_rule
         from tts.engine.steps import StepCutter
         from tts.metrics.collector import MetricsCollector
@@ -383,8 +384,8 @@ class Generation:
         opts = EngineOptions(speculative=True, spec_rule=rule, spec_max_tokens=50)
         parts = ScheduleParts(make_policy(SearchConfig(), 50, 300), self.runner, cut, opts, self.collector, None,
                               Fifo(), "s")
-        self.phase = IterationGeneration(self.runner, cut, complete, make_rule(parts, requests_for, "barrier"),
-                                         spec_batch_cap=spec_batch_cap)
+        self.speculation = IterationSpeculation(make_rule(parts, requests_for, "barrier"))
+        self.phase = IterationGeneration(self.runner, cut, complete, self.speculation, spec_batch_cap=spec_batch_cap)
 
     def run(self, requests):
         for request in requests:
@@ -436,8 +437,8 @@ def test_no_speculation_past_a_step_that_completes_the_path():
         generation = Generation(gen, rule="branches" if branches else "runon")
         generation.run(list(jobs.values()))
         assert gen.decode(jobs[11].tokens) == steps[11]  # its own step is whole
-        assert not jobs[11].spec and not generation.phase.rule.steps.of(jobs[11]), branches
-        assert jobs[12].spec or generation.phase.rule.steps.of(jobs[12]), branches  # the short plain step speculated
+        assert not jobs[11].spec and not generation.speculation.steps.of(jobs[11]), branches
+        assert jobs[12].spec or generation.speculation.steps.of(jobs[12]), branches  # the short plain step speculated
         assert generation.metrics.spec_generated > 0
         generation.phase.release()
         assert gen.num_unfinished() == 0
@@ -510,8 +511,8 @@ def test_branches_follow_the_bins_and_child_seeds():
     generation = Generation(gen, rule="branches")
     phase = generation.phase
     generation.run([slow, fast])
-    assert not fast.spec and [b.beam.seed for b in phase.rule.steps.of(fast)] == [child_seed(10, k) for k in range(3)]
-    steps = phase.rule.steps_of(fast)
+    assert not fast.spec and [b.beam.seed for b in generation.speculation.steps.of(fast)] == [child_seed(10, k) for k in range(3)]
+    steps = generation.speculation.steps.steps_of(fast)
     assert {gen.decode(t) for t in steps.values()} == {"b\n\n"}  # child 0 (seed 10): whole, stopped at its end
     running = {seed: branch for (parent, seed), branch in generation.problem.spec.items()
                if parent == fast.beam.uid and branch.state.in_backend}
@@ -519,7 +520,7 @@ def test_branches_follow_the_bins_and_child_seeds():
     for seed, branch in running.items():
         text = gen.decode(branch.tokens)
         assert text and ("b" * (1 + seed % 5) + "\n\n").startswith(text)  # a prefix of child k's step
-    assert not phase.rule.steps.of(slow)  # priority 0: no branches
+    assert not generation.speculation.steps.of(slow)  # priority 0: no branches
     assert gen.num_unfinished() == 2
     # selection keeps child 1 only: it runs on its branch's request, the other is stopped
     assert fast.beam.step_texts == (gen.decode(fast.tokens),)  # its step, committed as it finished
@@ -641,12 +642,12 @@ def test_preempted_branch_resumes_where_sampling_is_resumable():
         generation = Generation(gen, rule="branches")
 
         def branch():
-            node = next(iter(generation.phase.rule.steps.of(parent)), None)
+            node = next(iter(generation.speculation.steps.of(parent)), None)
             return (node, node.tokens) if node is not None else None
 
         seen = short_memory_at(gen, branch)  # three tokens in, real work starts waiting
         generation.run([parent, straggler])
-        (branch,) = generation.phase.rule.steps.of(parent)  # priority 1: child 0's branch
+        (branch,) = generation.speculation.steps.of(parent)  # priority 1: child 0's branch
         assert seen["before"] == 2 + WAIT_STEPS and straggler.finished
         assert branch.finished and branch.beam.seed == child_seed(10, 0)
         assert gen.decode(branch.tokens) == "b" * (6 + branch.beam.seed % 5) + "\n\n"  # child 0's own step
@@ -655,7 +656,7 @@ def test_preempted_branch_resumes_where_sampling_is_resumable():
         assert generation.collector.speculation.wasted == redone
         steps = generation.collector.speculation.steps  # counted as the decoupled schedule counts
         assert steps["preempted"] == 1 and steps["reset"] == (mode == "stream")
-        assert generation.phase.rule.steps_of(parent) == {branch.beam.seed: tuple(branch.tokens)}
+        assert generation.speculation.steps.steps_of(parent) == {branch.beam.seed: tuple(branch.tokens)}
         assert gen.num_unfinished() == 0
 
 
@@ -719,7 +720,7 @@ def test_one_memory_rule_stops_speculation_in_both_disciplines():
     engines = [Engine(FakeGenerator(endless), FakeVerifier(), lambda: make_policy(cfg, 30, 300), "sys",
                       EngineOptions(speculative=True, decoupled=decoupled_options(OptimConfig(engine=EngineKind.decoupled))),
                       schedule=name) for name in ("barrier", "decoupled")]
-    guards = [engines[0].schedule.generation.memory, engines[1].schedule.speculation.memory]
+    guards = [engines[0].schedule.speculation.memory, engines[1].schedule.speculation.memory]
     assert all(type(g) is MemoryGuard and g.kv_spec_limit == KV_SPEC_LIMIT for g in guards)
 
 

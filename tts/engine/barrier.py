@@ -31,6 +31,7 @@ from tts.engine.schedule import Schedule
 from tts.engine.lookahead import Lookahead
 from tts.engine.scoring import ScoreItem, ScoringStats
 from tts.engine.spec_prune import SpeculationPruning
+from tts.engine.speculation.iteration import IterationSpeculation
 from tts.engine.speculation.policy import spec_priorities
 from tts.engine.speculation.registry import make_rule
 from tts.metrics.events import ModelTime
@@ -51,8 +52,10 @@ class BarrierSchedule(Schedule):
         self.parts = parts
         self.frontier = Frontier(parts, self.selected)
         opts, policy, runner = parts.opts, parts.policy, parts.runner
-        self.rule = make_rule(parts, self.frontier.requests_ahead, "barrier")  # speculation's start rule
-        self.generation = IterationGeneration(runner, parts.cut, self.frontier.complete, self.rule, opts.spec_batch_cap)
+        # speculation's start rule, and the barrier's side of it
+        self.speculation = IterationSpeculation(make_rule(parts, self.frontier.requests_ahead, "barrier"))
+        self.generation = IterationGeneration(runner, parts.cut, self.frontier.complete, self.speculation,
+                                              opts.spec_batch_cap)
         self.lookahead = Lookahead(opts, policy, runner, parts.cut)
         self._stage = _Stage.SELECTED
         self._requests: list[Request] = []
@@ -70,7 +73,7 @@ class BarrierSchedule(Schedule):
 
     def step_logs(self) -> dict[str, dict]:
         """With speculation, the run's speculative work, counted as the decoupled schedule's is."""
-        return self.rule.step_logs()
+        return self.speculation.step_logs()
 
     def next(self) -> Generate | Score | None:
         frontier = self.frontier
@@ -98,8 +101,8 @@ class BarrierSchedule(Schedule):
         items, self._ahead = self._ahead, None
         return Score(items, frontier.charge(), Purpose.LOOKAHEAD)
 
-    def generated(self, outputs: list[tuple[Request, GenDelta]], stats: StepStats) -> None:
-        self.generation.advance(outputs, stats, self.frontier.live)
+    def generated(self, outputs: list[tuple[Request, GenDelta, bool]], stats: StepStats) -> None:
+        self.generation.advance(outputs, stats)
         if self.frontier.rejection is not None:
             self.frontier.rejection.stepped()
 
@@ -179,7 +182,7 @@ class BarrierSchedule(Schedule):
 
     def _spec_priorities(self, search: ProblemSearch) -> list[int] | None:
         """Speculative extension (S): each beam's branch count from its previous score's bin."""
-        if not self.rule.speculates(search):
+        if not self.speculation.on:
             return None
         policy = self.parts.policy
         prev = [policy.path_score(b) if b.depth else None for b in search.frontier]
@@ -190,9 +193,9 @@ class BarrierSchedule(Schedule):
         branch, which doubles as the lookahead step), and the speculative tokens used."""
         for request in self._requests:
             if not request.rejected:  # (a rejected beam has no step: it leaves the frontier)
-                request.beam.spec_tokens = self.rule.spec_tokens(request)
+                request.beam.spec_tokens = self.speculation.spec_tokens(request)
         for p in self.frontier.live:
-            self.rule.count_used(p, self._requests_of(p))
+            self.speculation.count_used(p, self._requests_of(p))
 
     # ------------------------------------------------------------ selection
 
@@ -200,7 +203,7 @@ class BarrierSchedule(Schedule):
         """The rule hands its speculation down to the children selection kept (run-on's
         tokens; a branch is taken over as its child starts); the parents no longer in the
         frontier let theirs go."""
-        self.rule.selected(p, parents)
+        self.speculation.selected(p, parents)
         for beam in parents.values():
             if beam.state is not BeamState.ACTIVE:
                 beam.spec_tokens = ()  # handed down; the tokens live on in the children

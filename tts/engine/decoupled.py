@@ -49,6 +49,7 @@ from tts.engine.frontier import Frontier, ScheduleParts
 from tts.engine.messages import Generate, Purpose, Score
 from tts.engine.problem import Problem, next_unscored
 from tts.engine.schedule import Schedule
+from tts.engine.speculation.driver import Speculation
 from tts.engine.speculation.guard import SpeculationGuard
 from tts.engine.speculation.registry import make_rule
 from tts.engine.scoring import ScoreItem, ScoringStats
@@ -80,9 +81,12 @@ class DecoupledSchedule(Schedule):
         self.stats = DecoupledLog()  # (its generation and PRM calls: `collector.work`)
         self.trace: list[tuple] | None = None
         # speculation's start rule (`optim.spec_rule`; its own: `scoped`)
-        self.speculation = make_rule(parts, self.frontier.requests_ahead, "decoupled", self._event)
+        self.speculation = Speculation(make_rule(parts, self.frontier.requests_ahead, "decoupled", self._event))
         if own.spec_guard:
             self.speculation.guard = SpeculationGuard(parts.collector.speculation)
+        # the last scan found no speculation left to start: not repeated until something
+        # changed (a step committed, scores came, a selection ran, a request was preempted)
+        self._spec_exhausted = False
         self._real: deque[Request] = deque()  # real requests waiting for a batch slot
         self._util = 0.0  # moving average of the generator's batch utilisation
         self._turn = _Turn.LLM
@@ -96,7 +100,7 @@ class DecoupledSchedule(Schedule):
     def backlog(self) -> bool:
         """Work that could fill a free batch slot: real requests, a problem to admit, or
         a speculative step to start."""
-        return bool(self._real) or self.frontier.admissible() or self.speculation.pending(self.frontier.live)
+        return bool(self._real) or self.frontier.admissible() or self._spec_pending()
 
     # ------------------------------------------------------------------ the turns
 
@@ -158,13 +162,22 @@ class DecoupledSchedule(Schedule):
     def _speculating(self) -> bool:
         return bool(self.speculation.running())
 
+    def _spec_pending(self) -> bool:
+        """Speculation waits to start (the fill policy's choice)."""
+        return not self._spec_exhausted and bool(self.speculation.proposals(self.frontier.live))
+
+    def _spec_changed(self) -> None:
+        self._spec_exhausted = False
+
     def _speculate(self) -> bool:
-        """Free batch slots go to speculation, where it may start; True when some did."""
-        runner, rule = self.parts.runner, self.speculation
+        """Free batch slots go to speculation, where it may start; True when some did. A
+        scan that finds none left to start is not repeated until something changed."""
+        runner, spec = self.parts.runner, self.speculation
         free = runner.free_slots()
-        if free <= 0 or not rule.allows():
+        if free <= 0 or not spec.allows():
             return False
-        rule.fill(self.frontier.live, free)
+        if not self._spec_exhausted and spec.start(self.frontier.live, free):
+            self._spec_exhausted = True
         return runner.free_slots() < free
 
     def _fill(self) -> bool:
@@ -176,7 +189,7 @@ class DecoupledSchedule(Schedule):
                 return self._speculate() or progressed
             if not (self.parts.runner.free_slots() > 0 or self._speculating()):
                 return progressed
-            has_spec = self.speculation.pending(self.frontier.live)
+            has_spec = self._spec_pending()
             order = self.fill_policy.order(self._fill_state()) if has_spec else EAGER_FIRST
             if order[0] is Filler.SPECULATIVE:
                 progressed = self._speculate() or progressed
@@ -193,8 +206,10 @@ class DecoupledSchedule(Schedule):
     def _submit_real(self) -> bool:
         progressed = False
         while self._real:
-            if self.parts.runner.free_slots() <= 0 and not self.speculation.preempt(1):
-                break
+            if self.parts.runner.free_slots() <= 0:
+                if not self.speculation.preempt(1):
+                    break
+                self._spec_changed()
             self._submit(self._real.popleft())
             progressed = True
         return progressed
@@ -219,7 +234,7 @@ class DecoupledSchedule(Schedule):
 
     # ---------------------------------------------------------------- generation
 
-    def generated(self, outputs: list[tuple[Request, GenDelta]], st: StepStats) -> None:
+    def generated(self, outputs: list[tuple[Request, GenDelta, bool]], st: StepStats) -> None:
         self.fill_policy.observe(st)
         self._util = 0.8 * self._util + 0.2 * min(1.0, st.num_running / max(1, st.batch_cap))
         if self.frontier.rejection is not None:
@@ -227,10 +242,10 @@ class DecoupledSchedule(Schedule):
         if self.speculation.guard is not None:
             self.speculation.guard.observe(st, max(0, st.num_running - len(self.speculation.running())))
         self._event("step", st.num_running, st.kv_usage)
-        rule, stopped, done = self.speculation, [], []
-        for request, d in outputs:
-            if rule.owns(request):
-                if rule.take(request, d):
+        spec, stopped, done = self.speculation, [], []
+        for request, d, speculative in outputs:
+            if speculative:
+                if spec.take(request, d):
                     stopped.append(request)
                 continue
             out = self.parts.cut.finish(request, d)
@@ -241,7 +256,8 @@ class DecoupledSchedule(Schedule):
         self.parts.runner.stop(stopped, RequestState.FINISHED)
         for request in done:
             self._complete(request)
-        rule.relieve(st)
+        if spec.relieve(st):
+            self._spec_changed()
         self.frontier.select_ready()
         if self._round is not None:
             self._round.steps += 1
@@ -252,7 +268,7 @@ class DecoupledSchedule(Schedule):
         """A real request has its step: commit it to the beam and queue its score."""
         problem, beam = request.problem, request.beam
         self.frontier.complete(request)
-        self.speculation.changed()
+        self._spec_changed()
         self._event("commit", request.kind.value, problem.id, beam.uid, beam.step_texts)
 
     # ------------------------------------------------------------------ scoring
@@ -267,7 +283,7 @@ class DecoupledSchedule(Schedule):
     def scored(self, work: Score, stats: ScoringStats) -> None:
         if work.purpose is Purpose.REJECT:
             if self.frontier.reject_steps(stats.partial, self._decoding, self.parts.runner.stop):
-                self.speculation.changed()
+                self._spec_changed()
                 self.frontier.select_ready()
             self._progressed = True
             return
@@ -276,7 +292,7 @@ class DecoupledSchedule(Schedule):
         for (problem, beam), item, b0 in zip(call.batch, work.items, call.before):
             self._event("prm", problem.id, beam.uid, item.indices[0], b0, beam.last_scored, beam.step_texts)
         self.frontier.scores_made(call.batch)
-        self.speculation.changed()  # new scores change which beams look like survivors
+        self._spec_changed()  # new scores change which beams look like survivors
         self._progressed = True
         self.frontier.select_ready()
 
@@ -297,7 +313,7 @@ class DecoupledSchedule(Schedule):
         """The children that selection kept take their speculative steps over (the rest
         queue as real requests); the problem's other speculative steps are dropped."""
         search = problem.search
-        self.speculation.changed()
+        self._spec_changed()
         self._event("select", problem.id, search.iteration, [(b.uid, b.parent) for b in search.frontier])
         if search.done:
             if self._round is not None and problem.id in self._round.touched:  # its share of the round so far

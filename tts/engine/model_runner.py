@@ -2,8 +2,11 @@
 
 It submits generation requests (the one submitter), runs generator steps and routes each
 delta to its request (the one token loop's body), stops requests, and runs verifier calls
-through the score cache. What each costs and produces goes to the metrics collector as
-events; the schedules only decide what runs.
+through the score cache. It is the one writer of a request's state: `submit`, `stop`,
+`promote` (a kept child takes over its speculative step's backend request), `run_on` (a
+finished step runs on as speculation), and a backend request's end in `step`; it knows
+which of its requests run as speculation (`speculative`). What each costs and produces
+goes to the metrics collector as events; the schedules only decide what runs.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ class ModelRunner:
         self.temperature = temperature
         self.top_p = top_p
         self.requests: dict[str, Request] = {}  # in the backend, by request id
+        # those of them running as speculation, in the order they began to (oldest first)
+        self.speculative: dict[str, Request] = {}
 
     @property
     def verifier(self) -> Verifier | None:
@@ -50,27 +55,32 @@ class ModelRunner:
         request.request_id = rid
         request.state = RequestState.SPECULATIVE if speculative else RequestState.RUNNING
         self.requests[rid] = request
+        if speculative:
+            self.speculative[rid] = request
         beam = request.beam
         self.gen.add(GenRequest(rid, beam.token_ids + tuple(prefix), max_tokens, beam.seed, self.temperature,
                                 self.top_p, prompt_key=extend_hash(beam.path_key, prefix)))
         self.collector.emit(RequestAdded(request.problem_id, request.kind.value))
         return rid
 
-    def step(self) -> tuple[list[tuple[Request, GenDelta]], StepStats]:
-        """One generator step: each delta with its request (deltas of requests stopped
-        meanwhile are dropped), its tokens counted as speculative while the request is
+    def step(self) -> tuple[list[tuple[Request, GenDelta, bool]], StepStats]:
+        """One generator step: each delta with its request and whether the request ran as
+        speculation (deltas of requests stopped meanwhile are dropped; a request whose
+        backend request ended is FINISHED), its tokens counted as speculative where it did
         (one `TokensGenerated` per problem, kind and speculative or not: a step at n=512
         has 512 deltas, and the counts are sums)."""
         deltas, stats = self.gen.step()
         self.collector.emit(StepDone("generator", stats))
         out, made, requests = [], {}, self.requests
+        speculative = RequestState.SPECULATIVE
         for d in deltas:
             request = requests.get(d.request_id)
             if request is None:
                 continue
             n = len(d.new_token_ids)
             request.generated += n
-            key = (request.beam.problem_id, request.state is RequestState.SPECULATIVE, request.kind)
+            spec = request.state is speculative
+            key = (request.beam.problem_id, spec, request.kind)
             counts = made.get(key)
             if counts is None:
                 counts = made[key] = [0, None, 0]
@@ -80,20 +90,44 @@ class ModelRunner:
                 counts[2] += d.num_cached_tokens or 0
             if d.finish_reason is not None:
                 del requests[d.request_id]
-            out.append((request, d))
+                if spec:
+                    del self.speculative[d.request_id]
+                request.state = RequestState.FINISHED
+            out.append((request, d, spec))
         for (problem_id, speculative, kind), (n, prompt, cached) in made.items():
             self.collector.emit(TokensGenerated(problem_id, n, speculative, prompt, cached, kind.value))
         return out, stats
 
     def stop(self, requests: Iterable[Request], state: RequestState = RequestState.ABORTED) -> None:
-        """Abort the requests' backend requests (those still running) and set their state."""
+        """Abort the requests' backend requests (those still running), each left in `state`."""
+        self.stop_each((request, state) for request in requests)
+
+    def stop_each(self, stops: Iterable[tuple[Request, RequestState]]) -> None:
+        """Abort the requests' backend requests (those still running) in one call, each
+        left in its own state."""
         rids = []
-        for request in requests:
-            if request.request_id is not None and self.requests.pop(request.request_id, None) is not None:
-                rids.append(request.request_id)
+        for request, state in stops:
+            rid = request.request_id
+            if rid is not None and self.requests.pop(rid, None) is not None:
+                rids.append(rid)
+                self.speculative.pop(rid, None)
             request.state = state
         if rids and (late := self.gen.abort(rids)):  # with overlap: tokens already in flight
             self.collector.emit(TokensLate(late))
+
+    def promote(self, node: Request, request: Request) -> None:
+        """`request` (a kept child's) takes over the backend request of its speculative step
+        `node`, some tokens in: it runs on as the child's real request."""
+        rid = node.request_id
+        self.requests[rid] = request
+        del self.speculative[rid]
+        request.request_id, request.state = rid, RequestState.RUNNING
+
+    def run_on(self, request: Request) -> None:
+        """A running real request whose step ended runs on in its backend request: what it
+        generates from now on is speculation (the newest of it)."""
+        request.state = RequestState.SPECULATIVE
+        self.speculative[request.request_id] = request
 
     def stop_all(self) -> None:
         """Abort every request still in the backend."""

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from tts.backends.base import FinishReason, GenDelta, Generator
-from tts.engine.requests import Request, RequestState
+from tts.engine.requests import Request
 from tts.search.tree import Step, StepEnd
 
 BOUNDARY = "\n\n"
@@ -66,16 +66,15 @@ class StepCutter:
 
     def finish(self, job: Request, d: GenDelta) -> Output:
         """`consume` one generator delta of the job's request: the one way a generator output
-        finishes a request. Where its backend request ended, the job is FINISHED; where its
-        step ended first, the caller stops it (`Output.stop`). A request stopped at a
-        speculative cap below its step's limit (`Request.capped`) has not ended its step
-        there: it holds part of it."""
+        finishes a request. Where its backend request ended (the model runner has left it
+        FINISHED), so has its step; where its step ended first, the caller stops it
+        (`Output.stop`). A request stopped at a speculative cap below its step's limit
+        (`Request.capped`) has not ended its step there: it holds part of it."""
         reason = d.finish_reason
         overflow = self.consume(job, d.new_token_ids,
                                 None if reason is FinishReason.LENGTH and job.capped else reason)
         if reason is None:
             return Output(job.end is not None, job.end is not None, tuple(overflow))
-        job.state = RequestState.FINISHED
         return Output(True, False, tuple(overflow))
 
     def adopt(self, job: Request) -> None:

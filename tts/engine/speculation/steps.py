@@ -25,11 +25,12 @@ the run's `SpeculationLog`).
 
 `SpeculativeSteps` holds what every rule shares of speculation while it runs: the start
 of a step (child k's request for the next iteration) and of a run-on (a real request past
-its step, `run_on`), both within the speculative token cap `spec_max_tokens` (a step
-stopped at the cap is partial, `Request.stalled`); their preemption, counted, and reset
-where sampling is not resumable (`preempt`); the adoption after selection
-(`take_over_all`); and the one memory rule (`memory.py`). Which steps start, and when, is
-a start rule's (`rule.py`).
+its step, `run_on`: the mechanism's run-on mode, with the finished steps that may run on,
+`ready` and `waiting`), both within the speculative token cap `spec_max_tokens` (a step
+stopped at the cap is partial, `Request.stalled`); the speculative requests running (the
+model runner's, `running`); their preemption, counted, and reset where sampling is not
+resumable (`preempt`); the adoption after selection (`take_over_all`); and the one memory
+rule (`memory.py`). Which steps start, and when, is a start rule's (`rule.py`).
 """
 
 from __future__ import annotations
@@ -101,8 +102,7 @@ def _adopt(runner: ModelRunner, cut: StepCutter, node: Request, request: Request
             if running:
                 runner.stop([node], RequestState.FINISHED)
             return Adoption.WHOLE, used
-        runner.requests[node.request_id] = request  # the child runs on the step's request
-        request.request_id, request.state = node.request_id, RequestState.RUNNING
+        runner.promote(node, request)  # the child runs on the step's request
         return Adoption.PROMOTED, used
     if running:
         runner.stop([node])
@@ -150,10 +150,17 @@ class SpeculativeSteps:
         self.spec_max_tokens = spec_max_tokens
         self.memory = MemoryGuard(kv_spec_limit)
         self._event = event or (lambda *fields: None)
+        # run-on mode: finished real steps that may run on, by beam uid: those whose step
+        # ended in this generator step, still running, and those waiting for a slot
+        self.ready: dict[int, Request] = {}
+        self.waiting: dict[int, Request] = {}
+        self.pruned: set[int] = set()  # beams whose speculation pruning stopped (`optim.spec_prune`)
 
     def running(self) -> list[Request]:
-        """The speculative steps running in the backend, oldest first."""
-        return [r for r in self.runner.requests.values() if r.kind is RequestKind.SPEC]
+        """The speculative requests running in the backend, oldest first: speculative steps
+        (not those whose step just ended, which stop) and run-ons."""
+        spec = RequestKind.SPEC
+        return [r for r in self.runner.speculative.values() if r.kind is not spec or not r.finished]
 
     def of(self, request: Request) -> list[Request]:
         """The speculative steps held for the children of a request's beam, child 0 first."""
@@ -208,15 +215,19 @@ class SpeculativeSteps:
         self._event("spec_done", node.beam.parent, node.generated)
 
     def preempt(self, nodes: Sequence[Request]) -> None:
-        """Stop these running speculative requests; they wait. Their tokens are kept to
-        resume from where the generator's sampling is resumable; otherwise (vLLM's own
-        sampler) they are wasted (`preempted`): a step leaves its table, a run-on drops its
-        tokens past its step, and either starts again from its path."""
+        """Stop these running speculative requests; they wait (a run-on for a slot again,
+        `waiting`). Their tokens are kept to resume from where the generator's sampling is
+        resumable; otherwise (vLLM's own sampler) they are wasted (`preempted`): a step
+        leaves its table, a run-on drops its tokens past its step, and either starts again
+        from its path."""
         for node in nodes:
             self._event("preempt", node.beam.parent, len(node.tokens))
+            spec = node.kind is RequestKind.SPEC
+            if not spec:
+                self.waiting[node.beam.uid] = node
             if not preempted(self.runner, node):
                 continue
-            if node.kind is RequestKind.SPEC:
+            if spec:
                 del node.problem.spec[(node.beam.parent, node.beam.seed)]
             else:
                 node.spec.clear()
@@ -254,6 +265,18 @@ class SpeculativeSteps:
             self._event("drop", node.beam.parent, node.beam.uid, node.generated)
         drop(self.runner, list(problem.spec.values()))
         problem.spec = Table()
+
+    def steps_of(self, request: Request) -> dict[int, tuple[int, ...]]:
+        """The speculative steps of a request's beam's children by child seed, as a child
+        would start from them (a final EOS kept): the finished ones; where sampling is
+        resumable, also those stopped short (preempted, at their cap). Not the running
+        ones, which a kept child takes over."""
+        mine, runner = self.of(request), self.runner
+        steps = {b.beam.seed: step_tokens(runner, b) for b in mine if b.finished}
+        if runner.gen.resumable_sampling:
+            steps.update((b.beam.seed, tuple(b.tokens)) for b in mine
+                         if not b.finished and b.tokens and not b.state.in_backend)
+        return steps
 
     def paths(self, problems: Sequence[Problem]) -> set[tuple[str, tuple[str, ...]]]:
         """(problem id, path) of every speculative step held now, for checks and tests."""
