@@ -392,8 +392,13 @@ class Generation:
             request.problem = request.problem or self.problem
         self.phase.begin(requests)
         while self.phase.active:
-            self.phase.advance(*self.runner.step())
+            self.phase.advance(*self.runner.step(self.runner.take_plan()))
         self.phase.end()
+        self.runner.flush()
+
+    def release(self):
+        self.phase.release()
+        self.runner.flush()
 
 
 def test_speculative_slots_go_to_the_highest_bins_first():
@@ -440,7 +445,7 @@ def test_no_speculation_past_a_step_that_completes_the_path():
         assert not jobs[11].spec and not generation.speculation.steps.of(jobs[11]), branches
         assert jobs[12].spec or generation.speculation.steps.of(jobs[12]), branches  # the short plain step speculated
         assert generation.metrics.spec_generated > 0
-        generation.phase.release()
+        generation.release()
         assert gen.num_unfinished() == 0
 
 
@@ -509,7 +514,6 @@ def test_branches_follow_the_bins_and_child_seeds():
     slow = Request(Beam("p", prompt, 4), limit=30)  # 5 tokens + boundary: keeps generation open
     fast = Request(Beam("p", prompt, 10), limit=30, spec_priority=3)  # 1 token + boundary
     generation = Generation(gen, rule="branches")
-    phase = generation.phase
     generation.run([slow, fast])
     assert not fast.spec and [b.beam.seed for b in generation.speculation.steps.of(fast)] == [child_seed(10, k) for k in range(3)]
     steps = generation.speculation.steps.steps_of(fast)
@@ -531,7 +535,7 @@ def test_branches_follow_the_bins_and_child_seeds():
     assert child.adopted == len(running[seed].tokens) > 0
     assert len(gen.calls) == calls  # no new request
     assert gen.num_unfinished() == 0 and not generation.problem.spec  # nothing left behind
-    phase.release()
+    generation.release()
 
 
 def test_a_spec_rule_needs_speculation_and_the_old_switch_names_it():

@@ -94,7 +94,7 @@ class BarrierSchedule(Schedule):
                     if items:  # speculation pruning: score the finished steps now
                         return Score(items, frontier.charge(), Purpose.PRUNE)
                     self.pruning.prune(frontier.live)  # their scores are known already
-                return Generate()
+                return Generate(self.parts.runner.take_plan())
             self._end_generation()
             return Score([self.lookahead.item(p, beam) for p, beam in self._batch], frontier.charge())
         assert self._ahead is not None

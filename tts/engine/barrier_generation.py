@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 
 from tts.backends.base import GenDelta, StepStats
 from tts.engine.model_runner import ModelRunner
+from tts.engine.postprocess import postprocess
 from tts.engine.problem import Problem
 from tts.engine.requests import Request, RequestState
 from tts.engine.speculation.iteration import IterationSpeculation
@@ -68,28 +69,25 @@ class IterationGeneration:
             self._stop(self.speculation.fill(problems, self._speculative_slots()))
 
     def advance(self, outputs: list[tuple[Request, GenDelta, bool]], step: StepStats) -> None:
-        """Take one generator step's output: cut steps, start and stop speculation."""
-        stops: Stops = []
+        """Take one generator step's output (`postprocess`): cut steps, start and stop
+        speculation."""
+        stops = postprocess(outputs, self.cut, self.speculation, self._step_ended)
         spec = self.speculation
-        for request, d, speculative in outputs:
-            if speculative:
-                if spec.take(request, d):
-                    stops.append((request, _FINISHED))
-                continue
-            out = self.cut.finish(request, d)
-            if not (out.ended and request in self._pending):
-                continue
-            self._pending.discard(request)
-            self.complete(request)
-            keep = spec.step_done(request, self._may_speculate(request), d, out.overflow)
-            if out.stop and not keep:
-                stops.append((request, _FINISHED))
         spec.relieve(step)
         if self._pending and spec.allows():
             stops += spec.fill(self._problems, self._speculative_slots())
         else:  # real work only: memory is short, or speculation pauses after it was
             stops += spec.hold()
         self._stop(stops)
+
+    def _step_ended(self, request: Request, d: GenDelta, overflow: Sequence[int]) -> bool:
+        """A real request's step ended: it is committed, and may speculate. Returns whether
+        it stops (run-on may keep it running)."""
+        if request not in self._pending:
+            return False
+        self._pending.discard(request)
+        self.complete(request)
+        return not self.speculation.step_done(request, self._may_speculate(request), d, overflow)
 
     def running(self) -> list[Request]:
         """The real requests still decoding their step."""

@@ -39,14 +39,16 @@ from __future__ import annotations
 
 import enum
 from collections import deque
+from collections.abc import Sequence
 
 from tts import clock
 from tts.backends.base import GenDelta, StepStats
 from tts.engine.decoupled_policy import EAGER_FIRST, Filler, FillPolicy, FillState, make_fill_policy
-from tts.engine.requests import Request, RequestKind, RequestState
+from tts.engine.requests import Request, RequestKind
 from tts.engine.decoupled_problem import LLMRound, PRMCall
 from tts.engine.frontier import Frontier, ScheduleParts
 from tts.engine.messages import Generate, Purpose, Score
+from tts.engine.postprocess import postprocess
 from tts.engine.problem import Problem, next_unscored
 from tts.engine.schedule import Schedule
 from tts.engine.speculation.driver import Speculation
@@ -113,7 +115,7 @@ class DecoupledSchedule(Schedule):
                 self._round.progressed = self._fill() or self._round.progressed
                 if running:
                     self._round.touched.update((r.problem.id, r.problem) for r in running.values())
-                    return Generate()
+                    return Generate(self.parts.runner.take_plan())
                 self._close_round()
             self._turn = _Turn.LLM
             rejecting = self._rejection_due()
@@ -242,20 +244,8 @@ class DecoupledSchedule(Schedule):
         if self.speculation.guard is not None:
             self.speculation.guard.observe(st, max(0, st.num_running - len(self.speculation.running())))
         self._event("step", st.num_running, st.kv_usage)
-        spec, stopped, done = self.speculation, [], []
-        for request, d, speculative in outputs:
-            if speculative:
-                if spec.take(request, d):
-                    stopped.append(request)
-                continue
-            out = self.parts.cut.finish(request, d)
-            if out.ended:
-                done.append(request)
-                if out.stop:
-                    stopped.append(request)
-        self.parts.runner.stop(stopped, RequestState.FINISHED)
-        for request in done:
-            self._complete(request)
+        spec = self.speculation
+        self.parts.runner.stop_each(postprocess(outputs, self.parts.cut, spec, self._step_ended))
         if spec.relieve(st):
             self._spec_changed()
         self.frontier.select_ready()
@@ -263,6 +253,11 @@ class DecoupledSchedule(Schedule):
             self._round.steps += 1
             if self._round_over(self._round.steps):
                 self._close_round()
+
+    def _step_ended(self, request: Request, d: GenDelta, overflow: Sequence[int]) -> bool:
+        """A real request's step ended: it is committed; it stops."""
+        self._complete(request)
+        return True
 
     def _complete(self, request: Request) -> None:
         """A real request has its step: commit it to the beam and queue its score."""

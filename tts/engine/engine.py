@@ -1,8 +1,10 @@
 """The engine: one step loop over two models, with the scheduling discipline as a policy.
 
-Like nano-vllm's `LLMEngine.step`, `Engine.step` does three things: the schedule picks the
-next piece of work, the model runner runs it on its model (one generator step, or one
-verifier call), and the schedule takes the results. Everything that differs between
+Like nano-vllm's `LLMEngine.step`, `Engine.step` does three things: the schedule plans the
+next piece of work (one generator step, with the requests it sends and stops as a value,
+`StepPlan`; or one verifier call), the model runner runs it on its model, and the
+schedule takes the results (`generated`: one postprocess path for both schedules,
+`postprocess.py`). Everything that differs between
 the baseline, the FlashTTS switches and the thesis's decoupled exploration is the
 schedule (`make_schedule`):
 
@@ -112,11 +114,11 @@ class Engine:
             while self.step():
                 done = self.schedule.take_finished()
                 if done and not self.schedule.busy():
-                    self.schedule.release()  # before the last yield: a caller may stop there
+                    self._release()  # before the last yield: a caller may stop there
                 for problem in done:
                     yield self._finish(problem)
         finally:  # an error, or a caller that stopped early: no request stays running
-            self.schedule.release()
+            self._release()
 
     def step(self) -> bool:
         """Schedule, run one model, hand the results back. False: nothing left to run."""
@@ -127,8 +129,13 @@ class Engine:
             scored = self.runner.score(work.items, self._order_items, work.charge, work.purpose.value)
             self.schedule.scored(work, scored)
         else:
-            self.schedule.generated(*self.runner.step())
+            self.schedule.generated(*self.runner.step(work.plan))
         return True
+
+    def _release(self) -> None:
+        """Stop whatever still runs in the backend, now."""
+        self.schedule.release()
+        self.runner.flush()
 
     def _order_items(self, items: list[ScoreItem]) -> list[ScoreItem]:
         return self.ordering.order(items, lambda i: i.beam)

@@ -195,11 +195,8 @@ class Frontier:
     def fresh_caches(self) -> None:
         """Empty both models' prefix caches before a problem that starts alone (option
         `fresh_cache_per_problem`); the caller has released every request first."""
-        runner = self.parts.runner
         if self.parts.opts.fresh_cache_per_problem:
-            runner.gen.reset_prefix_cache()
-            if runner.verifier is not None:
-                runner.verifier.reset_prefix_cache()
+            self.parts.runner.reset_prefix_caches()
 
     def requests_for(self, search: ProblemSearch, priorities: Sequence[int] | None = None,
                      beams: Sequence[Beam] | None = None, iteration: int | None = None,

@@ -25,14 +25,13 @@ def completes_path(request: Request) -> bool:
     return request.end is StepEnd.EOS or request.beam.steps[-1].has_answer
 
 
-class Output(NamedTuple):
-    """What one generator delta did to its request (`StepCutter.finish`): `ended` its step
-    or its backend request (the request is then finished: `stop` it where its step ended
-    before its backend request did); `overflow`, its tokens past the step's end."""
+class Ended(NamedTuple):
+    """A generator delta ended its request's step or its backend request (`StepCutter.finish`):
+    `stop` the request where its step ended before its backend request did; `overflow`, its
+    tokens past the step's end."""
 
-    ended: bool
     stop: bool
-    overflow: tuple[int, ...] = ()
+    overflow: list[int]
 
 
 class StepCutter:
@@ -64,18 +63,19 @@ class StepCutter:
             job.end = StepEnd.EOS if finish is FinishReason.EOS else StepEnd.STEP_LIMIT
         return []
 
-    def finish(self, job: Request, d: GenDelta) -> Output:
+    def finish(self, job: Request, d: GenDelta) -> Ended | None:
         """`consume` one generator delta of the job's request: the one way a generator output
-        finishes a request. Where its backend request ended (the model runner has left it
-        FINISHED), so has its step; where its step ended first, the caller stops it
-        (`Output.stop`). A request stopped at a speculative cap below its step's limit
-        (`Request.capped`) has not ended its step there: it holds part of it."""
+        finishes a request. None while its step goes on (most deltas: no object is made for
+        them). Where its backend request ended (the model runner has left it FINISHED), so
+        has its step; where its step ended first, the caller stops it (`Ended.stop`). A
+        request stopped at a speculative cap below its step's limit (`Request.capped`) has
+        not ended its step there: it holds part of it."""
         reason = d.finish_reason
         overflow = self.consume(job, d.new_token_ids,
                                 None if reason is FinishReason.LENGTH and job.capped else reason)
-        if reason is None:
-            return Output(job.end is not None, job.end is not None, tuple(overflow))
-        return Output(True, False, tuple(overflow))
+        if reason is not None:
+            return Ended(False, overflow)
+        return None if job.end is None else Ended(True, overflow)
 
     def adopt(self, job: Request) -> None:
         """Start the job from its beam's speculative tokens; they may hold the whole step.

@@ -89,10 +89,11 @@ class Speculation:
         before its backend request did). A step stopped at its cap holds part of a step; a
         run-on's tokens are all speculative (a final EOS kept: the next step ends there)."""
         if request.kind is RequestKind.SPEC:
-            out = self.steps.cut.finish(request, d)
-            if out.ended:
-                self.steps.stopped(request)
-            return out.stop
+            ended = self.steps.cut.finish(request, d)
+            if ended is None:
+                return False
+            self.steps.stopped(request)
+            return ended.stop
         request.spec.extend(d.new_token_ids)
         return False
 
