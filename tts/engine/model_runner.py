@@ -60,6 +60,7 @@ class ModelRunner:
         rid = f"{SPECULATIVE_PREFIX if speculative else 'r'}{next(_request_ids)}"
         request.request_id = rid
         request.state = RequestState.SPECULATIVE if speculative else RequestState.RUNNING
+        request.counted_as = (request.problem_id, speculative, request.kind)
         self.requests[rid] = request
         if speculative:
             self.speculative[rid] = request
@@ -102,15 +103,13 @@ class ModelRunner:
         deltas, stats = self.gen.step()
         self.collector.emit(StepDone("generator", stats))
         out, made, requests = [], {}, self.requests
-        speculative = RequestState.SPECULATIVE
         for d in deltas:
             request = requests.get(d.request_id)
             if request is None:
                 continue
             n = len(d.new_token_ids)
             request.generated += n
-            spec = request.state is speculative
-            key = (request.beam.problem_id, spec, request.kind)
+            key = request.counted_as
             counts = made.get(key)
             if counts is None:
                 counts = made[key] = [0, None, 0]
@@ -120,10 +119,10 @@ class ModelRunner:
                 counts[2] += d.num_cached_tokens or 0
             if d.finish_reason is not None:
                 del requests[d.request_id]
-                if spec:
+                if key[1]:
                     del self.speculative[d.request_id]
                 request.state = RequestState.FINISHED
-            out.append((request, d, spec))
+            out.append((request, d, key[1]))
         for (problem_id, speculative, kind), (n, prompt, cached) in made.items():
             self.collector.emit(TokensGenerated(problem_id, n, speculative, prompt, cached, kind.value))
         return out, stats
@@ -159,11 +158,13 @@ class ModelRunner:
         self.requests[rid] = request
         del self.speculative[rid]
         request.request_id, request.state = rid, RequestState.RUNNING
+        request.counted_as = (request.problem_id, False, request.kind)
 
     def run_on(self, request: Request) -> None:
         """A running real request whose step ended runs on in its backend request: what it
         generates from now on is speculation (the newest of it)."""
         request.state = RequestState.SPECULATIVE
+        request.counted_as = (request.problem_id, True, request.kind)
         self.speculative[request.request_id] = request
 
     def stop_all(self) -> None:

@@ -9,6 +9,7 @@ the end (speculative tokens, where a request ran on).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cached_property
 from typing import NamedTuple
 
 from tts.backends.base import FinishReason, GenDelta, Generator
@@ -39,26 +40,40 @@ class StepCutter:
 
     def __init__(self, generator: Generator) -> None:
         self.gen = generator
+        self._texts: dict[int, str] = {}  # each token's text, as `consume` has met it
+
+    @cached_property
+    def eos(self) -> frozenset[int]:
+        """The generator's end-of-sequence ids."""
+        return self.gen.eos_token_ids
 
     def consume(self, job: Request, new: Sequence[int], finish: FinishReason | None = None) -> list[int]:
         """Append tokens to the job's step until it ends (a step boundary, any of the
         generator's end-of-sequence ids, the step's token limit; `finish`, the request's
-        own end, when the tokens run out first); return the tokens past the end."""
-        eos = self.gen.eos_token_ids
+        own end, when the tokens run out first); return the tokens past the end. Called
+        for every token a request generates: what it reads is held in locals."""
+        eos, texts, tokens = self.eos, self._texts, job.tokens
+        at_boundary = not (job.to_eos or job.cut_into_steps)
+        last = job.last_char
         for i, tok in enumerate(new):
             if tok in eos:
                 job.end = StepEnd.EOS
-                return []
-            job.tokens.append(tok)
-            piece = self.gen.token_text(tok)
-            hit = not job.to_eos and not job.cut_into_steps and BOUNDARY in job.last_char + piece
-            job.last_char = piece[-1:] if piece else job.last_char
+                break
+            tokens.append(tok)
+            piece = texts.get(tok)
+            if piece is None:
+                piece = texts[tok] = self.gen.token_text(tok)
+            hit = at_boundary and BOUNDARY in last + piece
+            last = piece[-1] if piece else last
             if hit:
                 job.end = StepEnd.BOUNDARY
+                job.last_char = last
                 return list(new[i + 1:])
-            if len(job.tokens) >= job.limit:
+            if len(tokens) >= job.limit:
                 job.end = StepEnd.STEP_LIMIT
+                job.last_char = last
                 return list(new[i + 1:])
+        job.last_char = last
         if finish is not None and job.end is None:
             job.end = StepEnd.EOS if finish is FinishReason.EOS else StepEnd.STEP_LIMIT
         return []
