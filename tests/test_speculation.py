@@ -50,7 +50,7 @@ def test_the_docs_rule_registers_in_its_own_file_and_keeps_the_tree():
             spec = eng.step_logs()["speculation"]
             assert spec["spec_steps_whole"] > 0 and spec["spec_used"] > 0, algo
             assert spec["spec_generated"] == spec["spec_used"] + spec["spec_wasted"], algo
-            assert eng.gen_log.steps < beng.gen_log.steps, algo
+            assert eng.collector.logs["generator"].steps < beng.collector.logs["generator"].steps, algo
     finally:
         RULES.pop("first_child", None)
 

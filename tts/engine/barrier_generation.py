@@ -3,7 +3,7 @@ FlashTTS's speculative extension filling the slots of requests that finished ear
 
 The backend never stops at a step boundary; the step rule (`StepCutter`) ends each
 request's step at "\\n\\n", EOS or its token limit, and commits it to its beam at once
-(`Frontier.complete`). Then the request is stopped or, with speculation on, speculates by
+(`Inflight.complete`). Then the request is stopped or, with speculation on, speculates by
 the run's start rule (`tts.engine.speculation`), for example:
 
 - run-on (the paper's Algorithm 1, `speculation/runon.py`): the request runs on past the
@@ -29,7 +29,7 @@ from tts.engine.problem import Problem
 from tts.engine.requests import Request, RequestState
 from tts.engine.speculation.iteration import IterationSpeculation
 from tts.engine.speculation.rule import Stops
-from tts.engine.steps import StepCutter, completes_path
+from tts.engine.step_cutter import StepCutter, completes_path
 
 _FINISHED = RequestState.FINISHED
 
@@ -38,7 +38,7 @@ class IterationGeneration:
     """Runs an iteration's requests on the generator until every one has its step:
     `begin`, then `advance` with each generator step's output while `active`, then `end`.
     `complete(request)` commits a request's step to its beam as soon as the step is whole
-    (`Frontier.complete`); `speculation` is the barrier's side of speculation, over the
+    (`Inflight.complete`); `speculation` is the barrier's side of speculation, over the
     run's start rule."""
 
     def __init__(self, runner: ModelRunner, cut: StepCutter, complete: Callable[[Request], None],

@@ -33,13 +33,13 @@ from tts.engine.options import EngineOptions
 from tts.engine.ordering import make_ordering
 from tts.engine.messages import Score
 from tts.engine.problem import Problem, ProblemInput
-from tts.engine.frontier import ScheduleParts
+from tts.engine.inflight import ScheduleParts
 from tts.engine.schedule import Schedule
 from tts.engine.scoring import ScoreCache, ScoreItem, ScoringPhase
-from tts.engine.steps import StepCutter
+from tts.engine.step_cutter import StepCutter
 from tts.metrics.collector import MetricsCollector
 from tts.metrics.events import ProblemFinished
-from tts.metrics.measures import ProblemMetrics, StepLog
+from tts.metrics.measures import ProblemMetrics
 from tts.search.base import SearchPolicy
 from tts.search.tree import Beam
 
@@ -89,14 +89,6 @@ class Engine:
     @property
     def verifier(self) -> Verifier | None:
         return self.runner.verifier
-
-    @property
-    def gen_log(self) -> StepLog:
-        return self.collector.logs["generator"]
-
-    @property
-    def ver_log(self) -> StepLog:
-        return self.collector.logs["verifier"]
 
     @property
     def on_problem_iteration(self) -> Callable[[str, int], None] | None:

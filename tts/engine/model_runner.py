@@ -26,7 +26,6 @@ from tts.metrics.events import ModelTime, RequestAdded, ScoresMade, StepDone, To
 from tts.token_hash import extend_hash
 
 _request_ids = itertools.count()
-SPECULATIVE_PREFIX = "s"  # the ids of requests sent as speculation start with it (a run's trace reads it)
 
 
 class ModelRunner:
@@ -57,7 +56,7 @@ class ModelRunner:
         """Send the request to the generator (at the next step's plan): its beam's path plus
         `prefix` (tokens it already has), sampled with its beam's seed, for at most
         `max_tokens` tokens."""
-        rid = f"{SPECULATIVE_PREFIX if speculative else 'r'}{next(_request_ids)}"
+        rid = f"r{next(_request_ids)}"
         request.request_id = rid
         request.state = RequestState.SPECULATIVE if speculative else RequestState.RUNNING
         request.counted_as = (request.problem_id, speculative, request.kind)
@@ -66,7 +65,8 @@ class ModelRunner:
             self.speculative[rid] = request
         beam = request.beam
         self._plan.calls.append(GenRequest(rid, beam.token_ids + tuple(prefix), max_tokens, beam.seed,
-                                           self.temperature, self.top_p, prompt_key=extend_hash(beam.path_key, prefix)))
+                                           self.temperature, self.top_p, prompt_key=extend_hash(beam.path_key, prefix),
+                                           speculative=speculative))
         self.collector.emit(RequestAdded(request.problem_id, request.kind.value))
         return rid
 
@@ -151,10 +151,10 @@ class ModelRunner:
         if self.verifier is not None:
             self.verifier.reset_prefix_cache()
 
-    def promote(self, node: Request, request: Request) -> None:
+    def promote(self, spec_step: Request, request: Request) -> None:
         """`request` (a kept child's) takes over the backend request of its speculative step
-        `node`, some tokens in: it runs on as the child's real request."""
-        rid = node.request_id
+        `spec_step`, some tokens in: it runs on as the child's real request."""
+        rid = spec_step.request_id
         self.requests[rid] = request
         del self.speculative[rid]
         request.request_id, request.state = rid, RequestState.RUNNING

@@ -17,7 +17,7 @@ from tts.backends.base import GenDelta
 from tts.engine.requests import Request, RequestState
 from tts.engine.speculation.driver import Speculation
 from tts.engine.speculation.rule import Stops
-from tts.engine.steps import StepCutter
+from tts.engine.step_cutter import StepCutter
 
 _FINISHED = RequestState.FINISHED
 

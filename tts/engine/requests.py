@@ -59,7 +59,7 @@ class Request:
     problem: Any = None  # the problem in flight it belongs to, where the schedule needs it
     # what generation made of it:
     tokens: list[int] = field(default_factory=list)
-    spec: list[int] = field(default_factory=list)  # run-on: tokens past the step's end
+    runon_tokens: list[int] = field(default_factory=list)  # run-on: tokens past the step's end
     end: StepEnd | None = None
     request_id: str | None = None
     adopted: int = 0  # speculative tokens reused from before this request

@@ -17,7 +17,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 
-from tts.engine.frontier import ScheduleParts
+from tts.engine.inflight import ScheduleParts
 from tts.engine.problem import Problem
 from tts.engine.requests import Request
 from tts.engine.speculation.policy import next_runs_to_eos
@@ -69,14 +69,14 @@ class Branches(StartRule):
                 if self.steps.speculable(r.problem, r.beam, k):
                     out.append((r.problem, r.beam, k))
                 else:
-                    node = r.problem.spec.get((r.beam.uid, child_seed(r.beam.seed, k)))
-                    if node is None:
+                    spec_step = r.problem.spec_table.get((r.beam.uid, child_seed(r.beam.seed, k)))
+                    if spec_step is None:
                         if r.beam.is_finished_path:
                             continue  # no child steps past the path's end
-                    elif node.finished or node.stalled:
+                    elif spec_step.finished or spec_step.stalled:
                         continue
-                    elif node.state.in_backend:
-                        self._started[(r.beam.uid, node.beam.seed)] = (entry[0], r, k)
+                    elif spec_step.state.in_backend:
+                        self._started[(r.beam.uid, spec_step.beam.seed)] = (entry[0], r, k)
                         continue
                 keep.append(entry)
             self._queue[key] = keep
@@ -84,8 +84,8 @@ class Branches(StartRule):
 
     def preempted(self, requests: Sequence[Request]) -> None:
         """Stopped branches wait to start again: back to the queue, in their parents' order."""
-        for node in requests:
-            started = self._started.pop((node.beam.parent, node.beam.seed), None)
+        for spec_step in requests:
+            started = self._started.pop((spec_step.beam.parent, spec_step.beam.seed), None)
             if started is not None:
                 order, r, c = started
                 bisect.insort(self._queue.setdefault((-r.spec_priority, c), []), (order, r), key=lambda e: e[0])

@@ -78,11 +78,11 @@ class Speculation:
         (`SpeculativeSteps.preempt`: counted, reset where sampling is not resumable), and
         the rule hears of it (`StartRule.preempted`)."""
         running = self.running()
-        nodes = running if k is None else running[::-1][:k]
-        if nodes:
-            self.steps.preempt(nodes)
-            self.rule.preempted(nodes)
-        return nodes
+        requests = running if k is None else running[::-1][:k]
+        if requests:
+            self.steps.preempt(requests)
+            self.rule.preempted(requests)
+        return requests
 
     def take(self, request: Request, d: GenDelta) -> bool:
         """One generator delta of a speculative request; True: stop it (its step ended
@@ -94,7 +94,7 @@ class Speculation:
                 return False
             self.steps.stopped(request)
             return ended.stop
-        request.spec.extend(d.new_token_ids)
+        request.runon_tokens.extend(d.new_token_ids)
         return False
 
     def relieve(self, st: StepStats) -> bool:

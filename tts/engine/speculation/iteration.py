@@ -52,7 +52,7 @@ class IterationSpeculation(Speculation):
             self.rule.step_done(request)
         if not self.rule.runs_on:
             return False
-        request.spec.extend(overflow)
+        request.runon_tokens.extend(overflow)
         if speculate and not d.finished:
             self.steps.ready[request.beam.uid] = request
             return True
@@ -124,7 +124,7 @@ class IterationSpeculation(Speculation):
         """The beam's speculative tokens after generation (lookahead scores their step):
         what its request ran on, or its child 0's step (`SpeculativeSteps.steps_of`)."""
         if self.rule.runs_on:
-            return tuple(request.spec)
+            return tuple(request.runon_tokens)
         return self.steps.steps_of(request).get(request.beam.seed, ())
 
     def count_used(self, problem: Problem, requests: Sequence[Request]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tts.engine.frontier import ScheduleParts
+from tts.engine.inflight import ScheduleParts
 from tts.engine.problem import Problem
 from tts.engine.requests import Request
 from tts.engine.speculation.branches import Branches

@@ -30,7 +30,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import ClassVar
 
-from tts.engine.frontier import ScheduleParts
+from tts.engine.inflight import ScheduleParts
 from tts.engine.problem import Problem
 from tts.engine.requests import Request, RequestState
 from tts.engine.speculation.steps import SpeculativeSteps

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tts.engine.problem import Problem
-from tts.engine.speculation.policy import inherit_speculation, spec_step_len
+from tts.engine.speculation.policy import inherit_speculation, held_step_len
 from tts.engine.speculation.rule import StartRule
 from tts.search.tree import Beam
 
@@ -50,7 +50,7 @@ class RunOn(StartRule):
         """After selection: each child gets its parent's speculative tokens, all for child 0,
         for a duplicate a prefix of the next step they hold (`inherit_speculation`)."""
         search, opts, policy = problem.search, self.parts.opts, self.parts.policy
-        step_lens = {uid: spec_step_len(self.parts.cut, policy, b, search)
+        step_lens = {uid: held_step_len(self.parts.cut, policy, b, search)
                      for uid, b in parents.items() if b.spec_tokens}
         inherit_speculation(search.frontier, parents, opts.spec_truncate_ratio, opts.spec_truncate_std,
                             problem.rng, step_lens, opts.spec_own_min_tokens)

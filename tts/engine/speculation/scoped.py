@@ -42,7 +42,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tts.config.enums import DecoupledSpecScope
-from tts.engine.frontier import ScheduleParts
+from tts.engine.inflight import ScheduleParts
 from tts.engine.problem import Problem
 from tts.engine.speculation.rule import StartRule
 from tts.engine.speculation.steps import SpeculativeSteps

@@ -21,7 +21,7 @@ BOUNDARY = "\n\n"
 
 def completes_path(request: Request) -> bool:
     """The request's finished step ends its path: at EOS, or with a boxed answer. Read once
-    the step is committed (`Frontier.complete`): its text is then its beam's last step's,
+    the step is committed (`Inflight.complete`): its text is then its beam's last step's,
     decoded there once."""
     return request.end is StepEnd.EOS or request.beam.steps[-1].has_answer
 
@@ -47,17 +47,17 @@ class StepCutter:
         """The generator's end-of-sequence ids."""
         return self.gen.eos_token_ids
 
-    def consume(self, job: Request, new: Sequence[int], finish: FinishReason | None = None) -> list[int]:
-        """Append tokens to the job's step until it ends (a step boundary, any of the
+    def consume(self, request: Request, new: Sequence[int], finish: FinishReason | None = None) -> list[int]:
+        """Append tokens to the request's step until it ends (a step boundary, any of the
         generator's end-of-sequence ids, the step's token limit; `finish`, the request's
         own end, when the tokens run out first); return the tokens past the end. Called
         for every token a request generates: what it reads is held in locals."""
-        eos, texts, tokens = self.eos, self._texts, job.tokens
-        at_boundary = not (job.to_eos or job.cut_into_steps)
-        last = job.last_char
+        eos, texts, tokens = self.eos, self._texts, request.tokens
+        at_boundary = not (request.to_eos or request.cut_into_steps)
+        last = request.last_char
         for i, tok in enumerate(new):
             if tok in eos:
-                job.end = StepEnd.EOS
+                request.end = StepEnd.EOS
                 break
             tokens.append(tok)
             piece = texts.get(tok)
@@ -66,51 +66,51 @@ class StepCutter:
             hit = at_boundary and BOUNDARY in last + piece
             last = piece[-1] if piece else last
             if hit:
-                job.end = StepEnd.BOUNDARY
-                job.last_char = last
+                request.end = StepEnd.BOUNDARY
+                request.last_char = last
                 return list(new[i + 1:])
-            if len(tokens) >= job.limit:
-                job.end = StepEnd.STEP_LIMIT
-                job.last_char = last
+            if len(tokens) >= request.limit:
+                request.end = StepEnd.STEP_LIMIT
+                request.last_char = last
                 return list(new[i + 1:])
-        job.last_char = last
-        if finish is not None and job.end is None:
-            job.end = StepEnd.EOS if finish is FinishReason.EOS else StepEnd.STEP_LIMIT
+        request.last_char = last
+        if finish is not None and request.end is None:
+            request.end = StepEnd.EOS if finish is FinishReason.EOS else StepEnd.STEP_LIMIT
         return []
 
-    def finish(self, job: Request, d: GenDelta) -> Ended | None:
-        """`consume` one generator delta of the job's request: the one way a generator output
+    def finish(self, request: Request, d: GenDelta) -> Ended | None:
+        """`consume` one generator delta of the request's request: the one way a generator output
         finishes a request. None while its step goes on (most deltas: no object is made for
         them). Where its backend request ended (the model runner has left it FINISHED), so
         has its step; where its step ended first, the caller stops it (`Ended.stop`). A
         request stopped at a speculative cap below its step's limit (`Request.capped`) has
         not ended its step there: it holds part of it."""
         reason = d.finish_reason
-        overflow = self.consume(job, d.new_token_ids,
-                                None if reason is FinishReason.LENGTH and job.capped else reason)
+        overflow = self.consume(request, d.new_token_ids,
+                                None if reason is FinishReason.LENGTH and request.capped else reason)
         if reason is not None:
             return Ended(False, overflow)
-        return None if job.end is None else Ended(True, overflow)
+        return None if request.end is None else Ended(True, overflow)
 
-    def adopt(self, job: Request) -> None:
-        """Start the job from its beam's speculative tokens; they may hold the whole step.
-        What lies past the step stays speculative (`job.spec`)."""
-        spec = list(job.beam.spec_tokens)
-        job.beam.spec_tokens = ()
+    def adopt(self, request: Request) -> None:
+        """Start the request from its beam's speculative tokens; they may hold the whole step.
+        What lies past the step stays speculative (`request.runon_tokens`)."""
+        spec = list(request.beam.spec_tokens)
+        request.beam.spec_tokens = ()
         if spec:
-            job.spec = self.consume(job, spec)
-            job.adopted = len(job.tokens)
+            request.runon_tokens = self.consume(request, spec)
+            request.adopted = len(request.tokens)
 
-    def steps(self, job: Request, total_left: int) -> list[Step]:
-        """Turn a finished job into steps (several when `cut_into_steps`), marking the total limit."""
-        end = job.end or StepEnd.STEP_LIMIT
-        if end is not StepEnd.EOS and len(job.tokens) >= total_left:
+    def steps(self, request: Request, total_left: int) -> list[Step]:
+        """Turn a finished request into steps (several when `cut_into_steps`), marking the total limit."""
+        end = request.end or StepEnd.STEP_LIMIT
+        if end is not StepEnd.EOS and len(request.tokens) >= total_left:
             end = StepEnd.TOTAL_LIMIT  # the path's budget is spent: it completes here
         decode = self.gen.decode
-        if not job.cut_into_steps:
-            return [Step(tuple(job.tokens), decode(job.tokens), end)]
+        if not request.cut_into_steps:
+            return [Step(tuple(request.tokens), decode(request.tokens), end)]
         steps, cur, last = [], [], ""
-        for tok in job.tokens:
+        for tok in request.tokens:
             cur.append(tok)
             piece = self.gen.token_text(tok)
             if BOUNDARY in last + piece:
