@@ -131,7 +131,7 @@ def test_prm_never_scores_a_speculative_step():
     def check(requests):
         eng = holder["eng"]
         assert len(requests) <= 3  # verifier_batch_size
-        committed = {(b.problem_id, b.step_texts) for b in eng.schedule.frontier.committed_beams()}
+        committed = {(b.problem_id, b.step_texts) for b in eng.schedule.inflight.committed_beams()}
         spec = eng.schedule.speculative_paths()
         seen["spec_live"] += bool(spec)
         for req in requests:
@@ -413,8 +413,8 @@ def test_continuous_problem_batching_keeps_the_batch_full():
                              concurrency=4, eos_at_depth_limit=False)
     assert candidates(outs) == candidates(base)
     util = eng.step_logs()["decoupled"]["llm_batch_util_mean"]
-    assert util > beng.gen_log.summary()["batch_util_mean"]
-    assert eng.gen_log.steps < beng.gen_log.steps
+    assert util > beng.collector.logs["generator"].summary()["batch_util_mean"]
+    assert eng.collector.logs["generator"].steps < beng.collector.logs["generator"].steps
 
 
 def test_outcomes_stream_as_problems_finish():
@@ -424,7 +424,7 @@ def test_outcomes_stream_as_problems_finish():
                           EngineOptions(concurrency=1, decoupled=decoupled_options(OptimConfig(engine=EngineKind.decoupled))), schedule="decoupled")
     it = eng.run(inputs(("a", "b")))
     first = next(it)
-    assert first.problem.id == "a" and eng.schedule.frontier.queue  # b not started yet with concurrency 1
+    assert first.problem.id == "a" and eng.schedule.inflight.queue  # b not started yet with concurrency 1
     assert [o.problem.id for o in it] == ["b"]
 
 

@@ -53,8 +53,8 @@ def test_problem_record_fields_and_invariants():
 def test_continuous_problem_batching_keeps_batch_at_cap():
     outs, eng, gen, _ = run(endless, n=4, m=2, iters=2, problems=("a", "b", "c"), cap=8, concurrency=3)
     assert len(outs) == 3
-    assert eng.gen_log.steps > 0
-    assert eng.gen_log.util_hist[-1] > 0  # some steps ran at the full cap of 8
+    assert eng.collector.logs["generator"].steps > 0
+    assert eng.collector.logs["generator"].util_hist[-1] > 0  # some steps ran at the full cap of 8
 
 
 def test_continuous_batching_step_stats_full_while_waiting():
@@ -184,7 +184,7 @@ def test_speculation_hides_stragglers():
     base, beng, *_ = run(endless, n=4, m=2, iters=4, eos_at_depth_limit=False)
     fast, feng, *_ = run(endless, n=4, m=2, iters=4, eos_at_depth_limit=False, speculative=True,
                          spec_truncate_ratio=1.0, spec_truncate_std=0.0)
-    assert feng.gen_log.steps < beng.gen_log.steps
+    assert feng.collector.logs["generator"].steps < beng.collector.logs["generator"].steps
     m = fast[0].metrics
     assert 0 < m.spec_used <= m.spec_generated
 
@@ -356,14 +356,15 @@ class Generation:
         import random
 
         from tts.engine.barrier_generation import IterationGeneration
-        from tts.engine.frontier import ScheduleParts
+        from tts.engine.inflight import ScheduleParts
         from tts.engine.model_runner import ModelRunner
         from tts.engine.ordering import Fifo
         from tts.engine.problem import Problem, ProblemInput
         from tts.engine.requests import Request
         from tts.engine.scoring import ScoringPhase
+        from tts.engine.speculation.iteration import IterationSpeculation
         from tts.engine.speculation.registry import make_rule
-        from tts.engine.steps import StepCutter
+        from tts.engine.step_cutter import StepCutter
         from tts.metrics.collector import MetricsCollector
         from tts.search.base import ProblemSearch
 
@@ -383,16 +384,21 @@ class Generation:
         opts = EngineOptions(speculative=True, spec_rule=rule, spec_max_tokens=50)
         parts = ScheduleParts(make_policy(SearchConfig(), 50, 300), self.runner, cut, opts, self.collector, None,
                               Fifo(), "s")
-        self.phase = IterationGeneration(self.runner, cut, complete, make_rule(parts, requests_for, "barrier"),
-                                         spec_batch_cap=spec_batch_cap)
+        self.speculation = IterationSpeculation(make_rule(parts, requests_for, "barrier"))
+        self.phase = IterationGeneration(self.runner, cut, complete, self.speculation, spec_batch_cap=spec_batch_cap)
 
     def run(self, requests):
         for request in requests:
             request.problem = request.problem or self.problem
         self.phase.begin(requests)
         while self.phase.active:
-            self.phase.advance(*self.runner.step())
+            self.phase.advance(*self.runner.step(self.runner.take_plan()))
         self.phase.end()
+        self.runner.flush()
+
+    def release(self):
+        self.phase.release()
+        self.runner.flush()
 
 
 def test_speculative_slots_go_to_the_highest_bins_first():
@@ -411,7 +417,7 @@ def test_speculative_slots_go_to_the_highest_bins_first():
     prios = {11: 1, 12: 3, 13: 2, 14: 1}
     jobs = [Request(Beam("p", prompt, seed), limit=30, spec_priority=prios[seed]) for seed in (11, 12, 13, 14)]
     Generation(gen, spec_batch_cap=2).run(jobs)
-    spec = {j.beam.seed: len(j.spec) for j in jobs}
+    spec = {j.beam.seed: len(j.runon_tokens) for j in jobs}
     # seeds 11 and 12 finish while 3+ requests are pending: parked. When 13 finishes only
     # 14 is pending: one free slot, and 12 (priority 3) takes it over 13 (2) and 11 (1).
     assert spec[12] > 0 and spec[11] == 0 and spec[13] == 0
@@ -436,10 +442,10 @@ def test_no_speculation_past_a_step_that_completes_the_path():
         generation = Generation(gen, rule="branches" if branches else "runon")
         generation.run(list(jobs.values()))
         assert gen.decode(jobs[11].tokens) == steps[11]  # its own step is whole
-        assert not jobs[11].spec and not generation.phase.rule.steps.of(jobs[11]), branches
-        assert jobs[12].spec or generation.phase.rule.steps.of(jobs[12]), branches  # the short plain step speculated
+        assert not jobs[11].runon_tokens and not generation.speculation.steps.of(jobs[11]), branches
+        assert jobs[12].runon_tokens or generation.speculation.steps.of(jobs[12]), branches  # the short plain step speculated
         assert generation.metrics.spec_generated > 0
-        generation.phase.release()
+        generation.release()
         assert gen.num_unfinished() == 0
 
 
@@ -457,7 +463,7 @@ def test_speculative_branches_keep_the_tree_and_serve_duplicates():
         used = sum(o.metrics.spec_used for o in br)
         assert used > sum(o.metrics.spec_used for o in runon), algo
         assert 0 < used <= sum(o.metrics.spec_generated for o in br)
-        assert eng.gen_log.steps < beng.gen_log.steps, algo
+        assert eng.collector.logs["generator"].steps < beng.collector.logs["generator"].steps, algo
         assert eng.cache.lookahead_hits > 0
         # every branch ends once, counted as the decoupled schedule counts its speculative steps
         spec = eng.step_logs()["speculation"]
@@ -508,18 +514,17 @@ def test_branches_follow_the_bins_and_child_seeds():
     slow = Request(Beam("p", prompt, 4), limit=30)  # 5 tokens + boundary: keeps generation open
     fast = Request(Beam("p", prompt, 10), limit=30, spec_priority=3)  # 1 token + boundary
     generation = Generation(gen, rule="branches")
-    phase = generation.phase
     generation.run([slow, fast])
-    assert not fast.spec and [b.beam.seed for b in phase.rule.steps.of(fast)] == [child_seed(10, k) for k in range(3)]
-    steps = phase.rule.steps_of(fast)
+    assert not fast.runon_tokens and [b.beam.seed for b in generation.speculation.steps.of(fast)] == [child_seed(10, k) for k in range(3)]
+    steps = generation.speculation.steps.steps_of(fast)
     assert {gen.decode(t) for t in steps.values()} == {"b\n\n"}  # child 0 (seed 10): whole, stopped at its end
-    running = {seed: branch for (parent, seed), branch in generation.problem.spec.items()
+    running = {seed: branch for (parent, seed), branch in generation.problem.spec_table.items()
                if parent == fast.beam.uid and branch.state.in_backend}
     assert set(running) == {child_seed(10, 1), child_seed(10, 2)}  # still running: they wait for selection
     for seed, branch in running.items():
         text = gen.decode(branch.tokens)
         assert text and ("b" * (1 + seed % 5) + "\n\n").startswith(text)  # a prefix of child k's step
-    assert not phase.rule.steps.of(slow)  # priority 0: no branches
+    assert not generation.speculation.steps.of(slow)  # priority 0: no branches
     assert gen.num_unfinished() == 2
     # selection keeps child 1 only: it runs on its branch's request, the other is stopped
     assert fast.beam.step_texts == (gen.decode(fast.tokens),)  # its step, committed as it finished
@@ -529,8 +534,8 @@ def test_branches_follow_the_bins_and_child_seeds():
     assert gen.decode(child.tokens) == "b" * (1 + seed % 5) + "\n\n"
     assert child.adopted == len(running[seed].tokens) > 0
     assert len(gen.calls) == calls  # no new request
-    assert gen.num_unfinished() == 0 and not generation.problem.spec  # nothing left behind
-    phase.release()
+    assert gen.num_unfinished() == 0 and not generation.problem.spec_table  # nothing left behind
+    generation.release()
 
 
 def test_a_spec_rule_needs_speculation_and_the_old_switch_names_it():
@@ -641,12 +646,12 @@ def test_preempted_branch_resumes_where_sampling_is_resumable():
         generation = Generation(gen, rule="branches")
 
         def branch():
-            node = next(iter(generation.phase.rule.steps.of(parent)), None)
+            node = next(iter(generation.speculation.steps.of(parent)), None)
             return (node, node.tokens) if node is not None else None
 
         seen = short_memory_at(gen, branch)  # three tokens in, real work starts waiting
         generation.run([parent, straggler])
-        (branch,) = generation.phase.rule.steps.of(parent)  # priority 1: child 0's branch
+        (branch,) = generation.speculation.steps.of(parent)  # priority 1: child 0's branch
         assert seen["before"] == 2 + WAIT_STEPS and straggler.finished
         assert branch.finished and branch.beam.seed == child_seed(10, 0)
         assert gen.decode(branch.tokens) == "b" * (6 + branch.beam.seed % 5) + "\n\n"  # child 0's own step
@@ -655,7 +660,7 @@ def test_preempted_branch_resumes_where_sampling_is_resumable():
         assert generation.collector.speculation.wasted == redone
         steps = generation.collector.speculation.steps  # counted as the decoupled schedule counts
         assert steps["preempted"] == 1 and steps["reset"] == (mode == "stream")
-        assert generation.phase.rule.steps_of(parent) == {branch.beam.seed: tuple(branch.tokens)}
+        assert generation.speculation.steps.steps_of(parent) == {branch.beam.seed: tuple(branch.tokens)}
         assert gen.num_unfinished() == 0
 
 
@@ -674,14 +679,14 @@ def test_a_preempted_run_on_is_counted_and_reset_where_sampling_is_not_resumable
         fast = Request(Beam("p", prompt, 10), limit=30, spec_priority=1)  # its steps: 6 tokens and the boundary
         straggler = Request(Beam("p", prompt, 3), limit=80)
         generation = Generation(gen)  # run-on, the default rule
-        seen = short_memory_at(gen, lambda: (fast, fast.spec))  # from its third token past the step
+        seen = short_memory_at(gen, lambda: (fast, fast.runon_tokens))  # from its third token past the step
         generation.run([fast, straggler])
         assert seen["before"] == 2 + WAIT_STEPS and straggler.finished
         steps = generation.collector.speculation.steps
         assert steps["preempted"] == 1 and steps["reset"] == (mode == "stream"), mode
         assert generation.collector.speculation.wasted == (seen["before"] if mode == "stream" else 0)
         assert generation.runner.free_slots() == 8 and gen.num_unfinished() == 0
-        assert gen.decode(fast.spec).startswith("b" * 6 + "\n\n"), mode  # its beam's own next step
+        assert gen.decode(fast.runon_tokens).startswith("b" * 6 + "\n\n"), mode  # its beam's own next step
 
 
 def test_one_memory_rule_stops_speculation_in_both_disciplines():
@@ -719,7 +724,7 @@ def test_one_memory_rule_stops_speculation_in_both_disciplines():
     engines = [Engine(FakeGenerator(endless), FakeVerifier(), lambda: make_policy(cfg, 30, 300), "sys",
                       EngineOptions(speculative=True, decoupled=decoupled_options(OptimConfig(engine=EngineKind.decoupled))),
                       schedule=name) for name in ("barrier", "decoupled")]
-    guards = [engines[0].schedule.generation.memory, engines[1].schedule.speculation.memory]
+    guards = [engines[0].schedule.speculation.memory, engines[1].schedule.speculation.memory]
     assert all(type(g) is MemoryGuard and g.kv_spec_limit == KV_SPEC_LIMIT for g in guards)
 
 

@@ -60,7 +60,7 @@ def test_request_calls_and_selections_are_timed_exactly(schedule, opts):
         eng = Engine(gen, FakeVerifier(), lambda: slow_selection(vclock, cfg), "sys", EngineOptions(**opts),
                      schedule=schedule)
         outs = list(eng.run([ProblemInput(p, f"problem {p}") for p in ("a", "b")]))
-    calls = eng.gen_log.cost.calls_s
+    calls = eng.collector.logs["generator"].cost.calls_s
     assert calls == pytest.approx(ADD_S * gen.adds + ABORT_S * gen.aborts)
     assert gen.adds > 0 and calls > 0
     for out in outs:

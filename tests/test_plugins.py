@@ -119,8 +119,8 @@ def test_an_installed_packages_entry_points_name_a_rule_and_an_algorithm_by_a_pl
     ([f"search.algorithm={RULE}"], f"search.algorithm: '{RULE}' is <class 'docs_first_child.FirstChild'>, "
                                    "not a SearchPolicy subclass; valid choices: beam, dvts"),
     ([f"optim.spec_rule={SEARCH}", *SPECULATE], "not a StartRule subclass; valid choices: auto, none, runon"),
-    (["optim.spec_rule=tts.engine.speculation.rule:TableRule", *SPECULATE],
-     "optim.spec_rule: 'tts.engine.speculation.rule:TableRule' is abstract: it does not define candidates"),
+    (["optim.spec_rule=tts.engine.speculation.rule:StartRule", *SPECULATE],
+     "optim.spec_rule: 'tts.engine.speculation.rule:StartRule' is abstract: it does not define candidates"),
     (["optim.spec_rule=clash:RunOnAgain", *SPECULATE],
      "optim.spec_rule: 'clash:RunOnAgain' is named 'runon', as the built-in RunOn is; give the class another"),
     (["optim=decoupled", f"optim.spec_rule={RULE}"],

@@ -11,6 +11,7 @@ from tts.engine.engine import Engine, EngineOptions, ProblemInput
 from tts.engine.speculation.registry import RULES, register_rule
 from tts.search import make_policy
 
+
 def test_a_rule_registered_under_a_taken_name_is_refused():
     """`register_rule` adds a rule under its `name`; another class under a name already taken
     is an error naming the rule that has it, and the registry keeps that one."""
@@ -25,30 +26,30 @@ class CheckedBranches(RULES["branches"]):
     replaced: every finished parent's children, speculable now, in priority order."""
 
     name = "checked_branches"
-    calls = preempted = 0
+    calls = preempted_nodes = 0
 
-    def begin(self, finished):
-        self._all = list(finished)
-        super().begin(finished)
-
-    def _enqueue(self, request):
-        if request not in getattr(self, "_all", ()):
+    def step_done(self, request):
+        before = self._order
+        super().step_done(request)
+        if self._order > before:  # it branches
             self._all = [*getattr(self, "_all", ()), request]
-        super()._enqueue(request)
+
+    def selected(self, problem, parents):
+        self._all = [r for r in getattr(self, "_all", ()) if r.problem is not problem]
+        super().selected(problem, parents)
 
     def candidates(self, problems):
         kept = super().candidates(problems)
-        scan = [(r, k) for r in self._all if r.beam.uid not in self._pruned for k in range(r.spec_priority)
-                if self.steps.speculable(r.problem, r.beam, k)]
+        scan = [(r, k) for r in getattr(self, "_all", ()) if r.beam.uid not in self.steps.pruned
+                for k in range(r.spec_priority) if self.steps.speculable(r.problem, r.beam, k)]
         scan = [(r.problem, r.beam, k) for r, k in sorted(scan, key=lambda c: (-c[0].spec_priority, c[1]))]
         assert kept == scan
         type(self).calls += 1
         return kept
 
-    def preempt(self, k=None):
-        nodes = super().preempt(k)
-        type(self).preempted += len(nodes)
-        return nodes
+    def preempted(self, requests):
+        super().preempted(requests)
+        type(self).preempted_nodes += len(requests)
 
 
 @pytest.mark.parametrize("limit", [None, 0.3])
@@ -68,11 +69,11 @@ def test_the_branches_queue_is_the_scan_it_replaced(limit):
             return {o.problem.id: sorted(b.text for b in o.candidates)
                     for o in eng.run([ProblemInput(p, f"problem {p}") for p in ("a", "b", "c")])}
 
-        CheckedBranches.calls = CheckedBranches.preempted = 0
+        CheckedBranches.calls = CheckedBranches.preempted_nodes = 0
         memory = {} if limit is None else {"kv_spec_limit": limit}
         mine = go(speculative=True, spec_rule="checked_branches", spec_prune=True, **memory)
         assert CheckedBranches.calls > 0
-        assert limit is None or CheckedBranches.preempted > 0  # branches went back to the queue
+        assert limit is None or CheckedBranches.preempted_nodes > 0  # branches went back to the queue
         assert mine == go()
     finally:
         RULES.pop("checked_branches", None)

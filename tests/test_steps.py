@@ -7,7 +7,7 @@ import pytest
 from tts.backends.base import FinishReason
 from tts.backends.fake import EOS_CHAR, FakeGenerator, decode, encode
 from tts.engine.requests import Request
-from tts.engine.steps import StepCutter
+from tts.engine.step_cutter import StepCutter
 from tts.search.tree import Beam, StepEnd
 
 
@@ -77,11 +77,11 @@ def test_adopt_takes_the_step_from_speculative_tokens_and_keeps_the_rest():
     j.beam.spec_tokens = tuple(encode("x\n\nyz"))
     StepCutter(FakeGenerator()).adopt(j)
     assert decode(j.tokens) == "x\n\n" and j.end is StepEnd.BOUNDARY
-    assert j.adopted == 3 and decode(j.spec) == "yz" and j.beam.spec_tokens == ()
+    assert j.adopted == 3 and decode(j.runon_tokens) == "yz" and j.beam.spec_tokens == ()
     partial = job()
     partial.beam.spec_tokens = tuple(encode("xy"))
     StepCutter(FakeGenerator()).adopt(partial)
-    assert partial.adopted == 2 and not partial.finished and partial.spec == []
+    assert partial.adopted == 2 and not partial.finished and partial.runon_tokens == []
 
 
 def test_split_job_becomes_steps_and_the_last_keeps_the_job_end():

@@ -43,6 +43,7 @@ class GenRequest:
     # `tts.token_hash.extend_hash(0, prompt_token_ids)` where the sender keeps it (the engine's
     # beams do); None: whoever needs it hashes the prompt
     prompt_key: int | None = None
+    speculative: bool = False  # sent as speculation (a run's trace records it)
 
     def key(self) -> int:
         """The prompt's key (`tts.token_hash`): the one it carries, else its prompt's hash."""

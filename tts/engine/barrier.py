@@ -7,7 +7,7 @@ decides: request order (P), speculative extension (S, `barrier_generation.py` wi
 a start rule of `tts.engine.speculation`: run-on, branches, or one registered by name),
 lookahead verification (`lookahead.py`), and the memory split (M, `ScheduleParts.replan`).
 
-It is a gate over the shared frontier (`frontier.py`): a committed step's beam joins the
+It is a gate over the problems in flight (`inflight.py`): a committed step's beam joins the
 verifier's queue where the policy needs a step of it scored, and once the iteration's
 generation ends the whole queue goes into one call, so every problem in flight is ready
 for its selection at once.
@@ -23,7 +23,7 @@ import enum
 from tts import clock
 from tts.backends.base import GenDelta, StepStats
 from tts.engine.barrier_generation import IterationGeneration
-from tts.engine.frontier import Frontier, ScheduleParts
+from tts.engine.inflight import Inflight, ScheduleParts
 from tts.engine.requests import Request
 from tts.engine.messages import Generate, Purpose, Score
 from tts.engine.problem import Problem
@@ -31,6 +31,7 @@ from tts.engine.schedule import Schedule
 from tts.engine.lookahead import Lookahead
 from tts.engine.scoring import ScoreItem, ScoringStats
 from tts.engine.spec_prune import SpeculationPruning
+from tts.engine.speculation.iteration import IterationSpeculation
 from tts.engine.speculation.policy import spec_priorities
 from tts.engine.speculation.registry import make_rule
 from tts.metrics.events import ModelTime
@@ -49,10 +50,12 @@ class BarrierSchedule(Schedule):
 
     def __init__(self, parts: ScheduleParts) -> None:
         self.parts = parts
-        self.frontier = Frontier(parts, self.selected)
+        self.inflight = Inflight(parts, self.selected)
         opts, policy, runner = parts.opts, parts.policy, parts.runner
-        self.rule = make_rule(parts, self.frontier.requests_ahead, "barrier")  # speculation's start rule
-        self.generation = IterationGeneration(runner, parts.cut, self.frontier.complete, self.rule, opts.spec_batch_cap)
+        # speculation's start rule, and the barrier's side of it
+        self.speculation = IterationSpeculation(make_rule(parts, self.inflight.requests_ahead, "barrier"))
+        self.generation = IterationGeneration(runner, parts.cut, self.inflight.complete, self.speculation,
+                                              opts.spec_batch_cap)
         self.lookahead = Lookahead(opts, policy, runner, parts.cut)
         self._stage = _Stage.SELECTED
         self._requests: list[Request] = []
@@ -70,57 +73,57 @@ class BarrierSchedule(Schedule):
 
     def step_logs(self) -> dict[str, dict]:
         """With speculation, the run's speculative work, counted as the decoupled schedule's is."""
-        return self.rule.step_logs()
+        return self.speculation.step_logs()
 
     def next(self) -> Generate | Score | None:
-        frontier = self.frontier
+        inflight = self.inflight
         if self._stage is _Stage.SELECTED:
-            if not frontier.busy():
+            if not inflight.busy():
                 return None
             self._admit()
             self._begin_iteration()
         if self._stage is _Stage.GENERATING:
             if self.generation.active:
-                rejection = frontier.rejection
+                rejection = inflight.rejection
                 if rejection is not None and rejection.due(self.generation.running()):
-                    call = rejection.call(frontier.live, self._requests_of, frontier.charge())
+                    call = rejection.call(inflight.live, self._requests_of, inflight.charge())
                     if call is not None:  # early rejection: score the steps as they stand
                         return call
                 if self.pruning is not None and self.pruning.due():
-                    items = self.pruning.items(frontier.live)
+                    items = self.pruning.items(inflight.live)
                     if items:  # speculation pruning: score the finished steps now
-                        return Score(items, frontier.charge(), Purpose.PRUNE)
-                    self.pruning.prune(frontier.live)  # their scores are known already
-                return Generate()
+                        return Score(items, inflight.charge(), Purpose.PRUNE)
+                    self.pruning.prune(inflight.live)  # their scores are known already
+                return Generate(self.parts.runner.take_plan())
             self._end_generation()
-            return Score([self.lookahead.item(p, beam) for p, beam in self._batch], frontier.charge())
+            return Score([self.lookahead.item(p, beam) for p, beam in self._batch], inflight.charge())
         assert self._ahead is not None
         items, self._ahead = self._ahead, None
-        return Score(items, frontier.charge(), Purpose.LOOKAHEAD)
+        return Score(items, inflight.charge(), Purpose.LOOKAHEAD)
 
-    def generated(self, outputs: list[tuple[Request, GenDelta]], stats: StepStats) -> None:
-        self.generation.advance(outputs, stats, self.frontier.live)
-        if self.frontier.rejection is not None:
-            self.frontier.rejection.stepped()
+    def generated(self, outputs: list[tuple[Request, GenDelta, bool]], stats: StepStats) -> None:
+        self.generation.advance(outputs, stats)
+        if self.inflight.rejection is not None:
+            self.inflight.rejection.stepped()
 
     def scored(self, work: Score, stats: ScoringStats) -> None:
-        frontier = self.frontier
+        inflight = self.inflight
         if work.purpose in (Purpose.REJECT, Purpose.PRUNE):  # a call in the middle of generation
             self._verifier_wall += stats.wall_s  # not the generator's time
             # the scores either call made serve both: rejection reads the finished steps'
             # scores, pruning the partial estimates' cut
-            if frontier.rejection is not None:
+            if inflight.rejection is not None:
                 self._reject(stats.partial)
             if self.pruning is not None:
-                self.pruning.prune(frontier.live)
+                self.pruning.prune(inflight.live)
             return
         if work.purpose is Purpose.SELECT:
-            frontier.scores_made(self._batch)
-            if self.lookahead.kept and (ahead := self.lookahead.ahead(frontier.live)):
+            inflight.scores_made(self._batch)
+            if self.lookahead.kept and (ahead := self.lookahead.ahead(inflight.live)):
                 self._ahead = ahead  # the second call: the next step scores them
                 return
-        frontier.select_ready()  # the gate: every live beam of every problem is scored
-        if any(p.to_score or not p.waiting for p in frontier.live):  # (a selected one waits for its steps)
+        inflight.select_ready()  # the gate: every live beam of every problem is scored
+        if any(p.to_score or not p.waiting for p in inflight.live):  # (a selected one waits for its steps)
             raise RuntimeError("barrier schedule: a problem in flight missed its selection")
         self._stage = _Stage.SELECTED
 
@@ -135,42 +138,42 @@ class BarrierSchedule(Schedule):
             for r in self._requests:
                 if r.finished:
                     cache.fill_last(r.beam)
-        self.frontier.reject_steps(partial, lambda p: [r for r in self._requests_of(p) if not (r.finished or r.rejected)],
+        self.inflight.reject_steps(partial, lambda p: [r for r in self._requests_of(p) if not (r.finished or r.rejected)],
                           self.generation.reject)
 
     # ------------------------------------------------------------ the iteration
 
     def _admit(self) -> None:
-        frontier = self.frontier
-        while frontier.admissible():
-            cold = not frontier.live  # nothing in flight: start it cold
+        inflight = self.inflight
+        while inflight.admissible():
+            cold = not inflight.live  # nothing in flight: start it cold
             if cold and self.parts.opts.fresh_cache_per_problem:
                 self.generation.release()
-            frontier.admit(cold)
+            inflight.admit(cold)
 
     def _begin_iteration(self) -> None:
-        frontier = self.frontier
-        requests = [r for p in frontier.live
-                    for r in frontier.requests_for(p.search, self._spec_priorities(p.search), problem=p)]
-        frontier.replan([r.beam for r in requests])
-        self._requests = frontier.order(requests)
-        if frontier.rejection is not None:
-            frontier.rejection.begin()
+        inflight = self.inflight
+        requests = [r for p in inflight.live
+                    for r in inflight.requests_for(p.search, self._spec_priorities(p.search), problem=p)]
+        inflight.replan([r.beam for r in requests])
+        self._requests = inflight.order(requests)
+        if inflight.rejection is not None:
+            inflight.rejection.begin()
         if self.pruning is not None:
-            self.pruning.begin(frontier.live)
+            self.pruning.begin(inflight.live)
         self.parts.collector.logs["generator"].start_phase()
         self._generation_started, self._verifier_wall = clock.now(), 0.0
-        self.generation.begin(self._requests, frontier.live)
+        self.generation.begin(self._requests, inflight.live)
         self._stage = _Stage.GENERATING
 
     def _end_generation(self) -> None:
         self.generation.end()
         wall = clock.now() - self._generation_started - self._verifier_wall
-        self.parts.collector.emit(ModelTime("generator", self.frontier.charge(), wall))
+        self.parts.collector.emit(ModelTime("generator", self.inflight.charge(), wall))
         self._apply_generation()
         # the iteration's one verifier call: every committed beam, in frontier order
-        at = {b.uid: i for i, b in enumerate(self.frontier.committed_beams())}
-        self._batch = sorted(self.frontier.take_queued(), key=lambda pb: at[pb[1].uid])
+        at = {b.uid: i for i, b in enumerate(self.inflight.committed_beams())}
+        self._batch = sorted(self.inflight.take_queued(), key=lambda pb: at[pb[1].uid])
         self._stage = _Stage.SCORING
 
     def _requests_of(self, p: Problem) -> list[Request]:
@@ -179,7 +182,7 @@ class BarrierSchedule(Schedule):
 
     def _spec_priorities(self, search: ProblemSearch) -> list[int] | None:
         """Speculative extension (S): each beam's branch count from its previous score's bin."""
-        if not self.rule.speculates(search):
+        if not self.speculation.on:
             return None
         policy = self.parts.policy
         prev = [policy.path_score(b) if b.depth else None for b in search.frontier]
@@ -189,18 +192,18 @@ class BarrierSchedule(Schedule):
         """Each beam's speculative tokens by the rule (what its request ran on, or child 0's
         branch, which doubles as the lookahead step), and the speculative tokens used."""
         for request in self._requests:
-            if not request.rejected:  # (a rejected beam has no step: it leaves the frontier)
-                request.beam.spec_tokens = self.rule.spec_tokens(request)
-        for p in self.frontier.live:
-            self.rule.count_used(p, self._requests_of(p))
+            if not request.rejected:  # (a rejected beam has no step: it leaves the inflight)
+                request.beam.spec_tokens = self.speculation.spec_tokens(request)
+        for p in self.inflight.live:
+            self.speculation.count_used(p, self._requests_of(p))
 
     # ------------------------------------------------------------ selection
 
     def selected(self, p: Problem, parents: dict[int, Beam]) -> None:
         """The rule hands its speculation down to the children selection kept (run-on's
         tokens; a branch is taken over as its child starts); the parents no longer in the
-        frontier let theirs go."""
-        self.rule.selected(p, parents)
+        inflight let theirs go."""
+        self.speculation.selected(p, parents)
         for beam in parents.values():
             if beam.state is not BeamState.ACTIVE:
                 beam.spec_tokens = ()  # handed down; the tokens live on in the children

@@ -3,7 +3,7 @@ FlashTTS's speculative extension filling the slots of requests that finished ear
 
 The backend never stops at a step boundary; the step rule (`StepCutter`) ends each
 request's step at "\\n\\n", EOS or its token limit, and commits it to its beam at once
-(`Frontier.complete`). Then the request is stopped or, with speculation on, speculates by
+(`Inflight.complete`). Then the request is stopped or, with speculation on, speculates by
 the run's start rule (`tts.engine.speculation`), for example:
 
 - run-on (the paper's Algorithm 1, `speculation/runon.py`): the request runs on past the
@@ -14,7 +14,8 @@ the run's start rule (`tts.engine.speculation`), for example:
 Real work always has priority (two-phase scheduling): speculation takes only the slots
 real requests leave free, up to `spec_batch_cap` requests in all. Memory pressure stops it
 by the rule the decoupled schedule follows too (`speculation/memory.py`). Generation ends
-when every real request has its step.
+when every real request has its step. What an iteration asks of speculation, over every
+rule, is its barrier side's (`speculation/iteration.py`).
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ from collections.abc import Callable, Sequence
 
 from tts.backends.base import GenDelta, StepStats
 from tts.engine.model_runner import ModelRunner
+from tts.engine.postprocess import postprocess
 from tts.engine.problem import Problem
 from tts.engine.requests import Request, RequestState
-from tts.engine.speculation.memory import MemoryGuard
-from tts.engine.speculation.rule import StartRule, Stops
-from tts.engine.steps import StepCutter, completes_path
+from tts.engine.speculation.iteration import IterationSpeculation
+from tts.engine.speculation.rule import Stops
+from tts.engine.step_cutter import StepCutter, completes_path
 
 _FINISHED = RequestState.FINISHED
 
@@ -36,24 +38,21 @@ class IterationGeneration:
     """Runs an iteration's requests on the generator until every one has its step:
     `begin`, then `advance` with each generator step's output while `active`, then `end`.
     `complete(request)` commits a request's step to its beam as soon as the step is whole
-    (`Frontier.complete`); `rule` is speculation's start rule."""
+    (`Inflight.complete`); `speculation` is the barrier's side of speculation, over the
+    run's start rule."""
 
     def __init__(self, runner: ModelRunner, cut: StepCutter, complete: Callable[[Request], None],
-                 rule: StartRule, spec_batch_cap: int = 0) -> None:
+                 speculation: IterationSpeculation, spec_batch_cap: int = 0) -> None:
         self.runner = runner
         self.cut = cut
         self.complete = complete
-        self.rule = rule
+        self.speculation = speculation
         # Speculation may keep at most this many requests running (real + speculative);
         # 0 = the generator's batch cap. Beyond the decode roofline's ridge batch every
         # extra sequence slows the stragglers, so the engine passes that batch here.
         self.spec_batch_cap = spec_batch_cap
         self._pending: set[Request] = set()  # real requests without their step
-
-    @property
-    def memory(self) -> MemoryGuard:
-        """The one memory rule of speculation (`speculation/memory.py`)."""
-        return self.rule.memory
+        self._problems: Sequence[Problem] = ()  # the iteration's problems
 
     @property
     def active(self) -> bool:
@@ -63,35 +62,32 @@ class IterationGeneration:
     def begin(self, requests: Sequence[Request], problems: Sequence[Problem] = ()) -> None:
         """Send each request of `problems`; a request that adopted a whole step speculates
         at once (the slots real work leaves free are idle from the start)."""
-        self._pending = set()
+        self._pending, self._problems = set(), problems
         self._start(requests)
-        self.rule.begin([r for r in requests if r.finished and self._may_speculate(r)])
+        self.speculation.begin([r for r in requests if r.finished and self._may_speculate(r)])
         if self._pending:
-            self._stop(self.rule.fill(problems, self._speculative_slots()))
+            self._stop(self.speculation.fill(problems, self._speculative_slots()))
 
-    def advance(self, outputs: list[tuple[Request, GenDelta]], step: StepStats,
-                problems: Sequence[Problem] = ()) -> None:
-        """Take one generator step's output: cut steps, start and stop speculation."""
-        stops: Stops = []
-        for request, d in outputs:
-            if self.rule.owns(request):
-                if self.rule.take(request, d):
-                    stops.append((request, _FINISHED))
-                continue
-            out = self.cut.finish(request, d)
-            if not (out.ended and request in self._pending):
-                continue
-            self._pending.discard(request)
-            self.complete(request)
-            keep = self.rule.step_done(request, self._may_speculate(request), d, out.overflow)
-            if out.stop and not keep:
-                stops.append((request, _FINISHED))
-        self.rule.relieve(step)
-        if self._pending and self.rule.allows():
-            stops += self.rule.fill(problems, self._speculative_slots())
+    def advance(self, outputs: list[tuple[Request, GenDelta, bool]], step: StepStats) -> None:
+        """Take one generator step's output (`postprocess`): cut steps, start and stop
+        speculation."""
+        stops = postprocess(outputs, self.cut, self.speculation, self._step_ended)
+        spec = self.speculation
+        spec.relieve(step)
+        if self._pending and spec.allows():
+            stops += spec.fill(self._problems, self._speculative_slots())
         else:  # real work only: memory is short, or speculation pauses after it was
-            stops += self.rule.hold()
+            stops += spec.hold()
         self._stop(stops)
+
+    def _step_ended(self, request: Request, d: GenDelta, overflow: Sequence[int]) -> bool:
+        """A real request's step ended: it is committed, and may speculate. Returns whether
+        it stops (run-on may keep it running)."""
+        if request not in self._pending:
+            return False
+        self._pending.discard(request)
+        self.complete(request)
+        return not self.speculation.step_done(request, self._may_speculate(request), d, overflow)
 
     def running(self) -> list[Request]:
         """The real requests still decoding their step."""
@@ -99,7 +95,7 @@ class IterationGeneration:
 
     def speculating(self) -> bool:
         """Some speculation runs or waits for a slot."""
-        return self.rule.speculating()
+        return self.speculation.speculating(self._problems)
 
     def stop_speculating(self, beams: set[int]) -> int:
         """Speculation pruning: these beams' finished steps cannot make selection's cut, so
@@ -107,7 +103,7 @@ class IterationGeneration:
         steps are finished, so nothing claims a slot for them again this iteration); the slots
         go to the others from the next step. Returns how many speculative requests stopped or
         left the queue."""
-        stops, queued = self.rule.stop_beams(beams)
+        stops, queued = self.speculation.stop_beams(beams, self._problems)
         self._stop([(r, _FINISHED) for r in stops])
         return len(stops) + queued
 
@@ -117,30 +113,28 @@ class IterationGeneration:
         self.runner.stop(requests)
 
     def end(self) -> None:
-        """Every request has its step: the rule's speculation waits for selection, or
-        stops (`StartRule.end`)."""
-        self.rule.end()
+        """Every request has its step: speculation waits for selection, or stops
+        (`IterationSpeculation.end`)."""
+        self.speculation.end()
 
     def release(self) -> None:
         """Stop the speculative requests no child adopted (the search ended)."""
-        self.rule.release()
+        self.speculation.release()
 
     def _stop(self, stops: Stops) -> None:
         """Stop backend requests in one call, each left in its state."""
         if stops:
-            self.runner.stop([r for r, _ in stops])
-            for request, state in stops:
-                request.state = state
+            self.runner.stop_each(stops)
 
     def _start(self, requests: Sequence[Request]) -> None:
         """Send each request: a kept child takes over its speculative step, or starts from
         its beam's speculative tokens (`SpeculativeSteps.take_over_all`); one that may run
-        on asks for more than its step (`StartRule.extra_tokens`)."""
-        running, to_send = self.rule.steps.take_over_all(requests, self.complete)
+        on asks for more than its step (`IterationSpeculation.extra_tokens`)."""
+        running, to_send = self.speculation.steps.take_over_all(requests, self.complete)
         self._pending.update(running)
-        self.rule.release()  # speculation of problems that ended
+        self.speculation.release()  # speculation of problems that ended
         for request in to_send:
-            extra = self.rule.extra_tokens(request)
+            extra = self.speculation.extra_tokens(request)
             self.runner.submit(request, request.limit - len(request.tokens) + extra, request.tokens)
             self._pending.add(request)
 
@@ -158,4 +152,4 @@ class IterationGeneration:
         requests running."""
         batch_cap = self.runner.gen.batch_cap
         cap = min(self.spec_batch_cap or batch_cap, batch_cap)
-        return cap - len(self._pending) - len(self.rule.running())
+        return cap - len(self._pending) - len(self.speculation.running())

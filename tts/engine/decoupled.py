@@ -39,16 +39,19 @@ from __future__ import annotations
 
 import enum
 from collections import deque
+from collections.abc import Sequence
 
 from tts import clock
 from tts.backends.base import GenDelta, StepStats
 from tts.engine.decoupled_policy import EAGER_FIRST, Filler, FillPolicy, FillState, make_fill_policy
-from tts.engine.requests import Request, RequestKind, RequestState
-from tts.engine.decoupled_problem import LLMRound, PRMCall
-from tts.engine.frontier import Frontier, ScheduleParts
+from tts.engine.requests import Request, RequestKind
+from tts.engine.decoupled_turns import LLMRound, PRMCall
+from tts.engine.inflight import Inflight, ScheduleParts
 from tts.engine.messages import Generate, Purpose, Score
+from tts.engine.postprocess import postprocess
 from tts.engine.problem import Problem, next_unscored
 from tts.engine.schedule import Schedule
+from tts.engine.speculation.driver import Speculation
 from tts.engine.speculation.guard import SpeculationGuard
 from tts.engine.speculation.registry import make_rule
 from tts.engine.scoring import ScoreItem, ScoringStats
@@ -72,7 +75,7 @@ class DecoupledSchedule(Schedule):
 
     def __init__(self, parts: ScheduleParts) -> None:
         self.parts = parts
-        self.frontier = Frontier(parts, self.selected)
+        self.inflight = Inflight(parts, self.selected)
         own, policy = parts.opts.decoupled, parts.policy
         self.fill_policy: FillPolicy = make_fill_policy(own.fill_policy)
         self.prm_cap = max(0, own.verifier_batch_size)
@@ -80,9 +83,12 @@ class DecoupledSchedule(Schedule):
         self.stats = DecoupledLog()  # (its generation and PRM calls: `collector.work`)
         self.trace: list[tuple] | None = None
         # speculation's start rule (`optim.spec_rule`; its own: `scoped`)
-        self.speculation = make_rule(parts, self.frontier.requests_ahead, "decoupled", self._event)
+        self.speculation = Speculation(make_rule(parts, self.inflight.requests_ahead, "decoupled", self._event))
         if own.spec_guard:
             self.speculation.guard = SpeculationGuard(parts.collector.speculation)
+        # the last scan found no speculation left to start: not repeated until something
+        # changed (a step committed, scores came, a selection ran, a request was preempted)
+        self._spec_exhausted = False
         self._real: deque[Request] = deque()  # real requests waiting for a batch slot
         self._util = 0.0  # moving average of the generator's batch utilisation
         self._turn = _Turn.LLM
@@ -96,12 +102,12 @@ class DecoupledSchedule(Schedule):
     def backlog(self) -> bool:
         """Work that could fill a free batch slot: real requests, a problem to admit, or
         a speculative step to start."""
-        return bool(self._real) or self.frontier.admissible() or self.speculation.pending(self.frontier.live)
+        return bool(self._real) or self.inflight.admissible() or self._spec_pending()
 
     # ------------------------------------------------------------------ the turns
 
     def next(self) -> Generate | Score | None:
-        frontier, running = self.frontier, self.parts.runner.requests
+        inflight, running = self.inflight, self.parts.runner.requests
         while True:
             if self._turn is _Turn.LLM:
                 if self._round is None:
@@ -109,21 +115,21 @@ class DecoupledSchedule(Schedule):
                 self._round.progressed = self._fill() or self._round.progressed
                 if running:
                     self._round.touched.update((r.problem.id, r.problem) for r in running.values())
-                    return Generate()
+                    return Generate(self.parts.runner.take_plan())
                 self._close_round()
             self._turn = _Turn.LLM
             rejecting = self._rejection_due()
-            if frontier.prm_queue:
+            if inflight.prm_queue:
                 if rejecting:
                     self._turn = _Turn.PRM  # the partial call follows the queue's
                 return Score(*self._prm_batch())
-            if rejecting and (call := frontier.rejection.call(frontier.live, self._decoding)) is not None:
+            if rejecting and (call := inflight.rejection.call(inflight.live, self._decoding)) is not None:
                 return call
-            if not frontier.busy():
+            if not inflight.busy():
                 return None
             if not self._progressed:
                 raise RuntimeError("decoupled engine: no progress with problems in flight "
-                                   f"({len(frontier.live)} live, {len(self._real)} queued requests)")
+                                   f"({len(inflight.live)} live, {len(self._real)} queued requests)")
 
     def _close_round(self) -> None:
         """The LLM round ends: its wall time goes to every problem it ran requests of."""
@@ -142,12 +148,12 @@ class DecoupledSchedule(Schedule):
         """Whether the PRM should run now."""
         if self._rejection_due():
             return True  # early rejection's partial call, after the queue's
-        frontier = self.frontier
-        if not frontier.prm_queue:
+        inflight = self.inflight
+        if not inflight.prm_queue:
             return False  # nothing to score: keep the LLM busy
-        if self.prm_cap and len(frontier.prm_queue) >= self.prm_cap:
+        if self.prm_cap and len(inflight.prm_queue) >= self.prm_cap:
             return True
-        if any(not p.waiting and p.to_score for p in frontier.live):
+        if any(not p.waiting and p.to_score for p in inflight.live):
             return True  # a selection waits only for the PRM
         if all(r.kind is RequestKind.SPEC for r in self.parts.runner.requests.values()):
             return True  # only speculation runs: real work depends on the PRM
@@ -158,13 +164,22 @@ class DecoupledSchedule(Schedule):
     def _speculating(self) -> bool:
         return bool(self.speculation.running())
 
+    def _spec_pending(self) -> bool:
+        """Speculation waits to start (the fill policy's choice)."""
+        return not self._spec_exhausted and bool(self.speculation.proposals(self.inflight.live))
+
+    def _spec_changed(self) -> None:
+        self._spec_exhausted = False
+
     def _speculate(self) -> bool:
-        """Free batch slots go to speculation, where it may start; True when some did."""
-        runner, rule = self.parts.runner, self.speculation
+        """Free batch slots go to speculation, where it may start; True when some did. A
+        scan that finds none left to start is not repeated until something changed."""
+        runner, spec = self.parts.runner, self.speculation
         free = runner.free_slots()
-        if free <= 0 or not rule.allows():
+        if free <= 0 or not spec.allows():
             return False
-        rule.fill(self.frontier.live, free)
+        if not self._spec_exhausted and spec.start(self.inflight.live, free):
+            self._spec_exhausted = True
         return runner.free_slots() < free
 
     def _fill(self) -> bool:
@@ -172,11 +187,11 @@ class DecoupledSchedule(Schedule):
         progressed = False
         while True:
             progressed = self._submit_real() or progressed
-            if not self.frontier.admissible():
+            if not self.inflight.admissible():
                 return self._speculate() or progressed
             if not (self.parts.runner.free_slots() > 0 or self._speculating()):
                 return progressed
-            has_spec = self.speculation.pending(self.frontier.live)
+            has_spec = self._spec_pending()
             order = self.fill_policy.order(self._fill_state()) if has_spec else EAGER_FIRST
             if order[0] is Filler.SPECULATIVE:
                 progressed = self._speculate() or progressed
@@ -188,23 +203,25 @@ class DecoupledSchedule(Schedule):
     def _fill_state(self) -> FillState:
         runner = self.parts.runner
         return FillState(runner.gen.batch_cap, len(runner.requests), self._util,
-                         self.speculation.memory.kv_usage, len(self.frontier.live), self.parts.opts.concurrency)
+                         self.speculation.memory.kv_usage, len(self.inflight.live), self.parts.opts.concurrency)
 
     def _submit_real(self) -> bool:
         progressed = False
         while self._real:
-            if self.parts.runner.free_slots() <= 0 and not self.speculation.preempt(1):
-                break
+            if self.parts.runner.free_slots() <= 0:
+                if not self.speculation.preempt(1):
+                    break
+                self._spec_changed()
             self._submit(self._real.popleft())
             progressed = True
         return progressed
 
     def _admit(self) -> None:
-        frontier = self.frontier
-        problem = frontier.admit(cold=not frontier.live and not self.parts.runner.requests)  # nothing in flight
-        self._real.extend(frontier.order(frontier.requests_for(problem.search, kind=RequestKind.EAGER, problem=problem)))
+        inflight = self.inflight
+        problem = inflight.admit(cold=not inflight.live and not self.parts.runner.requests)  # nothing in flight
+        self._real.extend(inflight.order(inflight.requests_for(problem.search, kind=RequestKind.EAGER, problem=problem)))
         self.stats.problems_started += 1
-        self.stats.max_live = max(self.stats.max_live, len(frontier.live))
+        self.stats.max_live = max(self.stats.max_live, len(inflight.live))
         self._event("admit", problem.id)
         self._replan()
 
@@ -215,70 +232,64 @@ class DecoupledSchedule(Schedule):
 
     def _replan(self) -> None:
         """The memory policy (M) sees the committed beams of every problem in flight."""
-        self.frontier.replan(self.frontier.committed_beams())
+        self.inflight.replan(self.inflight.committed_beams())
 
     # ---------------------------------------------------------------- generation
 
-    def generated(self, outputs: list[tuple[Request, GenDelta]], st: StepStats) -> None:
+    def generated(self, outputs: list[tuple[Request, GenDelta, bool]], st: StepStats) -> None:
         self.fill_policy.observe(st)
         self._util = 0.8 * self._util + 0.2 * min(1.0, st.num_running / max(1, st.batch_cap))
-        if self.frontier.rejection is not None:
-            self.frontier.rejection.stepped()
+        if self.inflight.rejection is not None:
+            self.inflight.rejection.stepped()
         if self.speculation.guard is not None:
             self.speculation.guard.observe(st, max(0, st.num_running - len(self.speculation.running())))
         self._event("step", st.num_running, st.kv_usage)
-        rule, stopped, done = self.speculation, [], []
-        for request, d in outputs:
-            if rule.owns(request):
-                if rule.take(request, d):
-                    stopped.append(request)
-                continue
-            out = self.parts.cut.finish(request, d)
-            if out.ended:
-                done.append(request)
-                if out.stop:
-                    stopped.append(request)
-        self.parts.runner.stop(stopped, RequestState.FINISHED)
-        for request in done:
-            self._complete(request)
-        rule.relieve(st)
-        self.frontier.select_ready()
+        spec = self.speculation
+        self.parts.runner.stop_each(postprocess(outputs, self.parts.cut, spec, self._step_ended))
+        if spec.relieve(st):
+            self._spec_changed()
+        self.inflight.select_ready()
         if self._round is not None:
             self._round.steps += 1
             if self._round_over(self._round.steps):
                 self._close_round()
 
+    def _step_ended(self, request: Request, d: GenDelta, overflow: Sequence[int]) -> bool:
+        """A real request's step ended: it is committed; it stops."""
+        self._complete(request)
+        return True
+
     def _complete(self, request: Request) -> None:
         """A real request has its step: commit it to the beam and queue its score."""
         problem, beam = request.problem, request.beam
-        self.frontier.complete(request)
-        self.speculation.changed()
+        self.inflight.complete(request)
+        self._spec_changed()
         self._event("commit", request.kind.value, problem.id, beam.uid, beam.step_texts)
 
     # ------------------------------------------------------------------ scoring
 
     def _prm_batch(self) -> tuple[list[ScoreItem], tuple[str, ...]]:
         """At most `verifier_batch_size` queued beams, each for its shallowest unscored step."""
-        batch, policy = self.frontier.take_queued(self.prm_cap), self.parts.policy
+        batch, policy = self.inflight.take_queued(self.prm_cap), self.parts.policy
         items = [ScoreItem(beam, p.input.problem, (next_unscored(policy, p.search, beam),)) for p, beam in batch]
         self._call = PRMCall(batch, [beam.last_scored for _, beam in batch])
         return items, tuple(dict.fromkeys(p.id for p, _ in batch))
 
     def scored(self, work: Score, stats: ScoringStats) -> None:
         if work.purpose is Purpose.REJECT:
-            if self.frontier.reject_steps(stats.partial, self._decoding, self.parts.runner.stop):
-                self.speculation.changed()
-                self.frontier.select_ready()
+            if self.inflight.reject_steps(stats.partial, self._decoding, self.parts.runner.stop):
+                self._spec_changed()
+                self.inflight.select_ready()
             self._progressed = True
             return
         call = self._call
         assert call is not None
         for (problem, beam), item, b0 in zip(call.batch, work.items, call.before):
             self._event("prm", problem.id, beam.uid, item.indices[0], b0, beam.last_scored, beam.step_texts)
-        self.frontier.scores_made(call.batch)
-        self.speculation.changed()  # new scores change which beams look like survivors
+        self.inflight.scores_made(call.batch)
+        self._spec_changed()  # new scores change which beams look like survivors
         self._progressed = True
-        self.frontier.select_ready()
+        self.inflight.select_ready()
 
     # ---------------------------------------------------------- early rejection
 
@@ -288,7 +299,7 @@ class DecoupledSchedule(Schedule):
                 if r.kind is not RequestKind.SPEC and not r.finished and (problem is None or r.problem is problem)]
 
     def _rejection_due(self) -> bool:
-        rejection = self.frontier.rejection
+        rejection = self.inflight.rejection
         return rejection is not None and rejection.due(self._decoding())
 
     # ---------------------------------------------------------------- selection
@@ -297,14 +308,14 @@ class DecoupledSchedule(Schedule):
         """The children that selection kept take their speculative steps over (the rest
         queue as real requests); the problem's other speculative steps are dropped."""
         search = problem.search
-        self.speculation.changed()
+        self._spec_changed()
         self._event("select", problem.id, search.iteration, [(b.uid, b.parent) for b in search.frontier])
         if search.done:
             if self._round is not None and problem.id in self._round.touched:  # its share of the round so far
                 del self._round.touched[problem.id]
                 self.parts.collector.emit(ModelTime("generator", (problem.id,), clock.now() - self._round.start))
         else:
-            requests = self.frontier.order(self.frontier.requests_for(search, problem=problem))
+            requests = self.inflight.order(self.inflight.requests_for(search, problem=problem))
             self._real.extend(self.speculation.steps.take_over_all(requests, self._complete)[1])
         self.speculation.steps.drop_table(problem)  # (the search ended: nobody takes them over)
         self.speculation.selected(problem, parents)
@@ -314,7 +325,7 @@ class DecoupledSchedule(Schedule):
 
     def speculative_paths(self) -> set[tuple[str, tuple[str, ...]]]:
         """(problem id, path) of every speculative step held now, for checks and tests."""
-        return self.speculation.steps.paths(self.frontier.live)
+        return self.speculation.steps.paths(self.inflight.live)
 
     def step_logs(self) -> dict[str, dict]:
         fill = (self.fill_policy.name, self.fill_policy.decisions)

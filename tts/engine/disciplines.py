@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tts.engine.barrier import BarrierSchedule
 from tts.engine.decoupled import DecoupledSchedule
-from tts.engine.frontier import ScheduleParts
+from tts.engine.inflight import ScheduleParts
 from tts.engine.schedule import Schedule
 
 SCHEDULES: dict[str, type[Schedule]] = {"barrier": BarrierSchedule, "decoupled": DecoupledSchedule}

@@ -1,8 +1,10 @@
 """The engine: one step loop over two models, with the scheduling discipline as a policy.
 
-Like nano-vllm's `LLMEngine.step`, `Engine.step` does three things: the schedule picks the
-next piece of work, the model runner runs it on its model (one generator step, or one
-verifier call), and the schedule takes the results. Everything that differs between
+Like nano-vllm's `LLMEngine.step`, `Engine.step` does three things: the schedule plans the
+next piece of work (one generator step, with the requests it sends and stops as a value,
+`StepPlan`; or one verifier call), the model runner runs it on its model, and the
+schedule takes the results (`generated`: one postprocess path for both schedules,
+`postprocess.py`). Everything that differs between
 the baseline, the FlashTTS switches and the thesis's decoupled exploration is the
 schedule (`make_schedule`):
 
@@ -31,13 +33,13 @@ from tts.engine.options import EngineOptions
 from tts.engine.ordering import make_ordering
 from tts.engine.messages import Score
 from tts.engine.problem import Problem, ProblemInput
-from tts.engine.frontier import ScheduleParts
+from tts.engine.inflight import ScheduleParts
 from tts.engine.schedule import Schedule
 from tts.engine.scoring import ScoreCache, ScoreItem, ScoringPhase
-from tts.engine.steps import StepCutter
+from tts.engine.step_cutter import StepCutter
 from tts.metrics.collector import MetricsCollector
 from tts.metrics.events import ProblemFinished
-from tts.metrics.measures import ProblemMetrics, StepLog
+from tts.metrics.measures import ProblemMetrics
 from tts.search.base import SearchPolicy
 from tts.search.tree import Beam
 
@@ -89,14 +91,6 @@ class Engine:
         return self.runner.verifier
 
     @property
-    def gen_log(self) -> StepLog:
-        return self.collector.logs["generator"]
-
-    @property
-    def ver_log(self) -> StepLog:
-        return self.collector.logs["verifier"]
-
-    @property
     def on_problem_iteration(self) -> Callable[[str, int], None] | None:
         """Progress display: called with (problem id, iterations done)."""
         return self.collector.on_iteration
@@ -112,11 +106,11 @@ class Engine:
             while self.step():
                 done = self.schedule.take_finished()
                 if done and not self.schedule.busy():
-                    self.schedule.release()  # before the last yield: a caller may stop there
+                    self._release()  # before the last yield: a caller may stop there
                 for problem in done:
                     yield self._finish(problem)
         finally:  # an error, or a caller that stopped early: no request stays running
-            self.schedule.release()
+            self._release()
 
     def step(self) -> bool:
         """Schedule, run one model, hand the results back. False: nothing left to run."""
@@ -127,8 +121,13 @@ class Engine:
             scored = self.runner.score(work.items, self._order_items, work.charge, work.purpose.value)
             self.schedule.scored(work, scored)
         else:
-            self.schedule.generated(*self.runner.step())
+            self.schedule.generated(*self.runner.step(work.plan))
         return True
+
+    def _release(self) -> None:
+        """Stop whatever still runs in the backend, now."""
+        self.schedule.release()
+        self.runner.flush()
 
     def _order_items(self, items: list[ScoreItem]) -> list[ScoreItem]:
         return self.ordering.order(items, lambda i: i.beam)

@@ -26,8 +26,8 @@ from tts.engine.model_runner import ModelRunner
 from tts.engine.options import EngineOptions
 from tts.engine.problem import Problem
 from tts.engine.scoring import ScoreItem
-from tts.engine.speculation.policy import next_runs_to_eos, spec_step
-from tts.engine.steps import StepCutter
+from tts.engine.speculation.policy import next_runs_to_eos, held_step
+from tts.engine.step_cutter import StepCutter
 from tts.search.base import ProblemSearch, SearchPolicy
 from tts.search.tree import Beam
 
@@ -86,7 +86,7 @@ class Lookahead:
         path, not the step its tokens hold, so a score made now would never be read)."""
         if not beam.spec_tokens or next_runs_to_eos(self.opts, self.policy, search):
             return None
-        probe = spec_step(self.cut, self.policy, beam, search)
+        probe = held_step(self.cut, self.policy, beam, search)
         if probe.end is None or not probe.tokens:
             return None
         return self.runner.gen.decode(probe.tokens)

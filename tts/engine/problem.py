@@ -32,9 +32,9 @@ class Table:
     def get(self, key: tuple[int, int], default: Request | None = None) -> Request | None:
         return self._nodes.get(key, default)
 
-    def __setitem__(self, key: tuple[int, int], node: Request) -> None:
-        self._nodes[key] = node
-        self._by_beam.setdefault(key[0], {})[key[1]] = node
+    def __setitem__(self, key: tuple[int, int], spec_step: Request) -> None:
+        self._nodes[key] = spec_step
+        self._by_beam.setdefault(key[0], {})[key[1]] = spec_step
 
     def __delitem__(self, key: tuple[int, int]) -> None:
         del self._nodes[key]
@@ -46,9 +46,9 @@ class Table:
     def pop(self, key: tuple[int, int], default: Request | None = None) -> Request | None:
         if key not in self._nodes:
             return default
-        node = self._nodes[key]
+        spec_step = self._nodes[key]
         del self[key]
-        return node
+        return spec_step
 
     def of_beam(self, uid: int) -> list[Request]:
         """The steps held for the children of beam `uid`, in the order they were made."""
@@ -90,7 +90,7 @@ class Problem:
     rng: random.Random
     waiting: set[int] = field(default_factory=set)
     to_score: int = 0
-    spec: Table = field(default_factory=Table)
+    spec_table: Table = field(default_factory=Table)
     lengths: list[int] = field(default_factory=list)
 
     @property

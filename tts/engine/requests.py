@@ -59,7 +59,7 @@ class Request:
     problem: Any = None  # the problem in flight it belongs to, where the schedule needs it
     # what generation made of it:
     tokens: list[int] = field(default_factory=list)
-    spec: list[int] = field(default_factory=list)  # run-on: tokens past the step's end
+    runon_tokens: list[int] = field(default_factory=list)  # run-on: tokens past the step's end
     end: StepEnd | None = None
     request_id: str | None = None
     adopted: int = 0  # speculative tokens reused from before this request
@@ -68,6 +68,9 @@ class Request:
     capped: bool = False  # its backend budget is below the step's: LENGTH is not a step end
     stalled: bool = False  # a speculative step that reached its cap before its end
     rejected: bool = False  # early rejection stopped it: its beam leaves the frontier
+    # (problem id, speculative, kind): how the model runner counts its tokens, set as it
+    # enters the backend or begins to run there as speculation
+    counted_as: tuple[str, bool, RequestKind] | None = field(default=None, repr=False)
 
     @property
     def finished(self) -> bool:

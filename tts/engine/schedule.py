@@ -4,8 +4,8 @@ A `Schedule` decides what the engine's next step runs (`next`: one generator ste
 verifier call, or nothing left) and takes its results (`generated`, `scored`). It gets
 what it works with as `ScheduleParts` (the model runner, the step rule, the score cache,
 the request order, the metrics, the memory policy's re-plan hook, its typed options) and
-holds no reference to the engine. The per-problem frontier every discipline shares is
-`frontier.py`'s (each discipline holds one, built from its parts); a problem in flight
+holds no reference to the engine. The problems in flight every discipline shares are
+`inflight.py`'s (each discipline holds one, built from its parts); a problem in flight
 is `problem.py`'s.
 """
 
@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 
 from tts.backends.base import GenDelta, StepStats
-from tts.engine.frontier import Frontier
+from tts.engine.inflight import Inflight
 from tts.engine.messages import Generate, Score
 from tts.engine.problem import Problem, ProblemInput
 from tts.engine.requests import Request
@@ -25,17 +25,17 @@ from tts.engine.scoring import ScoringStats
 class Schedule(ABC):
     """A scheduling discipline over the engine's step loop (the module docstring): what
     `Engine.run` and `Engine.step` call, and nothing else. Its problems are its
-    `frontier`'s."""
+    `inflight` ones."""
 
-    frontier: Frontier
+    inflight: Inflight
 
     def add(self, problems: Iterable[ProblemInput]) -> None:
         """Queue problems to run."""
-        self.frontier.add(problems)
+        self.inflight.add(problems)
 
     def busy(self) -> bool:
         """Problems wait or run."""
-        return self.frontier.busy()
+        return self.inflight.busy()
 
     @abstractmethod
     def next(self) -> Generate | Score | None:
@@ -51,7 +51,7 @@ class Schedule(ABC):
 
     def take_finished(self) -> list[Problem]:
         """The problems finished since the last call (they have left those in flight)."""
-        return self.frontier.take_finished()
+        return self.inflight.take_finished()
 
     @abstractmethod
     def release(self) -> None:

@@ -82,7 +82,7 @@ class IterationDone:
 
 @dataclass(frozen=True)
 class SelectionTimed:
-    """A problem's selection, timed on the host once per iteration (`Frontier.select`: the
+    """A problem's selection, timed on the host once per iteration (`Inflight.select`: the
     policy's cut, the iteration's bookkeeping, early exit's check; not what the discipline
     does with the new frontier after it)."""
 

@@ -16,7 +16,6 @@ from tts.backends.base import (FinishReason, GenDelta, Generator, GenRequest, Sc
                                StepStats, Verifier)
 from tts.backends.prefix_cache import PrefixCache
 from tts.clock import VirtualClock
-from tts.engine.model_runner import SPECULATIVE_PREFIX
 from tts.replay.reader import VariantReader, Whose
 from tts.replay.sampler import StepSampler
 from tts.replay.served import ReplayCounts
@@ -121,7 +120,7 @@ class ReplayGenerator(Generator):
         prompt extended by those tokens (the next step's request: the same context and seed
         sample the same tokens), and so on; then drawn steps. A request the variant's own
         recording does not hold, or one run past it, is noted (`Divergence`)."""
-        seed, speculative = request.seed, request.request_id.startswith(SPECULATIVE_PREFIX)
+        seed, speculative = request.seed, request.speculative
         h = prompt_hash = request.key()
         served, found = [], None
         note = functools.partial(self.reader.divergence.request, request.prompt_token_ids, seed, speculative)

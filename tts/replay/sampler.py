@@ -16,7 +16,7 @@ import random
 from collections import Counter
 from collections.abc import Callable, Iterator
 
-from tts.engine.steps import BOUNDARY
+from tts.engine.step_cutter import BOUNDARY
 from tts.trace.format import Trace
 from tts.search.tree import has_answer
 

@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tts.backends.base import FinishReason, GenDelta, Generator, GenRequest, ScoreRequest, StepStats, Verifier
-from tts.engine.model_runner import SPECULATIVE_PREFIX
 from tts.trace.format import VERSION, complete_members, score_key
 
 
@@ -53,7 +52,7 @@ class TraceRecorder:
         self._live[request.request_id] = {
             "t": "g", "v": self.variant, "seed": request.seed, "h": request.key(),
             "p": len(request.prompt_token_ids), "max": request.max_tokens,
-            "spec": request.request_id.startswith(SPECULATIVE_PREFIX), "n": self._sent, "o": []}
+            "spec": request.speculative, "n": self._sent, "o": []}
         self._sent += 1
 
     def _stepped(self, deltas: list[GenDelta], stats: StepStats, wall_s: float) -> None:

@@ -108,11 +108,6 @@ class VllmGenerator(Generator):
     def batch_cap(self) -> int:
         return self._probe.batch_cap
 
-    @property
-    def exact_stats(self) -> bool:
-        """Whether `StepStats` come from the scheduler (True) or from the outputs."""
-        return self._probe.exact
-
     def encode_prompt(self, problem: str, system_prompt: str) -> list[int]:
         return self._codec.encode_prompt(problem, system_prompt)
 

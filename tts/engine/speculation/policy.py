@@ -4,7 +4,7 @@ Priority comes from the previous step's verifier score: the frontier's scores ar
 into B bins (B = the branching factor), bin 1 the highest, and a beam in bin j may claim
 up to B - j + 1 speculative branches. After selection the original child (child 0, same
 seed) keeps all of its parent's run-on tokens; each duplicate keeps a prefix of the
-speculative *next step* (`spec_step`, cut by the rule its real step follows) whose length
+speculative *next step* (`held_step`, cut by the rule its real step follows) whose length
 is a fraction drawn around R of that step, so duplicates start ahead yet diverge within
 it; a duplicate always samples at least `spec_own_min_tokens` of its own step, or a draw
 near 1 would make it child 0's clone. (Run-on may run past the next step while stragglers
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from tts.engine.options import EngineOptions
 from tts.engine.requests import Request
-from tts.engine.steps import StepCutter
+from tts.engine.step_cutter import StepCutter
 from tts.search.base import ProblemSearch, SearchPolicy
 from tts.search.tree import Beam, StepEnd
 
@@ -80,7 +80,7 @@ def next_runs_to_eos(opts: EngineOptions, policy: SearchPolicy, search: ProblemS
     return opts.eos_at_depth_limit and policy.is_last_iteration(search, ahead=1)
 
 
-def spec_step(cut: StepCutter, policy: SearchPolicy, beam: Beam, search: ProblemSearch) -> Request:
+def held_step(cut: StepCutter, policy: SearchPolicy, beam: Beam, search: ProblemSearch) -> Request:
     """The next step held in the beam's speculative tokens, cut by the rule its real step
     follows (boundary, EOS, the step's token limit); `end` is None when the tokens stop
     inside it."""
@@ -89,9 +89,9 @@ def spec_step(cut: StepCutter, policy: SearchPolicy, beam: Beam, search: Problem
     return probe
 
 
-def spec_step_len(cut: StepCutter, policy: SearchPolicy, beam: Beam, search: ProblemSearch) -> int:
+def held_step_len(cut: StepCutter, policy: SearchPolicy, beam: Beam, search: ProblemSearch) -> int:
     """How many of the beam's speculative tokens its next step takes (EOS included)."""
-    probe = spec_step(cut, policy, beam, search)
+    probe = held_step(cut, policy, beam, search)
     if probe.end is None:
         return len(beam.spec_tokens)
     return len(probe.tokens) + (probe.end is StepEnd.EOS)

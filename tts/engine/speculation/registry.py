@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tts.config.plugins import Named, load_class
-from tts.engine.frontier import ScheduleParts
+from tts.engine.inflight import ScheduleParts
 from tts.engine.problem import Problem
 from tts.engine.requests import Request
 from tts.engine.speculation.branches import Branches

@@ -42,16 +42,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tts.config.enums import DecoupledSpecScope
-from tts.engine.frontier import ScheduleParts
+from tts.engine.inflight import ScheduleParts
 from tts.engine.problem import Problem
-from tts.engine.speculation.rule import Stops, TableRule
+from tts.engine.speculation.rule import StartRule
 from tts.engine.speculation.steps import SpeculativeSteps
 from tts.search.tree import Beam
 
 
-class Scoped(TableRule):
-    """The decoupled schedule's speculative steps (module docstring): `fill` fills free
-    batch slots by the scope's order; real work preempts them (`preempt`)."""
+class Scoped(StartRule):
+    """The decoupled schedule's speculative steps (module docstring), by the scope's order;
+    real work preempts them."""
 
     name = "scoped"
     disciplines = ("decoupled",)
@@ -59,25 +59,6 @@ class Scoped(TableRule):
     def __init__(self, steps: SpeculativeSteps, parts: ScheduleParts) -> None:
         super().__init__(steps, parts)
         self.survivors = DecoupledSpecScope(parts.opts.decoupled.spec_scope) is DecoupledSpecScope.survivors
-        self.exhausted = False  # the last scan found no speculation left to start
-
-    def changed(self) -> None:
-        self.exhausted = False
-
-    def pending(self, problems: Sequence[Problem]) -> bool:
-        return not self.exhausted and bool(self.candidates(problems))
-
-    def fill(self, problems: Sequence[Problem], free: int) -> Stops:
-        """Fill free batch slots with speculative steps, by the scope's order; a scan that
-        finds none left to start is not repeated until something `changed`."""
-        if free <= 0 or self.exhausted:
-            return []
-        for problem, beam, k in self.candidates(problems):
-            if free <= 0:
-                return []
-            free -= self.steps.start(problem, beam, k)
-        self.exhausted = True
-        return []
 
     def candidates(self, problems: Sequence[Problem]) -> list[tuple[Problem, Beam, int]]:
         """(problem, generated beam, child index) to speculate, oldest problem first; within

@@ -25,11 +25,12 @@ the run's `SpeculationLog`).
 
 `SpeculativeSteps` holds what every rule shares of speculation while it runs: the start
 of a step (child k's request for the next iteration) and of a run-on (a real request past
-its step, `run_on`), both within the speculative token cap `spec_max_tokens` (a step
-stopped at the cap is partial, `Request.stalled`); their preemption, counted, and reset
-where sampling is not resumable (`preempt`); the adoption after selection
-(`take_over_all`); and the one memory rule (`memory.py`). Which steps start, and when, is
-a start rule's (`rule.py`).
+its step, `run_on`: the mechanism's run-on mode, with the finished steps that may run on,
+`ready` and `waiting`), both within the speculative token cap `spec_max_tokens` (a step
+stopped at the cap is partial, `Request.stalled`); the speculative requests running (the
+model runner's, `running`); their preemption, counted, and reset where sampling is not
+resumable (`preempt`); the adoption after selection (`take_over_all`); and the one memory
+rule (`memory.py`). Which steps start, and when, is a start rule's (`rule.py`).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from tts.engine.options import KV_SPEC_LIMIT
 from tts.engine.problem import Problem, Table
 from tts.engine.requests import Request, RequestKind, RequestState
 from tts.engine.speculation.memory import MemoryGuard
-from tts.engine.steps import StepCutter
+from tts.engine.step_cutter import StepCutter
 from tts.metrics.events import SpeculationAdopted, SpeculativeStep
 from tts.search.tree import Beam, StepEnd, child_seed
 
@@ -54,17 +55,17 @@ class Adoption(str, enum.Enum):
     DISCARDED = "discarded"
 
 
-def same_step(node: Request, request: Request) -> bool:
-    """The speculative step `node` is `request`'s step: the same kind of step (to EOS or
+def same_step(spec_step: Request, request: Request) -> bool:
+    """The speculative step `spec_step` is `request`'s step: the same kind of step (to EOS or
     not, cut into steps or not), a token limit at least the request's, and no speculative
     tokens of the request's own before it."""
-    return ((node.to_eos, node.cut_into_steps) == (request.to_eos, request.cut_into_steps)
-            and node.limit >= request.limit and not request.beam.spec_tokens)
+    return ((spec_step.to_eos, spec_step.cut_into_steps) == (request.to_eos, request.cut_into_steps)
+            and spec_step.limit >= request.limit and not request.beam.spec_tokens)
 
 
-def step_tokens(runner: ModelRunner, node: Request) -> tuple[int, ...]:
+def step_tokens(runner: ModelRunner, spec_step: Request) -> tuple[int, ...]:
     """The step's tokens as the child adopts them: a final EOS kept, so its step ends there."""
-    return tuple(node.tokens) + ((runner.gen.eos_token_id,) if node.end is StepEnd.EOS else ())
+    return tuple(spec_step.tokens) + ((runner.gen.eos_token_id,) if spec_step.end is StepEnd.EOS else ())
 
 
 def take_over(runner: ModelRunner, cut: StepCutter, table: Table, request: Request) -> tuple[Adoption, int] | None:
@@ -73,68 +74,67 @@ def take_over(runner: ModelRunner, cut: StepCutter, table: Table, request: Reque
     how, and those tokens. None: there is none, and the request runs as it is."""
     beam = request.beam
     key = (beam.parent, beam.seed)
-    node = table.pop(key, None) if beam.parent is not None else None
-    if node is None:
+    spec_step = table.pop(key, None) if beam.parent is not None else None
+    if spec_step is None:
         return None
-    how, used = adopt(runner, cut, node, request)
+    how, used = adopt(runner, cut, spec_step, request)
     runner.collector.emit(SpeculationAdopted(request.problem_id, used))
     return how, used
 
 
-def adopt(runner: ModelRunner, cut: StepCutter, node: Request, request: Request) -> tuple[Adoption, int]:
-    """`request`, a kept child's, adopts its speculative step `node` (module docstring).
-    Returns how, and how many of the tokens generated for `node` it used. A promoted
-    request runs in the backend on `node`'s request; a whole or partial one holds the
+def adopt(runner: ModelRunner, cut: StepCutter, spec_step: Request, request: Request) -> tuple[Adoption, int]:
+    """`request`, a kept child's, adopts its speculative step `spec_step` (module docstring).
+    Returns how, and how many of the tokens generated for `spec_step` it used. A promoted
+    request runs in the backend on `spec_step`'s request; a whole or partial one holds the
     adopted tokens (`adopted`), and is finished when they hold its step."""
-    how, used = _adopt(runner, cut, node, request)
-    runner.collector.emit(SpeculativeStep(request.problem_id, how.value, node.generated - used))
+    how, used = _adopt(runner, cut, spec_step, request)
+    runner.collector.emit(SpeculativeStep(request.problem_id, how.value, spec_step.generated - used))
     return how, used
 
 
-def _adopt(runner: ModelRunner, cut: StepCutter, node: Request, request: Request) -> tuple[Adoption, int]:
-    running = node.state.in_backend
-    if same_step(node, request) and (node.finished or (running and not node.capped)):
-        cut.consume(request, step_tokens(runner, node) if node.finished else node.tokens)
+def _adopt(runner: ModelRunner, cut: StepCutter, spec_step: Request, request: Request) -> tuple[Adoption, int]:
+    running = spec_step.state.in_backend
+    if same_step(spec_step, request) and (spec_step.finished or (running and not spec_step.capped)):
+        cut.consume(request, step_tokens(runner, spec_step) if spec_step.finished else spec_step.tokens)
         request.adopted = len(request.tokens)
-        used = node.generated
+        used = spec_step.generated
         if request.finished or not running:
             if running:
-                runner.stop([node], RequestState.FINISHED)
+                runner.stop([spec_step], RequestState.FINISHED)
             return Adoption.WHOLE, used
-        runner.requests[node.request_id] = request  # the child runs on the step's request
-        request.request_id, request.state = node.request_id, RequestState.RUNNING
+        runner.promote(spec_step, request)  # the child runs on the step's request
         return Adoption.PROMOTED, used
     if running:
-        runner.stop([node])
+        runner.stop([spec_step])
     if not runner.gen.resumable_sampling:
         return Adoption.DISCARDED, 0
-    eos = node.end is StepEnd.EOS
-    request.beam.spec_tokens = step_tokens(runner, node)
+    eos = spec_step.end is StepEnd.EOS
+    request.beam.spec_tokens = step_tokens(runner, spec_step)
     cut.adopt(request)
-    return Adoption.PARTIAL, min(node.generated, request.adopted + (1 if eos and request.end is StepEnd.EOS else 0))
+    return Adoption.PARTIAL, min(spec_step.generated, request.adopted + (1 if eos and request.end is StepEnd.EOS else 0))
 
 
-def preempted(runner: ModelRunner, node: Request) -> bool:
+def preempted(runner: ModelRunner, request: Request) -> bool:
     """A running speculative request is stopped before its end (memory, or real work needs
     its slot), counted once for every rule. Returns whether its speculative tokens (a
     step's all, a run-on's past its step) are lost: where the generator's sampling is not
     resumable (vLLM's own sampler) a request resumed from them would sample another step
     than the child's own request, so it restarts from its path."""
-    runner.collector.emit(SpeculativeStep(node.problem_id, "preempted"))
+    runner.collector.emit(SpeculativeStep(request.problem_id, "preempted"))
     if runner.gen.resumable_sampling:
         return False
-    lost = node.generated if node.kind is RequestKind.SPEC else len(node.spec)
-    runner.collector.emit(SpeculativeStep(node.problem_id, "reset", lost))
+    lost = request.generated if request.kind is RequestKind.SPEC else len(request.runon_tokens)
+    runner.collector.emit(SpeculativeStep(request.problem_id, "reset", lost))
     return True
 
 
-def drop(runner: ModelRunner, nodes: list[Request]) -> None:
+def drop(runner: ModelRunner, spec_steps: list[Request]) -> None:
     """Steps no kept child adopted: those still running stop; all their tokens are wasted."""
-    running = [n for n in nodes if n.state.in_backend]
+    running = [n for n in spec_steps if n.state.in_backend]
     if running:
         runner.stop(running)
-    for node in nodes:
-        runner.collector.emit(SpeculativeStep(node.problem_id, "dropped", node.generated))
+    for spec_step in spec_steps:
+        runner.collector.emit(SpeculativeStep(spec_step.problem_id, "dropped", spec_step.generated))
 
 
 class SpeculativeSteps:
@@ -150,77 +150,88 @@ class SpeculativeSteps:
         self.spec_max_tokens = spec_max_tokens
         self.memory = MemoryGuard(kv_spec_limit)
         self._event = event or (lambda *fields: None)
+        # run-on mode: finished real steps that may run on, by beam uid: those whose step
+        # ended in this generator step, still running, and those waiting for a slot
+        self.ready: dict[int, Request] = {}
+        self.waiting: dict[int, Request] = {}
+        self.pruned: set[int] = set()  # beams whose speculation pruning stopped (`optim.spec_prune`)
 
     def running(self) -> list[Request]:
-        """The speculative steps running in the backend, oldest first."""
-        return [r for r in self.runner.requests.values() if r.kind is RequestKind.SPEC]
+        """The speculative requests running in the backend, oldest first: speculative steps
+        (not those whose step just ended, which stop) and run-ons."""
+        spec = RequestKind.SPEC
+        return [r for r in self.runner.speculative.values() if r.kind is not spec or not r.finished]
 
     def of(self, request: Request) -> list[Request]:
         """The speculative steps held for the children of a request's beam, child 0 first."""
-        return request.problem.spec.of_beam(request.beam.uid)
+        return request.problem.spec_table.of_beam(request.beam.uid)
 
     def speculable(self, problem: Problem, beam: Beam, k: int) -> bool:
         """The beam has its step, and its child k's speculative step is not started, or
         was stopped short and can resume from its tokens."""
         if beam.uid in problem.waiting:
             return False
-        node = problem.spec.get((beam.uid, child_seed(beam.seed, k)))
-        if node is None:
+        spec_step = problem.spec_table.get((beam.uid, child_seed(beam.seed, k)))
+        if spec_step is None:
             return not beam.is_finished_path
-        return not node.state.in_backend and not node.finished and not node.stalled
+        return not spec_step.state.in_backend and not spec_step.finished and not spec_step.stalled
 
     def start(self, problem: Problem, beam: Beam, k: int) -> bool:
         """Start child k's speculative step of `beam` (or resume it); False when it has no
         token budget left."""
-        node = problem.spec.get((beam.uid, child_seed(beam.seed, k)))
-        if node is None:
+        spec_step = problem.spec_table.get((beam.uid, child_seed(beam.seed, k)))
+        if spec_step is None:
             shadow = beam.fork(child_seed(beam.seed, k))  # child k: the same path, its seed
-            node = self._requests_for(problem, [shadow], problem.search.iteration + 1)[0]
-            node.kind, node.stalled = RequestKind.SPEC, node.limit <= 0
-            problem.spec[(beam.uid, shadow.seed)] = node
+            spec_step = self._requests_for(problem, [shadow], problem.search.iteration + 1)[0]
+            spec_step.kind, spec_step.stalled = RequestKind.SPEC, spec_step.limit <= 0
+            problem.spec_table[(beam.uid, shadow.seed)] = spec_step
             self._event("spec", problem.id, beam.uid, shadow.uid)
-        return not node.stalled and self.submit(node)
+        return not spec_step.stalled and self.submit(spec_step)
 
-    def submit(self, node: Request) -> bool:
+    def submit(self, spec_step: Request) -> bool:
         """Send a speculative step within the cap; False when it has no budget left (it stalls)."""
-        budget = node.limit - len(node.tokens)
-        max_tokens = min(budget, self.spec_max_tokens - len(node.tokens)) if self.spec_max_tokens else budget
+        budget = spec_step.limit - len(spec_step.tokens)
+        max_tokens = min(budget, self.spec_max_tokens - len(spec_step.tokens)) if self.spec_max_tokens else budget
         if max_tokens < 1:
-            node.stalled = True
+            spec_step.stalled = True
             return False
-        node.capped = max_tokens < budget
-        self.runner.submit(node, max_tokens, node.tokens, speculative=True)
-        self._event("submit", node.kind.value, node.beam.uid, node.request_id)
+        spec_step.capped = max_tokens < budget
+        self.runner.submit(spec_step, max_tokens, spec_step.tokens, speculative=True)
+        self._event("submit", spec_step.kind.value, spec_step.beam.uid, spec_step.request_id)
         return True
 
     def run_on(self, request: Request) -> bool:
         """Send a real request whose step is committed on from its tokens past the step
-        (`Request.spec`), within the cap; False when its speculation is spent."""
-        budget = self.spec_max_tokens - len(request.spec)
+        (`Request.runon_tokens`), within the cap; False when its speculation is spent."""
+        budget = self.spec_max_tokens - len(request.runon_tokens)
         if budget <= 0:
             return False
-        self.runner.submit(request, budget, request.spec, speculative=True)
+        self.runner.submit(request, budget, request.runon_tokens, speculative=True)
         return True
 
-    def stopped(self, node: Request) -> None:
+    def stopped(self, spec_step: Request) -> None:
         """A speculative request ended: its step is done, or it reached its cap (stalled)."""
-        node.stalled = not node.finished
-        self._event("spec_done", node.beam.parent, node.generated)
+        spec_step.stalled = not spec_step.finished
+        self._event("spec_done", spec_step.beam.parent, spec_step.generated)
 
-    def preempt(self, nodes: Sequence[Request]) -> None:
-        """Stop these running speculative requests; they wait. Their tokens are kept to
-        resume from where the generator's sampling is resumable; otherwise (vLLM's own
-        sampler) they are wasted (`preempted`): a step leaves its table, a run-on drops its
-        tokens past its step, and either starts again from its path."""
-        for node in nodes:
-            self._event("preempt", node.beam.parent, len(node.tokens))
-            if not preempted(self.runner, node):
+    def preempt(self, requests: Sequence[Request]) -> None:
+        """Stop these running speculative requests; they wait (a run-on for a slot again,
+        `waiting`). Their tokens are kept to resume from where the generator's sampling is
+        resumable; otherwise (vLLM's own sampler) they are wasted (`preempted`): a step
+        leaves its table, a run-on drops its tokens past its step, and either starts again
+        from its path."""
+        for request in requests:
+            self._event("preempt", request.beam.parent, len(request.tokens))
+            is_step = request.kind is RequestKind.SPEC
+            if not is_step:
+                self.waiting[request.beam.uid] = request
+            if not preempted(self.runner, request):
                 continue
-            if node.kind is RequestKind.SPEC:
-                del node.problem.spec[(node.beam.parent, node.beam.seed)]
+            if is_step:
+                del request.problem.spec_table[(request.beam.parent, request.beam.seed)]
             else:
-                node.spec.clear()
-        self.runner.stop(nodes, RequestState.WAITING)
+                request.runon_tokens.clear()
+        self.runner.stop(requests, RequestState.WAITING)
 
     def take_over_all(self, requests: Sequence[Request], complete: Callable[[Request], None],
                       ) -> tuple[list[Request], list[Request]]:
@@ -232,7 +243,7 @@ class SpeculativeSteps:
         those still to send."""
         running, to_send = [], []
         for request in requests:
-            taken = take_over(self.runner, self.cut, request.problem.spec, request)
+            taken = take_over(self.runner, self.cut, request.problem.spec_table, request)
             if taken is not None:
                 self._event("adopt", request.beam.parent, request.beam.uid, taken[0].value, taken[1])
                 if taken[0] is Adoption.PROMOTED:
@@ -250,16 +261,28 @@ class SpeculativeSteps:
     def drop_table(self, problem: Problem) -> None:
         """Drop the problem's speculative steps (no kept child took them over): all their
         tokens are wasted."""
-        for node in problem.spec.values():
-            self._event("drop", node.beam.parent, node.beam.uid, node.generated)
-        drop(self.runner, list(problem.spec.values()))
-        problem.spec = Table()
+        for spec_step in problem.spec_table.values():
+            self._event("drop", spec_step.beam.parent, spec_step.beam.uid, spec_step.generated)
+        drop(self.runner, list(problem.spec_table.values()))
+        problem.spec_table = Table()
+
+    def steps_of(self, request: Request) -> dict[int, tuple[int, ...]]:
+        """The speculative steps of a request's beam's children by child seed, as a child
+        would start from them (a final EOS kept): the finished ones; where sampling is
+        resumable, also those stopped short (preempted, at their cap). Not the running
+        ones, which a kept child takes over."""
+        mine, runner = self.of(request), self.runner
+        steps = {b.beam.seed: step_tokens(runner, b) for b in mine if b.finished}
+        if runner.gen.resumable_sampling:
+            steps.update((b.beam.seed, tuple(b.tokens)) for b in mine
+                         if not b.finished and b.tokens and not b.state.in_backend)
+        return steps
 
     def paths(self, problems: Sequence[Problem]) -> set[tuple[str, tuple[str, ...]]]:
         """(problem id, path) of every speculative step held now, for checks and tests."""
         out = set()
         for problem in problems:
-            for node in problem.spec.values():
-                if node.tokens:
-                    out.add((problem.id, node.beam.step_texts + (self.runner.gen.decode(node.tokens),)))
+            for spec_step in problem.spec_table.values():
+                if spec_step.tokens:
+                    out.add((problem.id, spec_step.beam.step_texts + (self.runner.gen.decode(spec_step.tokens),)))
         return out

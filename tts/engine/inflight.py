@@ -1,12 +1,13 @@
-"""The per-problem frontier every discipline shares: each discipline holds one.
+"""The problems in flight, as every discipline shares them (`Inflight`: each discipline
+holds one), and their beams (a problem's frontier, `ProblemSearch.frontier`).
 
-The frontier admits problems (`admit`), commits a step to its beam and queues the beam's
+`Inflight` admits problems (`admit`), commits a step to its beam and queues the beam's
 score (`complete`), hands queued beams to a verifier call and requeues those still missing
 a score (`take_queued`, `scores_made`), and selects every problem whose frontier is
 generated and scored (`select_ready`; the discipline's `selected` hook then hands its
-speculation down). It makes the requests of a frontier (`requests_for`) and orders them
-(P). A discipline is the gate over it: when a verifier call runs, on which queued beams,
-with which items.
+speculation down). It makes the requests of a problem's frontier (`requests_for`) and
+orders them (P). A discipline is the gate over it: when a verifier call runs, on which
+queued beams, with which items.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from tts.engine.problem import Problem, ProblemInput, hash_id, next_unscored
 from tts.engine.rejection import early_rejection
 from tts.engine.requests import Request, RequestKind
 from tts.engine.scoring import ScoreCache
-from tts.engine.steps import StepCutter
+from tts.engine.step_cutter import StepCutter
 from tts.metrics.collector import MetricsCollector
 from tts.metrics.events import IterationDone, SearchSettled, SelectionTimed
 from tts.search.base import ProblemSearch, SearchPolicy
@@ -51,7 +52,7 @@ class ScheduleParts:
     replan: Callable[[list[Beam]], None] | None = None
 
 
-class Frontier:
+class Inflight:
     """The problems of a schedule, queued, in flight and finished, and their beams (the
     module docstring). `selected(problem, parents)` is the discipline's hook after a
     selection (its new frontier waits for its steps, or its search ended)."""
@@ -195,11 +196,8 @@ class Frontier:
     def fresh_caches(self) -> None:
         """Empty both models' prefix caches before a problem that starts alone (option
         `fresh_cache_per_problem`); the caller has released every request first."""
-        runner = self.parts.runner
         if self.parts.opts.fresh_cache_per_problem:
-            runner.gen.reset_prefix_cache()
-            if runner.verifier is not None:
-                runner.verifier.reset_prefix_cache()
+            self.parts.runner.reset_prefix_caches()
 
     def requests_for(self, search: ProblemSearch, priorities: Sequence[int] | None = None,
                      beams: Sequence[Beam] | None = None, iteration: int | None = None,
