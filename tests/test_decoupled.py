@@ -12,6 +12,9 @@ from tts.engine.decoupled_policy import (EAGER_FIRST, FILL_POLICIES, SPECULATIVE
                                          make_fill_policy)
 from tts.results.summary import variant_summary
 from tts.search import make_policy
+from tts.token_hash import extend_hash
+from tts.trace.format import TRACE, read_trace
+from tts.trace.recorder import TraceRecorder
 
 POLICIES = ("eager_first", "speculative_first", "adaptive")
 
@@ -58,26 +61,62 @@ def baseline(script, algo=Algorithm.beam, n=4, m=2, iters=5, problems=("a", "b",
     return list(eng.run(inputs(problems))), eng, gen
 
 
+class Seen:
+    """What the fake backends were asked, as a run's trace has it: the trace itself (a
+    `TraceRecorder` on both backends, in `folder`: every generation, with its seed, prompt
+    key, tokens, how it ended and whether it was sent as speculation), and, from the
+    backend observers it records through, the requests sent and the generator steps (their
+    statistics) in the order they came."""
+
+    def __init__(self, gen, ver, folder):
+        self.recorder = TraceRecorder(folder / TRACE, {})
+        self.recorder.attach("v", gen, ver)
+        self.order = []  # ("sent", GenRequest) or ("step", StepStats)
+        gen.add_request_observer(lambda r: self.order.append(("sent", r)), lambda ids: None)
+        gen.add_step_observer(lambda deltas, st, wall_s: self.order.append(("step", st)))
+
+    def trace(self):
+        self.recorder.flush()
+        return read_trace(self.recorder.path)
+
+    def speculative(self):
+        """The speculative generations, each as (seed, prompt key, generation)."""
+        return [(seed, h, g) for (seed, h), gens in self.trace().sent.items() for g in gens if g.speculative]
+
+
 def decoupled(script, algo=Algorithm.beam, n=4, m=2, iters=5, problems=("a", "b", "c"), cap=8, policy="eager_first",
-              prm_cap=0, verifier=None, search_kw=None, cache_blocks=1 << 20, trace=False, no_verifier=False,
+              prm_cap=0, verifier=None, search_kw=None, cache_blocks=1 << 20, seen=None, no_verifier=False,
               scope="survivors", sampling="context", **opts):
+    """The decoupled engine's outcomes, the engine and its backends; with `seen` (a folder),
+    what the backends were asked too (`Seen`)."""
     cfg = cfg_for(algo, n, m, iters, **(search_kw or {}))
     gen = FakeGenerator(script, batch_cap=cap, cache_blocks=cache_blocks, sampling=sampling)
     ver = None if no_verifier else (verifier or Recorder())
     optim = OptimConfig(engine=EngineKind.decoupled, decoupled_policy=policy, verifier_batch_size=prm_cap,
                         decoupled_spec_scope=scope)
     eng = Engine(gen, ver, lambda: make_policy(cfg, 30, 300), "sys", EngineOptions(**opts, decoupled=decoupled_options(optim)), schedule="decoupled")
-    if trace:
-        eng.schedule.trace = []
-    return list(eng.run(inputs(problems))), eng, gen, ver
+    watch = Seen(gen, ver, seen) if seen is not None else None
+    outs = list(eng.run(inputs(problems)))
+    return (outs, eng, gen, ver) if watch is None else (outs, eng, gen, ver, watch)
 
 
 def candidates(outs):
     return sorted((o.problem.id, [(b.text, b.scores) for b in o.candidates]) for o in outs)
 
 
-def events(eng, name):
-    return [e for e in eng.schedule.trace if e[0] == name]
+def scored_in_order(calls):
+    """Each verifier request scores one step, the shallowest its path has unscored: every
+    earlier step of the path was scored in an earlier call. Returns the requests that left
+    a later step of their path unscored (a beam scored step by step)."""
+    scored, step_by_step = set(), []
+    for call in calls:
+        for req in call:
+            (i,) = req.indices  # one step per beam per call
+            assert all((req.problem, req.steps[: j + 1]) in scored for j in range(i)), (req.problem, i)
+            if i < len(req.steps) - 1:
+                step_by_step.append(req)
+        scored |= {(req.problem, req.steps[: req.indices[0] + 1]) for req in call}
+    return step_by_step
 
 
 # ---------------------------------------------------------------- same answers
@@ -132,7 +171,8 @@ def test_prm_never_scores_a_speculative_step():
         eng = holder["eng"]
         assert len(requests) <= 3  # verifier_batch_size
         committed = {(b.problem_id, b.step_texts) for b in eng.schedule.inflight.committed_beams()}
-        spec = eng.schedule.speculative_paths()
+        spec = {(p.id, s.beam.step_texts + (gen.decode(s.tokens),))  # the speculative steps held now
+                for p in eng.schedule.inflight.live for s in p.spec_table.values() if s.tokens}
         seen["spec_live"] += bool(spec)
         for req in requests:
             pid = req.problem.removeprefix("problem ")
@@ -156,34 +196,44 @@ def test_prm_never_scores_a_speculative_step():
 
 def test_last_scored_advances_one_step_per_score():
     # verification every 2 iterations: beams carry two unscored steps, scored one per call
-    _, eng, _, ver = decoupled(endless, Algorithm.varying_granularity, iters=6, trace=True, prm_cap=4,
+    _, eng, _, ver = decoupled(endless, Algorithm.varying_granularity, iters=6, prm_cap=4,
                                search_kw={"verify_every": 2}, policy="speculative_first", concurrency=2)
-    prm = events(eng, "prm")
-    assert prm
-    for _, _, _, index, before, after, _ in prm:
-        assert index == before + 1 and after == before + 1
-    by_beam = {}
-    for _, _, uid, index, *_ in prm:
-        by_beam.setdefault(uid, []).append(index)
-    assert any(len(v) >= 2 for v in by_beam.values())  # some beam was scored step by step
-    assert all(v == sorted(v) for v in by_beam.values())
+    assert scored_in_order(ver.calls)  # some beam was scored step by step
     assert all(len(reqs) <= 4 for reqs in ver.calls)
-    assert sum(len(reqs) for reqs in ver.calls) == len(prm)  # unique steps: no cache hits
+    # every item of the PRM's calls reached the verifier (unique steps: no cache hits)
+    assert sum(len(reqs) for reqs in ver.calls) == sum(eng.collector.work.items["select"]) > 0
     assert len(ver.scored) == len(set(ver.scored))  # no step scored twice
 
 
 # --------------------------------------------------------------- speculation
 
 
-def test_pruned_beams_speculation_is_dropped_and_counted():
-    outs, eng, *_ = decoupled(short, n=8, m=4, iters=6, cap=16, trace=True, prm_cap=2,
-                              policy="speculative_first", concurrency=2)
-    drops = events(eng, "drop")
+def test_pruned_beams_speculation_is_dropped_and_counted(monkeypatch):
+    """Which speculative steps are dropped, and the frontiers selections make, are the
+    schedule's decisions (no trace holds them): the test watches the mechanism's drop and
+    the selection."""
+    from tts.engine.inflight import Inflight
+    from tts.engine.speculation import steps as spec_steps
+
+    drops, frontiers = [], []
+    real_drop, real_select = spec_steps.drop, Inflight.select
+
+    def drop(runner, dropped):
+        drops.extend((s.beam.parent, s.beam.uid, s.generated) for s in dropped)
+        return real_drop(runner, dropped)
+
+    def select(self, problem):
+        parents = real_select(self, problem)
+        frontiers.append([(b.uid, b.parent) for b in problem.search.frontier])
+        return parents
+
+    monkeypatch.setattr(spec_steps, "drop", drop)
+    monkeypatch.setattr(Inflight, "select", select)
+    outs, eng, *_ = decoupled(short, n=8, m=4, iters=6, cap=16, prm_cap=2, policy="speculative_first", concurrency=2)
     assert drops and sum(t for *_, t in drops) > 0
-    selects = events(eng, "select")
-    frontier_uids = {uid for e in selects for uid, _ in e[3]}
-    frontier_parents = {parent for e in selects for _, parent in e[3]}
-    for _, parent, shadow, _ in drops:
+    frontier_uids = {uid for f in frontiers for uid, _ in f}
+    frontier_parents = {parent for f in frontiers for _, parent in f}
+    for parent, shadow, _ in drops:
         assert shadow not in frontier_uids  # a speculative beam never enters a frontier
         assert parent not in frontier_parents  # the pruned beam has no descendants
     d = eng.collector.speculation
@@ -196,16 +246,17 @@ def test_pruned_beams_speculation_is_dropped_and_counted():
     assert logs["spec_wasted"] == d.wasted and 0 < logs["spec_hit_rate"] < 1
 
 
-def test_kept_beams_speculative_step_is_reused_without_a_request():
+def test_kept_beams_speculative_step_is_reused_without_a_request(tmp_path):
     base, _, bgen = baseline(short, n=8, m=4, iters=6, cap=16, concurrency=2)
-    fast, eng, gen, _ = decoupled(short, n=8, m=4, iters=6, cap=16, trace=True, prm_cap=1,
-                                  policy="speculative_first", concurrency=2)
+    fast, eng, gen, _, seen = decoupled(short, n=8, m=4, iters=6, cap=16, seen=tmp_path, prm_cap=1,
+                                        policy="speculative_first", concurrency=2)
     assert candidates(fast) == candidates(base)
-    whole = [e for e in events(eng, "adopt") if e[3] == "whole"]
-    assert whole and eng.collector.speculation.steps["whole"] == len(whole)
-    submitted = {e[2] for e in events(eng, "submit")}
-    for _, _, child, _, used in whole:
-        assert child not in submitted and used > 0
+    assert eng.collector.speculation.steps["whole"] > 0
+    # no token is generated twice: a kept child whose step was speculated sends no request
+    # of its own for it (its seed on its parent's path), whichever way it adopted the step
+    trace = seen.trace()
+    speculated = [key for key, gens in trace.sent.items() if any(g.speculative and g.tokens for g in gens)]
+    assert speculated and all(all(g.speculative for g in trace.sent[key]) for key in speculated)
     d = eng.collector.work
     assert len(gen.calls) == sum(d.requests.values())  # every request the engine counted
     real = d.requests["fresh"] + d.requests["eager"]
@@ -214,19 +265,23 @@ def test_kept_beams_speculative_step_is_reused_without_a_request():
     assert sum(o.metrics.spec_used for o in fast) == spec.used > 0
 
 
-def test_survivor_scope_speculates_the_kept_beams_children():
-    kw = dict(n=8, m=4, iters=6, cap=16, trace=True, prm_cap=2, policy="speculative_first", concurrency=2)
-    base, *_ = baseline(short, n=8, m=4, iters=6, cap=16, concurrency=2)
-    runs = {scope: decoupled(short, scope=scope, **kw)[1] for scope in ("survivors", "all")}
-    adopted = {}
-    for scope, eng in runs.items():
-        per_parent: dict[int, int] = {}
-        for _, parent, *_ in events(eng, "adopt"):
-            per_parent[parent] = per_parent.get(parent, 0) + 1
-        adopted[scope] = per_parent
-    assert max(adopted["all"].values()) == 1  # child 0 only
-    assert max(adopted["survivors"].values()) > 1  # several children of one kept beam
-    surv, every = runs["survivors"].collector.speculation, runs["all"].collector.speculation
+def test_survivor_scope_speculates_the_kept_beams_children(tmp_path):
+    kw = dict(n=8, m=4, iters=6, cap=16, prm_cap=2, policy="speculative_first", concurrency=2)
+    runs = {}
+    for scope in ("survivors", "all"):
+        (tmp_path / scope).mkdir()
+        runs[scope] = decoupled(short, scope=scope, seen=tmp_path / scope, **kw)
+    others = {}  # by scope: the speculative steps of a child other than child 0, from the trace
+    for scope, (*_, seen) in runs.items():
+        spec = seen.speculative()
+        # a step's seed on the path it made: child 0's seed and path (child 0 keeps its
+        # parent's seed); a speculative request resumed from its own tokens is no new step
+        made = {(seed, extend_hash(h, g.tokens)) for (seed, h), gens in seen.trace().sent.items() for g in gens}
+        resumed = {(seed, extend_hash(h, g.tokens)) for seed, h, g in spec if g.tokens}
+        others[scope] = [(seed, h) for seed, h, _ in spec if (seed, h) not in resumed | made]
+    assert not others["all"]  # child 0 only
+    assert others["survivors"]  # other children of the beams likely kept
+    surv, every = (runs[scope][1].collector.speculation for scope in ("survivors", "all"))
     assert surv.used > every.used
     assert surv.used / surv.generated > every.used / every.generated
 
@@ -239,14 +294,19 @@ def test_partial_speculation_under_a_token_cap_keeps_the_result():
     assert eng.collector.speculation.steps["partial"] > 0 and eng.collector.speculation.steps["whole"] == 0
 
 
-def test_real_work_preempts_speculation_and_resumes_it():
+def test_real_work_preempts_speculation_and_resumes_it(tmp_path):
     kw = dict(n=4, m=2, iters=5, cap=4, problems=("a", "b", "c", "d"), concurrency=3, eos_at_depth_limit=False)
     base, *_ = baseline(endless, **kw)
-    fast, eng, *_ = decoupled(endless, trace=True, policy="speculative_first", **kw)
+    fast, eng, _, _, seen = decoupled(endless, seen=tmp_path, policy="speculative_first", **kw)
     assert candidates(fast) == candidates(base)
-    assert eng.collector.speculation.steps["preempted"] > 0 and events(eng, "preempt")
+    assert eng.collector.speculation.steps["preempted"] > 0
     # a preempted speculative step keeps its tokens: a kept beam's child resumes from them
     assert eng.collector.speculation.steps["partial"] > 0
+    # in the trace: a speculative request stopped part-way, and a request (its own again,
+    # or its kept child's) with the same seed on its path extended by those tokens
+    sent = set(seen.trace().sent)
+    assert [(seed, h) for seed, h, g in seen.speculative()
+            if g.finish == "aborted" and g.tokens and (seed, extend_hash(h, g.tokens)) in sent]
 
 
 @pytest.mark.parametrize("scope", ["survivors", "all"])
@@ -256,7 +316,7 @@ def test_under_vllm_sampling_nothing_is_resumed_and_the_tree_holds(scope):
     kw = dict(n=4, m=2, iters=5, cap=4, problems=("a", "b", "c", "d"), concurrency=3, eos_at_depth_limit=False,
               sampling="stream")
     base, *_ = baseline(endless, **kw)
-    fast, eng, *_ = decoupled(endless, trace=True, policy="speculative_first", scope=scope, **kw)
+    fast, eng, *_ = decoupled(endless, policy="speculative_first", scope=scope, **kw)
     assert candidates(fast) == candidates(base)
     d = eng.collector.speculation
     assert d.steps["preempted"] > 0 and d.steps["reset"] == d.steps["preempted"] and d.steps["partial"] == 0
@@ -273,17 +333,17 @@ def test_under_vllm_sampling_nothing_is_resumed_and_the_tree_holds(scope):
     assert ceng.collector.speculation.steps["discarded"] > 0 and ceng.collector.speculation.steps["partial"] == 0
 
 
-def test_kv_pressure_stops_speculation():
+def test_kv_pressure_stops_speculation(tmp_path):
     base, *_ = baseline(endless, iters=4, concurrency=2)
-    fast, eng, *_ = decoupled(endless, iters=4, concurrency=2, cache_blocks=4, policy="speculative_first",
-                              trace=True)
+    fast, eng, _, _, seen = decoupled(endless, iters=4, concurrency=2, cache_blocks=4, policy="speculative_first",
+                                      seen=tmp_path)
     assert candidates(fast) == candidates(base)
-    first_full = next(i for i, e in enumerate(eng.schedule.trace) if e[0] == "step" and e[2] >= 0.95)
-    assert not [e for e in eng.schedule.trace[first_full:] if e[0] == "submit" and e[1] == "spec"]
+    first_full = next(i for i, (kind, st) in enumerate(seen.order) if kind == "step" and st.kv_usage >= 0.95)
+    assert not [r for kind, r in seen.order[first_full:] if kind == "sent" and r.speculative]
     assert eng.collector.speculation.generated <= 2  # at most what started before the first measurement
 
 
-def test_requests_queued_in_the_backend_stop_speculation():
+def test_requests_queued_in_the_backend_stop_speculation(tmp_path):
     """A backend that keeps requests waiting (memory short) gets no speculation after two
     such steps in a row; a single waiting step (a prefill waiting for its budget) is fine."""
     cfg = cfg_for(Algorithm.beam, 4, 2, 4)
@@ -300,14 +360,16 @@ def test_requests_queued_in_the_backend_stop_speculation():
 
         gen.step = step
         optim = OptimConfig(engine=EngineKind.decoupled, decoupled_policy="speculative_first")
-        eng = Engine(gen, FakeVerifier(), lambda: make_policy(cfg, 30, 300), "sys",
-                              EngineOptions(concurrency=2, decoupled=decoupled_options(optim)), schedule="decoupled")
-        eng.schedule.trace = []
+        ver = FakeVerifier()
+        eng = Engine(gen, ver, lambda: make_policy(cfg, 30, 300), "sys",
+                     EngineOptions(concurrency=2, decoupled=decoupled_options(optim)), schedule="decoupled")
+        (tmp_path / str(always)).mkdir()
+        seen = Seen(gen, ver, tmp_path / str(always))
         outs = list(eng.run(inputs(("a", "b", "c"))))
         base, *_ = baseline(endless, iters=4, concurrency=2)
         assert candidates(outs) == candidates(base)
-        steps = [i for i, e in enumerate(eng.schedule.trace) if e[0] == "step"]
-        late_spec = [e for e in eng.schedule.trace[steps[1]:] if e[0] == "submit" and e[1] == "spec"]
+        steps = [i for i, (kind, _) in enumerate(seen.order) if kind == "step"]
+        late_spec = [r for kind, r in seen.order[steps[1]:] if kind == "sent" and r.speculative]
         assert bool(late_spec) is not always
 
 

@@ -38,6 +38,39 @@ def test_score_cache_hits_counted_exactly():
     assert outs[0].metrics.score_cache_hits == 0
 
 
+def test_the_step_is_a_plan_the_backend_sees_with_the_step():
+    """`next()` returns a generator step with the changes to the batch the schedule made
+    (the requests it sends and stops, in order), and the generator sees them only when the
+    step runs; a change left out of a step's plan is an error."""
+    from tts.engine.messages import Generate
+
+    cfg = SearchConfig(n=4, beam_width=2, max_iterations=3)
+    gen = FakeGenerator(endless, batch_cap=8)
+    eng = Engine(gen, FakeVerifier(), lambda: make_policy(cfg, 30, 300), "sys", EngineOptions(speculative=True))
+    eng.schedule.add([ProblemInput("a", "problem a")])
+    first = eng.schedule.next()
+    assert isinstance(first, Generate) and len(first.plan.sent()) == 4 and not first.plan.stopped()
+    assert gen.num_unfinished() == 0  # nothing sent yet
+    eng.schedule.generated(*eng.runner.step(first.plan))
+    assert gen.calls == [r.request_id for r in first.plan.sent()]
+    stopping = None
+    while stopping is None:  # until a step's plan stops a request
+        work = eng.schedule.next()
+        if isinstance(work, Generate) and work.plan.stopped():
+            stopping = work
+        elif isinstance(work, Generate):
+            eng.schedule.generated(*eng.runner.step(work.plan))
+        else:
+            eng.schedule.scored(work, eng.runner.score(work.items, lambda items: items, work.charge))
+    before = gen.num_unfinished()  # the requests it stops still run until the plan does
+    eng.runner.run(stopping.plan)
+    assert gen.num_unfinished() == before - len(stopping.plan.stopped()) + len(stopping.plan.sent())
+    eng.runner.stop([next(iter(eng.runner.requests.values()))])  # a change after the plan was handed back
+    with pytest.raises(RuntimeError, match="left out of the step's plan"):
+        eng.runner.step(Generate().plan)
+    eng.runner.flush()
+
+
 def test_problem_record_fields_and_invariants():
     outs, *_ = run(answering, iters=4)
     o = outs[0]

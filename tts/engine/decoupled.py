@@ -70,7 +70,6 @@ class DecoupledSchedule(Schedule):
     its options (`EngineOptions.decoupled`): the fill policy, the PRM's batch, the scope
     and guard of speculation, the LLM round's bound (default: the policy's step token
     limit); running speculation is preempted at `EngineOptions.kv_spec_limit` KV usage.
-    Set `trace` to a list to record the schedule's events.
     """
 
     def __init__(self, parts: ScheduleParts) -> None:
@@ -81,9 +80,8 @@ class DecoupledSchedule(Schedule):
         self.prm_cap = max(0, own.verifier_batch_size)
         self.round_steps = max(1, policy.step_max_tokens)  # an LLM round's bound
         self.stats = DecoupledLog()  # (its generation and PRM calls: `collector.work`)
-        self.trace: list[tuple] | None = None
         # speculation's start rule (`optim.spec_rule`; its own: `scoped`)
-        self.speculation = Speculation(make_rule(parts, self.inflight.requests_ahead, "decoupled", self._event))
+        self.speculation = Speculation(make_rule(parts, self.inflight.requests_ahead, "decoupled"))
         if own.spec_guard:
             self.speculation.guard = SpeculationGuard(parts.collector.speculation)
         # the last scan found no speculation left to start: not repeated until something
@@ -222,13 +220,11 @@ class DecoupledSchedule(Schedule):
         self._real.extend(inflight.order(inflight.requests_for(problem.search, kind=RequestKind.EAGER, problem=problem)))
         self.stats.problems_started += 1
         self.stats.max_live = max(self.stats.max_live, len(inflight.live))
-        self._event("admit", problem.id)
         self._replan()
 
     def _submit(self, request: Request) -> None:
         """Send a real request (at least one token: its step may be all adopted but its end)."""
         self.parts.runner.submit(request, max(1, request.limit - len(request.tokens)), request.tokens)
-        self._event("submit", request.kind.value, request.beam.uid, request.request_id)
 
     def _replan(self) -> None:
         """The memory policy (M) sees the committed beams of every problem in flight."""
@@ -243,7 +239,6 @@ class DecoupledSchedule(Schedule):
             self.inflight.rejection.stepped()
         if self.speculation.guard is not None:
             self.speculation.guard.observe(st, max(0, st.num_running - len(self.speculation.running())))
-        self._event("step", st.num_running, st.kv_usage)
         spec = self.speculation
         self.parts.runner.stop_each(postprocess(outputs, self.parts.cut, spec, self._step_ended))
         if spec.relieve(st):
@@ -264,7 +259,6 @@ class DecoupledSchedule(Schedule):
         problem, beam = request.problem, request.beam
         self.inflight.complete(request)
         self._spec_changed()
-        self._event("commit", request.kind.value, problem.id, beam.uid, beam.step_texts)
 
     # ------------------------------------------------------------------ scoring
 
@@ -272,7 +266,7 @@ class DecoupledSchedule(Schedule):
         """At most `verifier_batch_size` queued beams, each for its shallowest unscored step."""
         batch, policy = self.inflight.take_queued(self.prm_cap), self.parts.policy
         items = [ScoreItem(beam, p.input.problem, (next_unscored(policy, p.search, beam),)) for p, beam in batch]
-        self._call = PRMCall(batch, [beam.last_scored for _, beam in batch])
+        self._call = PRMCall(batch)
         return items, tuple(dict.fromkeys(p.id for p, _ in batch))
 
     def scored(self, work: Score, stats: ScoringStats) -> None:
@@ -284,8 +278,6 @@ class DecoupledSchedule(Schedule):
             return
         call = self._call
         assert call is not None
-        for (problem, beam), item, b0 in zip(call.batch, work.items, call.before):
-            self._event("prm", problem.id, beam.uid, item.indices[0], b0, beam.last_scored, beam.step_texts)
         self.inflight.scores_made(call.batch)
         self._spec_changed()  # new scores change which beams look like survivors
         self._progressed = True
@@ -309,7 +301,6 @@ class DecoupledSchedule(Schedule):
         queue as real requests); the problem's other speculative steps are dropped."""
         search = problem.search
         self._spec_changed()
-        self._event("select", problem.id, search.iteration, [(b.uid, b.parent) for b in search.frontier])
         if search.done:
             if self._round is not None and problem.id in self._round.touched:  # its share of the round so far
                 del self._round.touched[problem.id]
@@ -323,17 +314,9 @@ class DecoupledSchedule(Schedule):
 
     # ------------------------------------------------------------------ reports
 
-    def speculative_paths(self) -> set[tuple[str, tuple[str, ...]]]:
-        """(problem id, path) of every speculative step held now, for checks and tests."""
-        return self.speculation.steps.paths(self.inflight.live)
-
     def step_logs(self) -> dict[str, dict]:
         fill = (self.fill_policy.name, self.fill_policy.decisions)
         collector = self.parts.collector
         out = self.stats.summary(collector.work, collector.logs["generator"],
                                  [k.value for k in RequestKind], fill, self.prm_cap, Purpose.SELECT.value)
         return {"decoupled": out, **self.speculation.step_logs()}
-
-    def _event(self, *event) -> None:
-        if self.trace is not None:
-            self.trace.append(event)

@@ -20,8 +20,7 @@ class LLMRound:
 
 @dataclass
 class PRMCall:
-    """A PRM call in progress: its (problem, beam) pairs, and each beam's last scored step
-    before it (its items are the `Score` message's)."""
+    """A PRM call in progress: its (problem, beam) pairs (its items are the `Score`
+    message's)."""
 
     batch: list[tuple[Problem, Beam]]
-    before: list[int]

@@ -50,12 +50,12 @@ def rule_name(parts: ScheduleParts, discipline: str) -> str:
 
 
 def make_rule(parts: ScheduleParts, requests_for: Callable[[Problem, list[Beam], int], list[Request]],
-              discipline: str, event: Callable[..., None] | None = None) -> StartRule:
+              discipline: str) -> StartRule:
     """The start rule the options name for `discipline` ("barrier" or "decoupled"), over one
     mechanism (`SpeculativeSteps`: speculative tokens per beam `spec_max_tokens`, 0 meaning
     one step's limit). `requests_for(problem, beams, iteration)` makes a speculative step's
-    request; `event(*fields)` records a trace event. A ValueError names an unknown rule, or
-    one the discipline cannot drive, with the valid choices."""
+    request. A ValueError names an unknown rule, or one the discipline cannot drive, with
+    the valid choices."""
     value = rule_name(parts, discipline)
     cls = rule_named(value).cls
     if discipline not in cls.disciplines:
@@ -64,5 +64,5 @@ def make_rule(parts: ScheduleParts, requests_for: Callable[[Problem, list[Beam],
                          f"not the {discipline} one; valid choices there: {AUTO}, {', '.join(valid)}")
     opts = parts.opts
     spec_max = max(0, opts.spec_max_tokens) or parts.policy.step_max_tokens
-    steps = SpeculativeSteps(parts.runner, parts.cut, requests_for, spec_max, opts.kv_spec_limit, event)
+    steps = SpeculativeSteps(parts.runner, parts.cut, requests_for, spec_max, opts.kv_spec_limit)
     return cls(steps, parts)

@@ -68,10 +68,10 @@ def step_tokens(runner: ModelRunner, spec_step: Request) -> tuple[int, ...]:
     return tuple(spec_step.tokens) + ((runner.gen.eos_token_id,) if spec_step.end is StepEnd.EOS else ())
 
 
-def take_over(runner: ModelRunner, cut: StepCutter, table: Table, request: Request) -> tuple[Adoption, int] | None:
+def take_over(runner: ModelRunner, cut: StepCutter, table: Table, request: Request) -> Adoption | None:
     """A kept child's `request` takes over its parent's speculative step for its seed, where
     `table` holds one (it leaves the table): `adopt`, with the tokens it used counted; returns
-    how, and those tokens. None: there is none, and the request runs as it is."""
+    how. None: there is none, and the request runs as it is."""
     beam = request.beam
     key = (beam.parent, beam.seed)
     spec_step = table.pop(key, None) if beam.parent is not None else None
@@ -79,7 +79,7 @@ def take_over(runner: ModelRunner, cut: StepCutter, table: Table, request: Reque
         return None
     how, used = adopt(runner, cut, spec_step, request)
     runner.collector.emit(SpeculationAdopted(request.problem_id, used))
-    return how, used
+    return how
 
 
 def adopt(runner: ModelRunner, cut: StepCutter, spec_step: Request, request: Request) -> tuple[Adoption, int]:
@@ -139,17 +139,15 @@ def drop(runner: ModelRunner, spec_steps: list[Request]) -> None:
 
 class SpeculativeSteps:
     """The speculative requests of the problems in flight, as they run (module docstring).
-    `requests_for(problem, beams, iteration)` makes the requests an iteration would make;
-    `event(*fields)` records a trace event."""
+    `requests_for(problem, beams, iteration)` makes the requests an iteration would make."""
 
     def __init__(self, runner: ModelRunner, cut: StepCutter,
                  requests_for: Callable[[Problem, list[Beam], int], list[Request]], spec_max_tokens: int,
-                 kv_spec_limit: float = KV_SPEC_LIMIT, event: Callable[..., None] | None = None) -> None:
+                 kv_spec_limit: float = KV_SPEC_LIMIT) -> None:
         self.runner, self.cut = runner, cut
         self._requests_for = requests_for
         self.spec_max_tokens = spec_max_tokens
         self.memory = MemoryGuard(kv_spec_limit)
-        self._event = event or (lambda *fields: None)
         # run-on mode: finished real steps that may run on, by beam uid: those whose step
         # ended in this generator step, still running, and those waiting for a slot
         self.ready: dict[int, Request] = {}
@@ -185,7 +183,6 @@ class SpeculativeSteps:
             spec_step = self._requests_for(problem, [shadow], problem.search.iteration + 1)[0]
             spec_step.kind, spec_step.stalled = RequestKind.SPEC, spec_step.limit <= 0
             problem.spec_table[(beam.uid, shadow.seed)] = spec_step
-            self._event("spec", problem.id, beam.uid, shadow.uid)
         return not spec_step.stalled and self.submit(spec_step)
 
     def submit(self, spec_step: Request) -> bool:
@@ -197,7 +194,6 @@ class SpeculativeSteps:
             return False
         spec_step.capped = max_tokens < budget
         self.runner.submit(spec_step, max_tokens, spec_step.tokens, speculative=True)
-        self._event("submit", spec_step.kind.value, spec_step.beam.uid, spec_step.request_id)
         return True
 
     def run_on(self, request: Request) -> bool:
@@ -212,7 +208,6 @@ class SpeculativeSteps:
     def stopped(self, spec_step: Request) -> None:
         """A speculative request ended: its step is done, or it reached its cap (stalled)."""
         spec_step.stalled = not spec_step.finished
-        self._event("spec_done", spec_step.beam.parent, spec_step.generated)
 
     def preempt(self, requests: Sequence[Request]) -> None:
         """Stop these running speculative requests; they wait (a run-on for a slot again,
@@ -221,7 +216,6 @@ class SpeculativeSteps:
         leaves its table, a run-on drops its tokens past its step, and either starts again
         from its path."""
         for request in requests:
-            self._event("preempt", request.beam.parent, len(request.tokens))
             is_step = request.kind is RequestKind.SPEC
             if not is_step:
                 self.waiting[request.beam.uid] = request
@@ -243,12 +237,9 @@ class SpeculativeSteps:
         those still to send."""
         running, to_send = [], []
         for request in requests:
-            taken = take_over(self.runner, self.cut, request.problem.spec_table, request)
-            if taken is not None:
-                self._event("adopt", request.beam.parent, request.beam.uid, taken[0].value, taken[1])
-                if taken[0] is Adoption.PROMOTED:
-                    running.append(request)
-                    continue
+            if take_over(self.runner, self.cut, request.problem.spec_table, request) is Adoption.PROMOTED:
+                running.append(request)
+                continue
             self.cut.adopt(request)
             if request.finished:
                 complete(request)
@@ -261,8 +252,6 @@ class SpeculativeSteps:
     def drop_table(self, problem: Problem) -> None:
         """Drop the problem's speculative steps (no kept child took them over): all their
         tokens are wasted."""
-        for spec_step in problem.spec_table.values():
-            self._event("drop", spec_step.beam.parent, spec_step.beam.uid, spec_step.generated)
         drop(self.runner, list(problem.spec_table.values()))
         problem.spec_table = Table()
 
@@ -277,12 +266,3 @@ class SpeculativeSteps:
             steps.update((b.beam.seed, tuple(b.tokens)) for b in mine
                          if not b.finished and b.tokens and not b.state.in_backend)
         return steps
-
-    def paths(self, problems: Sequence[Problem]) -> set[tuple[str, tuple[str, ...]]]:
-        """(problem id, path) of every speculative step held now, for checks and tests."""
-        out = set()
-        for problem in problems:
-            for spec_step in problem.spec_table.values():
-                if spec_step.tokens:
-                    out.add((problem.id, spec_step.beam.step_texts + (self.runner.gen.decode(spec_step.tokens),)))
-        return out
