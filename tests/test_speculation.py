@@ -21,6 +21,33 @@ def test_a_rule_registered_under_a_taken_name_is_refused():
     assert RULES["runon"] is runon and register_rule(runon) is runon  # the same class again: no change
 
 
+def test_speculation_pruning_works_for_any_rule():
+    """Speculation pruning (`optim.spec_prune`) is the mechanism's, not a rule's: the docs'
+    rule, with no code for it, has the speculation of beams selection will prune stopped
+    (running steps stop, waiting ones lose their claim), and keeps the baseline's tree."""
+    namespace: dict = {}
+    try:
+        exec(compile(docs_rule(), str(DESIGN), "exec"), namespace)
+        cfg = SearchConfig(algorithm=Algorithm.beam, n=8, beam_width=2, max_iterations=5)
+        problems = [ProblemInput(p, f"problem {p}") for p in ("a", "b")]
+
+        def go(**opts):
+            eng = Engine(FakeGenerator(answering_script, batch_cap=64), FakeVerifier(),
+                         lambda: make_policy(cfg, 30, 300), "sys", EngineOptions(**opts))
+            return list(eng.run(problems))
+
+        base = go()
+        plain = go(speculative=True, spec_rule="first_child")
+        pruned = go(speculative=True, spec_rule="first_child", spec_prune=True)
+        texts = [{o.problem.id: sorted(b.text for b in o.candidates) for o in outs} for outs in (base, plain, pruned)]
+        assert texts[2] == texts[1] == texts[0]
+        assert sum(o.metrics.spec_pruned_beams for o in pruned) > 0
+        assert sum(o.metrics.spec_pruned_requests for o in pruned) > 0
+        assert sum(o.metrics.spec_generated for o in pruned) < sum(o.metrics.spec_generated for o in plain)
+    finally:
+        RULES.pop("first_child", None)
+
+
 class CheckedBranches(RULES["branches"]):
     """Branches whose kept queue of candidates is checked, at every call, against the scan it
     replaced: every finished parent's children, speculable now, in priority order."""
