@@ -2,6 +2,9 @@
 a rule is its own file and a registry entry (docs/design.md's, a user's own module named on
 the command line, runs in tests/test_plugins.py)."""
 
+import re
+from pathlib import Path
+
 import pytest
 
 from tts.backends.fake import FakeGenerator, FakeVerifier, answering_script
@@ -10,6 +13,8 @@ from tts.config.schema import SearchConfig
 from tts.engine.engine import Engine, EngineOptions, ProblemInput
 from tts.engine.speculation.registry import RULES, register_rule
 from tts.search import make_policy
+
+DESIGN = Path(__file__).resolve().parents[1] / "docs" / "design.md"
 
 
 def test_a_rule_registered_under_a_taken_name_is_refused():
@@ -21,31 +26,30 @@ def test_a_rule_registered_under_a_taken_name_is_refused():
     assert RULES["runon"] is runon and register_rule(runon) is runon  # the same class again: no change
 
 
-def test_speculation_pruning_works_for_any_rule():
+def test_speculation_pruning_works_for_any_rule(tmp_path, monkeypatch):
     """Speculation pruning (`optim.spec_prune`) is the mechanism's, not a rule's: the docs'
     rule, with no code for it, has the speculation of beams selection will prune stopped
     (running steps stop, waiting ones lose their claim), and keeps the baseline's tree."""
-    namespace: dict = {}
-    try:
-        exec(compile(docs_rule(), str(DESIGN), "exec"), namespace)
-        cfg = SearchConfig(algorithm=Algorithm.beam, n=8, beam_width=2, max_iterations=5)
-        problems = [ProblemInput(p, f"problem {p}") for p in ("a", "b")]
+    section = DESIGN.read_text().split("### How to add a speculation rule", 1)[1]
+    (tmp_path / "docs_first_child.py").write_text(re.search(r"```python\n(.*?)```", section, re.S).group(1))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rule = "docs_first_child:FirstChild"  # a user's module, named as on the command line
+    cfg = SearchConfig(algorithm=Algorithm.beam, n=8, beam_width=2, max_iterations=5)
+    problems = [ProblemInput(p, f"problem {p}") for p in ("a", "b")]
 
-        def go(**opts):
-            eng = Engine(FakeGenerator(answering_script, batch_cap=64), FakeVerifier(),
-                         lambda: make_policy(cfg, 30, 300), "sys", EngineOptions(**opts))
-            return list(eng.run(problems))
+    def go(**opts):
+        eng = Engine(FakeGenerator(answering_script, batch_cap=64), FakeVerifier(),
+                     lambda: make_policy(cfg, 30, 300), "sys", EngineOptions(**opts))
+        return list(eng.run(problems))
 
-        base = go()
-        plain = go(speculative=True, spec_rule="first_child")
-        pruned = go(speculative=True, spec_rule="first_child", spec_prune=True)
-        texts = [{o.problem.id: sorted(b.text for b in o.candidates) for o in outs} for outs in (base, plain, pruned)]
-        assert texts[2] == texts[1] == texts[0]
-        assert sum(o.metrics.spec_pruned_beams for o in pruned) > 0
-        assert sum(o.metrics.spec_pruned_requests for o in pruned) > 0
-        assert sum(o.metrics.spec_generated for o in pruned) < sum(o.metrics.spec_generated for o in plain)
-    finally:
-        RULES.pop("first_child", None)
+    base = go()
+    plain = go(speculative=True, spec_rule=rule)
+    pruned = go(speculative=True, spec_rule=rule, spec_prune=True)
+    texts = [{o.problem.id: sorted(b.text for b in o.candidates) for o in outs} for outs in (base, plain, pruned)]
+    assert texts[2] == texts[1] == texts[0]
+    assert sum(o.metrics.spec_pruned_beams for o in pruned) > 0
+    assert sum(o.metrics.spec_pruned_requests for o in pruned) > 0
+    assert sum(o.metrics.spec_generated for o in pruned) < sum(o.metrics.spec_generated for o in plain)
 
 
 class CheckedBranches(RULES["branches"]):
