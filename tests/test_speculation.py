@@ -54,10 +54,11 @@ def test_speculation_pruning_works_for_any_rule(tmp_path, monkeypatch):
 
 class CheckedBranches(RULES["branches"]):
     """Branches whose kept queue of candidates is checked, at every call, against the scan it
-    replaced: every finished parent's children, speculable now, in priority order."""
+    replaced: every finished parent's children, speculable now, in priority order, as far
+    as the caller reads (the queue is read lazily)."""
 
     name = "checked_branches"
-    calls = preempted_nodes = 0
+    calls = preempted_nodes = scanned = read = 0
 
     def step_done(self, request):
         before = self._order
@@ -70,13 +71,18 @@ class CheckedBranches(RULES["branches"]):
         super().selected(problem, parents)
 
     def candidates(self, problems):
-        kept = super().candidates(problems)
         scan = [(r, k) for r in getattr(self, "_all", ()) if r.beam.uid not in self.steps.pruned
                 for k in range(r.spec_priority) if self.steps.speculable(r.problem, r.beam, k)]
         scan = [(r.problem, r.beam, k) for r, k in sorted(scan, key=lambda c: (-c[0].spec_priority, c[1]))]
-        assert kept == scan
         type(self).calls += 1
-        return kept
+        type(self).scanned += len(scan)
+        read = 0
+        for c in super().candidates(problems):  # lazy: the caller may stop reading
+            assert c == scan[read]
+            read += 1
+            type(self).read += 1
+            yield c
+        assert read == len(scan)  # read to the end: nothing was left out
 
     def preempted(self, requests):
         super().preempted(requests)
@@ -89,7 +95,8 @@ def test_the_branches_queue_is_the_scan_it_replaced(limit):
     pruned branches leave for good, running ones until preempted) instead of scanning every
     finished step's children at every generator step: the same candidates in the same order
     at every call, with speculation preempted for memory (a low `kv_spec_limit`) and
-    without; and the tree stays the baseline's."""
+    without, read only as far as the free slots go (fewer than a scan's); and the tree
+    stays the baseline's."""
     register_rule(CheckedBranches)
     try:
         cfg = SearchConfig(algorithm=Algorithm.beam, n=8, beam_width=2, max_iterations=5)
@@ -100,10 +107,11 @@ def test_the_branches_queue_is_the_scan_it_replaced(limit):
             return {o.problem.id: sorted(b.text for b in o.candidates)
                     for o in eng.run([ProblemInput(p, f"problem {p}") for p in ("a", "b", "c")])}
 
-        CheckedBranches.calls = CheckedBranches.preempted_nodes = 0
+        CheckedBranches.calls = CheckedBranches.preempted_nodes = CheckedBranches.scanned = CheckedBranches.read = 0
         memory = {} if limit is None else {"kv_spec_limit": limit}
         mine = go(speculative=True, spec_rule="checked_branches", spec_prune=True, **memory)
         assert CheckedBranches.calls > 0
+        assert CheckedBranches.read < CheckedBranches.scanned  # the full scan is gone
         assert limit is None or CheckedBranches.preempted_nodes > 0  # branches went back to the queue
         assert mine == go()
     finally:

@@ -164,7 +164,7 @@ class DecoupledSchedule(Schedule):
 
     def _spec_pending(self) -> bool:
         """Speculation waits to start (the fill policy's choice)."""
-        return not self._spec_exhausted and bool(self.speculation.proposals(self.inflight.live))
+        return not self._spec_exhausted and self.speculation.proposes(self.inflight.live)
 
     def _spec_changed(self) -> None:
         self._spec_exhausted = False

@@ -15,7 +15,7 @@ whatever the sampler; child 0's branch doubles as its beam's lookahead step.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from tts.engine.inflight import ScheduleParts
 from tts.engine.problem import Problem
@@ -53,22 +53,27 @@ class Branches(StartRule):
             self._queue.setdefault((-request.spec_priority, k), []).append((self._order, request))
         self._order += 1
 
-    def candidates(self, problems: Sequence[Problem]) -> list[tuple[Problem, Beam, int]]:
+    def candidates(self, problems: Sequence[Problem]) -> Iterator[tuple[Problem, Beam, int]]:
         """(problem, finished request's beam, child k) of the branches not running: new, or
         stopped short and resumable; the highest priority bins first, child 0 before
         duplicates, each in the order their parents finished. A branch that has finished,
         stalled or been pruned leaves the queue for good; one running leaves it until it is
-        preempted (`preempted`)."""
-        out, pruned = [], self.steps.pruned
+        preempted (`preempted`). Lazy: a step with few free slots reads the queue only as
+        far as they go (a full scan cost O(n) a step), and what it read is tidied when the
+        reading stops (`finally`)."""
+        pruned, speculable = self.steps.pruned, self.steps.speculable
         for key in sorted(self._queue):
-            k, keep = key[1], []
-            for entry in self._queue[key]:
-                r = entry[1]
-                if r.beam.uid in pruned:
-                    continue
-                if self.steps.speculable(r.problem, r.beam, k):
-                    out.append((r.problem, r.beam, k))
-                else:
+            entries, k, keep, read = self._queue[key], key[1], [], 0
+            try:
+                for entry in entries:
+                    read += 1
+                    r = entry[1]
+                    if r.beam.uid in pruned:
+                        continue
+                    if speculable(r.problem, r.beam, k):
+                        keep.append(entry)
+                        yield r.problem, r.beam, k
+                        continue
                     spec_step = r.problem.spec_table.get((r.beam.uid, child_seed(r.beam.seed, k)))
                     if spec_step is None:
                         if r.beam.is_finished_path:
@@ -78,9 +83,9 @@ class Branches(StartRule):
                     elif spec_step.state.in_backend:
                         self._started[(r.beam.uid, spec_step.beam.seed)] = (entry[0], r, k)
                         continue
-                keep.append(entry)
-            self._queue[key] = keep
-        return out
+                    keep.append(entry)
+            finally:
+                self._queue[key] = keep + entries[read:] if read < len(entries) else keep
 
     def preempted(self, requests: Sequence[Request]) -> None:
         """Stopped branches wait to start again: back to the queue, in their parents' order."""

@@ -13,7 +13,7 @@ mode, pruning, the tokens a beam holds after generation) is `iteration.py`'s.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from tts.backends.base import GenDelta, StepStats
 from tts.engine.problem import Problem
@@ -52,11 +52,17 @@ class Speculation:
         """New speculation may start: memory allows, and it pays (the guard, where set)."""
         return self.memory.allows() and (self.guard is None or self.guard.allows())
 
-    def proposals(self, problems: Sequence[Problem]) -> list[tuple[Problem, Beam, int]]:
-        """The rule's candidates, less those of beams whose speculation pruning stopped."""
-        out = self.rule.candidates(problems)
+    def proposals(self, problems: Sequence[Problem]) -> Iterator[tuple[Problem, Beam, int]]:
+        """The rule's candidates, less those of beams whose speculation pruning stopped, as
+        far as they are read (`StartRule.candidates`)."""
         pruned = self.steps.pruned
-        return [c for c in out if c[1].uid not in pruned] if pruned else out
+        for c in self.rule.candidates(problems):
+            if c[1].uid not in pruned:
+                yield c
+
+    def proposes(self, problems: Sequence[Problem]) -> bool:
+        """Some speculative step waits to start (the first proposal is all it reads)."""
+        return next(self.proposals(problems), None) is not None
 
     def running(self) -> list[Request]:
         """The speculative requests running in the backend, oldest first (`SpeculativeSteps.running`)."""

@@ -97,7 +97,7 @@ class IterationSpeculation(Speculation):
 
     def speculating(self, problems: Sequence[Problem]) -> bool:
         """Some speculation runs or waits for a slot."""
-        return bool(self.running() or self.proposals(problems))
+        return bool(self.running()) or self.proposes(problems)
 
     def stop_beams(self, beams: set[int], problems: Sequence[Problem]) -> tuple[list[Request], int]:
         """Speculation pruning: these beams' speculation stops, for every rule. Returns the

@@ -10,7 +10,9 @@ required:
 - `candidates(problems)`: (problem, beam, child k) of the speculative steps to start, best
   first; the discipline starts them in the slots real work leaves free, child k's step on
   its beam's committed path (or resumes it), and skips a beam whose speculation pruning
-  stopped (`optim.spec_prune`, which works for every rule);
+  stopped (`optim.spec_prune`, which works for every rule). It is read only as far as the
+  free slots go: a list will do, and a generator computes no more than is started (at
+  n=512 a step has a few free slots and a rule may have a thousand candidates);
 - `step_done(request)`: a real request's step ended, and it may speculate (its bin claims
   speculation, and its step does not end its path);
 - `preempted(requests)`: the mechanism stopped these running speculative requests
@@ -27,7 +29,7 @@ subclasses `StartRule`, names itself, and is registered by name (`registry.py`).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
 from tts.engine.inflight import ScheduleParts
@@ -54,8 +56,9 @@ class StartRule(ABC):
         self.parts = parts
 
     @abstractmethod
-    def candidates(self, problems: Sequence[Problem]) -> list[tuple[Problem, Beam, int]]:
-        """(problem, beam, child k) of the speculative steps to start, best first."""
+    def candidates(self, problems: Sequence[Problem]) -> Iterable[tuple[Problem, Beam, int]]:
+        """(problem, beam, child k) of the speculative steps to start, best first; read only
+        as far as the free slots go (a generator may stop there)."""
 
     def step_done(self, request: Request) -> None:  # noqa: B027 - optional hook
         """A real request's step ended, and it may speculate (its children's steps may start)."""
