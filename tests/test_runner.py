@@ -173,3 +173,32 @@ def test_a_replaced_vllm_engine_is_collected_before_the_next_starts(monkeypatch)
     finally:
         backends.close()
     assert seen == [True]
+
+
+def test_a_pass_runs_on_a_frozen_heap_and_frees_what_the_last_one_left(tmp_path, monkeypatch):
+    """Before each variant's pass the heap is collected and frozen (`settle_heap`), so
+    Python's full collections scan only what the search makes; a cycle the previous pass
+    left, frozen with it, is collected then all the same."""
+    import gc
+
+    import tts.bench.record as record
+    from tts.runner import run_bench
+
+    class Cycle:
+        pass
+
+    left = Cycle()
+    left.me = left
+    gone = weakref.ref(left)
+    gc.freeze()  # as an earlier pass would have frozen it
+    del left
+    frozen: list[int] = []
+    settle = record.settle_heap
+    monkeypatch.setattr(record, "settle_heap", lambda: (settle(), frozen.append(gc.get_freeze_count())))
+    cfg = compose("config", FAKE + [f"bench.results_dir={tmp_path}", "bench.compare=[baseline,PMS]"])
+    try:
+        run_bench(cfg)
+    finally:
+        gc.unfreeze()
+    assert len(frozen) >= 2 and min(frozen) > 0  # every pass (a variant, a round) on a frozen heap
+    assert gone() is None

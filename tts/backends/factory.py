@@ -232,10 +232,12 @@ def models_on_cuda(cfg) -> bool:
 def release_memory() -> None:
     """Free what closed engines held: collect the reference cycles they leave, then, on a
     GPU, hand PyTorch's cached blocks back to the device, so the next engine's start-up
-    check sees them free. Engines must be closed and unreferenced first."""
+    check sees them free. Engines must be closed and unreferenced first. What a pass froze
+    (`tts.bench.record.settle_heap`) is unfrozen first: a frozen cycle is never collected."""
     import gc
     import sys
 
+    gc.unfreeze()
     gc.collect()
     if "torch" in sys.modules:  # a fake-backend run never imports it
         from tts.backends.vllm.engine import has_cuda

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import itertools
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 from eval.extract import has_final_answer
 from tts.token_hash import extend_hash
@@ -49,8 +50,10 @@ class Step:
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
-    @property
+    @cached_property
     def has_answer(self) -> bool:
+        """Its text states a final answer (read once: a finished path is asked at every
+        generator step while its children wait to speculate)."""
         return has_answer(self.text)
 
 
