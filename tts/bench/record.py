@@ -22,12 +22,12 @@ from tts.trace.recorder import TraceRecorder
 def settle_heap() -> None:
     """Collect what earlier passes left, and freeze what stays (the models, the engines,
     the libraries) before a pass's clock starts: Python's full collections then scan only
-    what the search makes. vLLM's engine core freezes its start-up heap the same way
-    (`freeze_gc_heap`), but an engine shut down between variants unfreezes all of it
-    (`EngineCore.shutdown`); a full collection of the unfrozen heap then took about 140 ms
-    at n=512 on a CPU host, 70 times in a run of three variants: on a GPU, a stall of tens
-    of decode steps each time. Unfreezing first lets the collection reclaim the earlier
-    passes' engines and trees."""
+    what the search makes. vLLM's engine core freezes the heap it starts with the same way
+    (`freeze_gc_heap`), but not what comes after it (the other model, the tokenizers, the
+    data), and an engine's shutdown unfreezes all of it (`EngineCore.shutdown`). Without
+    this, a run of three variants at n=512 on a CPU host made 70 full collections of about
+    140 ms each (9.7 s): on a GPU, a stall of tens of decode steps each time. Unfreezing
+    first lets the collection reclaim the earlier passes' engines and trees."""
     gc.unfreeze()
     gc.collect()
     gc.freeze()
