@@ -85,7 +85,7 @@ class Branches(StartRule):
                         continue
                     keep.append(entry)
             finally:
-                self._queue[key] = keep + entries[read:] if read < len(entries) else keep
+                self._queue[key] = keep + entries[read:]
 
     def preempted(self, requests: Sequence[Request]) -> None:
         """Stopped branches wait to start again: back to the queue, in their parents' order."""
