@@ -9,6 +9,7 @@ from tts.config.enums import Algorithm
 from tts.config.schema import SearchConfig
 from tts.engine.engine import Engine, EngineOptions, ProblemInput
 from tts.engine.ordering import PrefixAware, greedy_order
+from tts.engine.options import VerifierShape
 from tts.engine.speculation.policy import inherit_speculation, spec_priorities, truncate_len
 from tts.search import make_policy
 from tts.search.tree import Beam, BeamState
@@ -204,6 +205,22 @@ def test_lookahead_auto_is_off_for_a_per_score_verifier_and_all_for_a_path_prm()
     path, p_eng, _, p_ver = run(answering, **common)  # the fake PRM reads a whole path
     assert p_eng.schedule.lookahead.on and not p_eng.schedule.lookahead.kept
     assert p_ver.scored == e_ver.scored
+
+
+def test_the_engine_decides_for_the_verifier_its_options_name():
+    """`verifier_shape` (a run recorded for a card: its pair's PRM) decides lookahead's
+    `auto` scope, whatever verifier scores here: a per-score judge scoring for a whole-path
+    PRM looks ahead as the PRM would, and the judge computes the scores `all` asks for."""
+    common = dict(n=8, m=4, iters=5, problems=("a", "b"), speculative=True, lookahead=True,
+                  ordering="prefix_aware", spec_truncate_ratio=0.0, spec_truncate_std=0.0)
+    every, e_eng, _, e_ver = run(answering, lookahead_scope="all", **common)
+    judge = _CallCounter(request_per_score=True)
+    card, c_eng, _, c_ver = run(answering, verifier=judge, verifier_shape=VerifierShape(False, False), **common)
+    assert c_eng.schedule.lookahead.on and not c_eng.schedule.lookahead.kept
+    assert c_eng.cache.lookahead_stored == e_eng.cache.lookahead_stored > 0
+    assert c_ver.scored == e_ver.scored and candidates(card) == candidates(every)
+    _, off, _, _ = run(answering, verifier_shape=VerifierShape(True, True), **common)  # the other way round
+    assert not off.schedule.lookahead.on
 
 
 def test_lookahead_scope_rejects_unknown_names():

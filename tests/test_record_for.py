@@ -12,6 +12,7 @@ from tts.assembly.card import CardStepPrice, card_config, in_run_tokens
 from tts.backends.base import GenDelta, StepStats
 from tts.backends.factory import GIB, Backends, static_split
 from tts.config.compose import ConfigError, compose, validate
+from tts.engine.options import VerifierShape
 from tts.engine.speculation.guard import SpeculationGuard
 from tts.metrics.measures import SpeculationLog
 from tts.replay.run import run_replay
@@ -95,6 +96,44 @@ def test_the_engines_hold_the_tokens_the_cards_would():
     gen, _ = Backends(cfg).get(in_run_tokens(cfg, card, "generator", gen_spec),
                                in_run_tokens(cfg, card, "verifier", ver_spec))
     assert gen.prefix_cache.capacity * gen.prefix_cache.block == tokens
+
+
+def test_the_engine_decides_for_the_cards_verifier():
+    """Recorded for the card, the engine decides as Skywork's value head would (lookahead's
+    `auto` scope on, no early rejection), whatever verifier scores here (a per-score chat
+    judge on a CPU host left lookahead off, and its replay on the card then asked for
+    scores the trace never held); recorded for no card, as the run's own verifier would."""
+    from tts.assembly.build import engine_options
+
+    for shape, extra in ((VerifierShape(False, False), []), (None, NO_CARD)):
+        cfg = compose("paper_fig12", FAKE + extra)
+        assert engine_options(cfg, cfg.optim).verifier_shape == shape
+
+
+def test_paper_baselines_split_on_the_card():
+    """`paper_baseline` on the card is the paper's baseline: two vLLM engines, each with a
+    static share of the memory (no roofline split, `memory.generator_fraction` 0.5), each
+    holding its own weights and activations and half of the KV budget they leave, built as
+    `build_engine` builds it. Search-and-learn's own split, half of the card for the
+    generator's engine (its `gpu_memory_utilization` 0.5) and the rest for the PRM, cannot
+    hold the 7B's weights on the 24 GB card, so it cannot be the paper's for this pair."""
+    from tts.assembly.build import build_engine
+    from tts.assembly.memory_split import kv_bytes_per_token, model_shape
+    from tts.assembly.variants import variant_optims
+    from tts.kv_budget import kv_for_the_card
+
+    cfg = validate(kv_for_the_card(compose("paper_fig12", FAKE)))
+    card = card_config(cfg)
+    optim = dict(variant_optims(cfg))["paper_baseline"]
+    assert not optim.roofline_memory and card.memory.generator_fraction == 0.5
+    gen_spec, ver_spec = static_split(card)
+    assert gen_spec.kv_bytes + ver_spec.kv_bytes == int(cfg.memory.kv_cache_gib * GIB)
+    assert abs(gen_spec.kv_bytes - ver_spec.kv_bytes) <= 1
+    engine = build_engine(cfg, optim, Backends(cfg))
+    held = engine.runner.gen.prefix_cache.capacity * engine.runner.gen.prefix_cache.block
+    assert held == in_run_tokens(cfg, card, "generator", gen_spec).kv_bytes // kv_bytes_per_token(cfg.generator)
+    weights = model_shape(card.generator.model, card.generator.dtype).weight_bytes
+    assert weights > 0.5 * 24e9  # search-and-learn's half of the card
 
 
 def test_the_generators_steps_are_priced_on_the_card_and_the_guard_weighs_them():

@@ -11,19 +11,35 @@ from tts.backends.factory import Backends, read_prompt, static_split
 from tts.config.enums import BackendKind, EngineKind
 from tts.config.schema import Config, OptimConfig, SearchConfig
 from tts.engine.engine import Engine
-from tts.engine.options import EngineOptions
-from tts.engine.options import options_for
+from tts.engine.options import EngineOptions, VerifierShape, options_for
 from tts.search import make_policy
 
 
 def engine_options(cfg: Config, optim: OptimConfig) -> EngineOptions:
     """The engine's typed options for `optim` in this run (`tts.engine.options`), the
-    speculation width that of the card it is recorded for (`card_config`)."""
+    speculation width and the verifier it decides for those of the card it is recorded
+    for (`card_config`, `verifier_shape`)."""
     return options_for(
         optim, concurrency=cfg.bench.concurrency, seed=cfg.bench.seed,
         spec_batch_cap=spec_batch_cap(card_config(cfg), optim),
         temperature=cfg.generator.temperature if cfg.search.temperature is None else cfg.search.temperature,
-        top_p=cfg.generator.top_p, fresh_cache_per_problem=cfg.bench.fresh_cache_per_problem)
+        top_p=cfg.generator.top_p, fresh_cache_per_problem=cfg.bench.fresh_cache_per_problem,
+        verifier_shape=verifier_shape(cfg))
+
+
+def verifier_shape(cfg: Config) -> VerifierShape | None:
+    """How the verifier the engine decides for asks (`EngineOptions.verifier_shape`): the
+    adapter's of the card's pair where the run is recorded for a card (`card_config`: a
+    judge here scoring for Skywork's value head looks ahead as Skywork would), else of the
+    run's own verifier. Recorded with the options, so a replay that simulates a verifier
+    of another shape says so. None for the fake backend's, which tells its own."""
+    verifier = card_config(cfg).verifier
+    if verifier.backend is not BackendKind.vllm:
+        return None
+    from tts.backends.adapters import adapter_class
+
+    adapter = adapter_class(verifier.adapter.value)
+    return VerifierShape(adapter.request_per_index, adapter.reads_partial_steps)
 
 
 def spec_batch_cap(cfg: Config, optim: OptimConfig) -> int:

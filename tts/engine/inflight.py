@@ -66,7 +66,7 @@ class Inflight:
         self.prm_queue: deque[tuple[Problem, Beam]] = deque()  # committed beams missing a score
         adaptive = parts.opts.adaptive
         self.settling = AnswerSettling(adaptive, parts.policy) if adaptive.early_exit else None
-        self.rejection = early_rejection(adaptive, parts.policy, parts.runner)
+        self.rejection = early_rejection(parts.opts, parts.policy, parts.runner)
 
     def add(self, problems: Iterable[ProblemInput]) -> None:
         """Queue problems to run."""

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 from tts.config.enums import LookaheadScope
 from tts.engine.model_runner import ModelRunner
-from tts.engine.options import EngineOptions
+from tts.engine.options import EngineOptions, shape_of
 from tts.engine.problem import Problem
 from tts.engine.scoring import ScoreItem
 from tts.engine.speculation.policy import next_runs_to_eos, held_step
@@ -51,8 +51,8 @@ class Lookahead:
     def __init__(self, opts: EngineOptions, policy: SearchPolicy, runner: ModelRunner, cut: StepCutter) -> None:
         self.opts, self.policy, self.runner, self.cut = opts, policy, runner, cut
         scope = lookahead_scope(opts.lookahead_scope)
-        verifier = runner.verifier
-        per_score = verifier is not None and verifier.request_per_score
+        shape = shape_of(opts, runner.verifier)
+        per_score = shape is not None and shape.request_per_score
         # auto with a per-score verifier: nothing to gain (module docstring)
         self.on = opts.lookahead and not (scope is LookaheadScope.auto and per_score)
         if opts.lookahead and not self.on:

@@ -10,6 +10,7 @@ discipline's own (`DecoupledOptions`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Any, NamedTuple
 
 from tts.config.enums import DecoupledPolicy, DecoupledSpecScope, LookaheadScope
 from tts.config.schema import OptimConfig
@@ -44,6 +45,15 @@ class DecoupledOptions:
     spec_guard: bool = _OPTIM.decoupled_spec_guard
 
 
+class VerifierShape(NamedTuple):
+    """How a verifier asks, as two of the engine's decisions read it: lookahead's `auto`
+    scope (none for a verifier that asks once per score) and early rejection (only for one
+    that reads a partial step)."""
+
+    request_per_score: bool
+    reads_partial_steps: bool
+
+
 @dataclass(frozen=True)
 class EngineOptions:
     concurrency: int = 1
@@ -70,8 +80,22 @@ class EngineOptions:
     # then does not depend on what ran before it (bf16 logits change with what the cache
     # served), so a resumed run or a problem re-run alone repeats it
     fresh_cache_per_problem: bool = False
+    # the verifier the engine decides for: a run recorded for a card decides as the card's
+    # pair would (`tts.assembly.card.verifier_shape`), whatever verifier scores here; None:
+    # the run's own verifier (`shape_of`)
+    verifier_shape: VerifierShape | None = None
     adaptive: AdaptiveOptions = field(default_factory=AdaptiveOptions)
     decoupled: DecoupledOptions = field(default_factory=DecoupledOptions)
+
+
+def shape_of(opts: EngineOptions, verifier: Any) -> VerifierShape | None:
+    """How the engine's decisions take the verifier to ask: `opts.verifier_shape` where
+    set, else the run's own verifier's; None without a verifier."""
+    if opts.verifier_shape is not None:
+        return opts.verifier_shape
+    if verifier is None:
+        return None
+    return VerifierShape(verifier.request_per_score, verifier.reads_partial_steps)
 
 
 def adaptive_options(optim: OptimConfig) -> AdaptiveOptions:
@@ -86,9 +110,11 @@ def decoupled_options(optim: OptimConfig) -> DecoupledOptions:
 
 def options_for(optim: OptimConfig, *, concurrency: int = 1, seed: int = 0, spec_batch_cap: int = 0,
                    temperature: float = 0.8, top_p: float = 1.0,
-                   fresh_cache_per_problem: bool = False) -> EngineOptions:
+                   fresh_cache_per_problem: bool = False,
+                   verifier_shape: VerifierShape | None = None) -> EngineOptions:
     """The options of an engine that runs `optim`; the keywords are the run's (the bench's
-    concurrency and seed, sampling, optim's `spec_batch_cap` with -1 resolved)."""
+    concurrency and seed, sampling, optim's `spec_batch_cap` with -1 resolved, the verifier
+    it decides for)."""
     return EngineOptions(
         concurrency=concurrency, seed=seed, score_cache=optim.score_cache,
         eos_at_depth_limit=optim.eos_at_depth_limit, speculative=optim.speculative,
@@ -98,5 +124,5 @@ def options_for(optim: OptimConfig, *, concurrency: int = 1, seed: int = 0, spec
         spec_truncate_ratio=optim.spec_truncate_ratio, spec_truncate_std=optim.spec_truncate_std,
         spec_own_min_tokens=optim.spec_own_min_tokens, spec_rule=optim.spec_rule,
         spec_prune=optim.spec_prune, temperature=temperature, top_p=top_p,
-        fresh_cache_per_problem=fresh_cache_per_problem,
+        fresh_cache_per_problem=fresh_cache_per_problem, verifier_shape=verifier_shape,
         adaptive=adaptive_options(optim), decoupled=decoupled_options(optim))

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 
 from tts.engine.messages import Purpose, Score
 from tts.engine.model_runner import ModelRunner
-from tts.engine.options import AdaptiveOptions
+from tts.engine.options import AdaptiveOptions, EngineOptions, shape_of
 from tts.engine.problem import Problem
 from tts.engine.requests import Request
 from tts.engine.scoring import ScoreItem
@@ -168,13 +168,14 @@ class EarlyRejection:
         return BeamsRejected(problem_id, len(gone), saved, above)
 
 
-def early_rejection(opts: AdaptiveOptions, policy: SearchPolicy, runner: ModelRunner) -> EarlyRejection | None:
+def early_rejection(opts: EngineOptions, policy: SearchPolicy, runner: ModelRunner) -> EarlyRejection | None:
     """The run's early rejection: None when `optim.early_reject` is off, or (with a
-    warning) when the verifier cannot read a partial step."""
-    verifier = runner.verifier
-    if not opts.early_reject:
+    warning) when the verifier (the one the engine decides for, `shape_of`) cannot read a
+    partial step."""
+    if not opts.adaptive.early_reject:
         return None
-    if verifier is None or not verifier.reads_partial_steps:
+    shape = shape_of(opts, runner.verifier)
+    if shape is None or not shape.reads_partial_steps:
         log.warning("optim.early_reject: off, the verifier does not read partial steps")
         return None
-    return EarlyRejection(opts, policy, runner.gen.decode)
+    return EarlyRejection(opts.adaptive, policy, runner.gen.decode)
