@@ -175,13 +175,17 @@ def test_a_replaced_vllm_engine_is_collected_before_the_next_starts(monkeypatch)
     assert seen == [True]
 
 
-def test_a_pass_runs_on_a_frozen_heap_and_frees_what_the_last_one_left(tmp_path, monkeypatch):
-    """Before each variant's pass the heap is collected and frozen (`settle_heap`), so
-    Python's full collections scan only what the search makes; a cycle the previous pass
-    left, frozen with it, is collected then all the same."""
+def test_a_pass_runs_on_a_frozen_heap_without_automatic_full_collections(tmp_path, monkeypatch):
+    """Each variant's pass runs on a collected, frozen heap with no automatic full collection
+    (`quiet_heap`): a step sees generation 2's threshold out of reach, and the thresholds are
+    as they were afterwards. A cycle the previous pass left, frozen with it, is collected all
+    the same, and so is one a pass makes that survives to the old generation (between
+    problems)."""
     import gc
 
+    import tts.bench.loop as loop
     import tts.bench.record as record
+    from tts.backends.fake import FakeGenerator
     from tts.runner import run_bench
 
     class Cycle:
@@ -192,13 +196,36 @@ def test_a_pass_runs_on_a_frozen_heap_and_frees_what_the_last_one_left(tmp_path,
     gone = weakref.ref(left)
     gc.freeze()  # as an earlier pass would have frozen it
     del left
-    frozen: list[int] = []
-    settle = record.settle_heap
-    monkeypatch.setattr(record, "settle_heap", lambda: (settle(), frozen.append(gc.get_freeze_count())))
+    seen: list[tuple[int, int]] = []  # (freeze count, generation 2's threshold) at each step of a pass
+    made: list[weakref.ref] = []
+    step, run_variant, passes = FakeGenerator._step, loop.run_variant, []
+
+    def in_pass(*args, **kwargs):  # a variant's pass (the warm-up before them is not one)
+        passes.append(True)
+        try:
+            return run_variant(*args, **kwargs)
+        finally:
+            passes.pop()
+
+    def observed(self):
+        if not passes:
+            return step(self)
+        seen.append((gc.get_freeze_count(), gc.get_threshold()[2]))
+        if len(made) < 3:  # a cycle that outlives young collections
+            cycle = Cycle()
+            cycle.me = cycle
+            made.append(weakref.ref(cycle))
+            gc.collect(1)  # it reaches the old generation
+        return step(self)
+
+    monkeypatch.setattr(FakeGenerator, "_step", observed)
+    monkeypatch.setattr(loop, "run_variant", in_pass)
+    before = gc.get_threshold()
     cfg = compose("config", FAKE + [f"bench.results_dir={tmp_path}", "bench.compare=[baseline,PMS]"])
     try:
         run_bench(cfg)
     finally:
         gc.unfreeze()
-    assert len(frozen) >= 2 and min(frozen) > 0  # every pass (a variant, a round) on a frozen heap
-    assert gone() is None
+    assert seen and all(frozen > 0 and full == record.NO_AUTOMATIC_FULL for frozen, full in seen)
+    assert gc.get_threshold() == before
+    assert gone() is None and made and all(ref() is None for ref in made)

@@ -4,9 +4,10 @@ them (`run_variant`)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from tts import clock
 from tts.backends.vllm.thrash import attach_counters, detach_counters
@@ -19,18 +20,39 @@ from tts.wandb_sink import RunLogger
 from tts.trace.recorder import TraceRecorder
 
 
-def settle_heap() -> None:
-    """Collect what earlier passes left, and freeze what stays (the models, the engines,
-    the libraries) before a pass's clock starts: Python's full collections then scan only
-    what the search makes. vLLM's engine core freezes the heap it starts with the same way
-    (`freeze_gc_heap`), but not what comes after it (the other model, the tokenizers, the
-    data), and an engine's shutdown unfreezes all of it (`EngineCore.shutdown`). Without
-    this, a run of three variants at n=512 on a CPU host made 70 full collections of about
-    140 ms each (9.7 s): on a GPU, a stall of tens of decode steps each time. Unfreezing
-    first lets the collection reclaim the earlier passes' engines and trees."""
+# generation 2's threshold during a pass: out of reach, so no full collection starts on its own
+NO_AUTOMATIC_FULL = 1 << 30
+
+
+@contextlib.contextmanager
+def quiet_heap() -> Iterator[None]:
+    """A pass without Python's automatic full collections, each a stop of the whole process
+    in the middle of a step. Before the pass, what earlier passes left is collected and what
+    stays (the models, the engines, the libraries) is frozen: vLLM's engine core freezes the
+    heap it starts with (`freeze_gc_heap`), but not what comes after it (the other model, the
+    tokenizers, the data), and an engine's shutdown unfreezes it all (`EngineCore.shutdown`).
+    During the pass young collections go on (most cycles die young), but a full one starts
+    only where `run_variant` asks for it, between problems (`between_problems`). At n=512 on
+    a CPU host, automatic full collections over the search's live objects (vLLM's requests,
+    the trees) came 60 to 70 times in a run of three variants, 180 to 250 ms each, whether
+    the heap was frozen or not: on a GPU, each a stall of tens of decode steps. Afterwards
+    the thresholds are as they were."""
     gc.unfreeze()
     gc.collect()
     gc.freeze()
+    thresholds = gc.get_threshold()
+    gc.set_threshold(thresholds[0], thresholds[1], NO_AUTOMATIC_FULL)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
+
+
+def between_problems() -> None:
+    """The full collection of a pass (`quiet_heap`), after a problem's record: the finished
+    problem's objects are gone by then, so it scans what the problems still in flight hold
+    (none, one problem at a time) and frees the cycles that reached the old generation."""
+    gc.collect()
 
 
 def run_variant(name: str, engine, todo: list, *, store: RunStore, step_logs: dict[str, dict],
@@ -43,7 +65,6 @@ def run_variant(name: str, engine, todo: list, *, store: RunStore, step_logs: di
     seeds' passes (and `bench.chunk`'s chunks). `host`: what each record says it ran on."""
     if on_iteration:
         engine.on_problem_iteration = functools.partial(on_iteration, name)
-    settle_heap()
     gold = {p.id: p for p in todo}
     # the variant's wall clock, carried across a resume by the records themselves
     start = clock.now() - variant_wall(store.records(), name)
@@ -54,28 +75,30 @@ def run_variant(name: str, engine, todo: list, *, store: RunStore, step_logs: di
         engine.log_sources[KV_BLOCKS] = lambda: {model: c.counts() for model, c in counters.items()}
     detach_trace = trace.attach(name, engine.gen, engine.verifier) if trace else None
     written = 0.0  # the last record's writing, inside the wall time up to the next record's
-    try:
-        for outcome in engine.run([ProblemInput(p.id, p.problem) for p in todo]):
-            took = clock.now()
-            p = gold[outcome.problem.id]
-            record = build_record(outcome, p.answer, name,
-                                  {"seed": seed, "level": p.level, "subject": p.subject, "host": host})
-            now = clock.now()
-            # the host time of recording a problem (grading its candidates, writing it) while
-            # no model step runs: its own host-time row (`tts.results.host_time`)
-            record["metrics"]["record_s"] = now - took + written
-            record["variant_wall_s"] = now - start
-            store.append(record)
-            step_logs[name] = merge_step_logs(earlier, engine.step_logs())
-            store.write_step_logs(step_logs)
+    with quiet_heap():
+        try:
+            for outcome in engine.run([ProblemInput(p.id, p.problem) for p in todo]):
+                took = clock.now()
+                p = gold[outcome.problem.id]
+                record = build_record(outcome, p.answer, name,
+                                      {"seed": seed, "level": p.level, "subject": p.subject, "host": host})
+                now = clock.now()
+                # the host time of recording a problem (grading its candidates, writing it) while
+                # no model step runs: its own host-time row (`tts.results.host_time`)
+                record["metrics"]["record_s"] = now - took + written
+                record["variant_wall_s"] = now - start
+                store.append(record)
+                step_logs[name] = merge_step_logs(earlier, engine.step_logs())
+                store.write_step_logs(step_logs)
+                if trace:
+                    trace.flush()
+                logger.log_problem(record)
+                if progress:
+                    progress(name, record)
+                between_problems()  # no automatic full collection runs in the pass (`quiet_heap`)
+                written = clock.now() - now
+        finally:
+            detach_counters(counters)
             if trace:
+                detach_trace()
                 trace.flush()
-            logger.log_problem(record)
-            if progress:
-                progress(name, record)
-            written = clock.now() - now
-    finally:
-        detach_counters(counters)
-        if trace:
-            detach_trace()
-            trace.flush()

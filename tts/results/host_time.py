@@ -13,7 +13,8 @@ the variant's wall time and per generator step:
   their tokens, the backend's requests, reading the scores back);
 - `host_select_s`: selection, timed once per iteration (`SelectionTimed`);
 - `host_record_s`: recording each finished problem (grading its candidates, writing its
-  record, the step logs and the trace), while no model step runs (`metrics.record_s`);
+  record, the step logs and the trace, and the pass's one full garbage collection there,
+  `tts.bench.record.between_problems`), while no model step runs (`metrics.record_s`);
 - `host_engine_s`: the rest, the engine's own work: scheduling, the step rule on every
   token, bookkeeping, metrics, the trace's events.
 
@@ -41,7 +42,7 @@ HOST_ROWS = [
      False),
     ("verifier_host_per_gen_step_ms", "- verifier calls outside their steps: prompts, tokenizer, scores (ms)", False),
     ("select_per_gen_step_ms", "- selection (ms)", False),
-    ("record_per_gen_step_ms", "- recording each problem: grading, records, step logs, trace (ms)", False),
+    ("record_per_gen_step_ms", "- recording each problem: grading, records, step logs, trace, a full gc (ms)", False),
     ("engine_per_request_us", "the engine's own per running request and generator step (us)", False),
     ("host_per_request_us", "host time per running request and generator step (us)", False),
     ("select_ms_mean", "selection, per problem iteration (ms)", False),
