@@ -169,3 +169,27 @@ def test_recording_a_problem_is_timed_apart_from_the_engine(tmp_path, monkeypatc
     assert s["host_record_s"] == pytest.approx(sum(record_s))
     assert s["host_engine_s"] == pytest.approx(s["host_s"] - s["host_backend_calls_s"] - s["host_verifier_s"]
                                                - s["host_select_s"] - sum(record_s))
+
+
+def test_the_engine_host_check_runs_the_engine_alone_and_splits_its_time(tmp_path):
+    """`docs/gpu/engine_host_check.py` (for a GPU server's CPU: tts's Python alone, on the fake
+    backend, no torch) runs the search with and without speculation and splits each run's wall
+    into the fake models' time and the engine's own, per step and per running request."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, str(repo / "docs/gpu/engine_host_check.py"), "--out", str(tmp_path), "--n", "16",
+                    "--iterations", "2", "--repeats", "1"], check=True, cwd=repo, capture_output=True,
+                   env={"PYTHONPATH": str(repo), "PATH": "/usr/bin:/bin"})
+    runs = json.loads((tmp_path / "engine_host_check.json").read_text())["runs"]
+    assert [r["speculative"] for r in runs] == [False, True]
+    for r in runs:
+        assert r["generator_steps"] > 0 and 0 < r["running_per_step"] <= 16
+        own_s = r["engine_ms_per_step"] * r["generator_steps"] / 1e3
+        assert own_s + r["fake_models_ms_per_step"] * r["generator_steps"] / 1e3 == pytest.approx(r["wall_s"])
+        assert r["engine_us_per_running_request"] == pytest.approx(
+            1e6 * own_s / (r["running_per_step"] * r["generator_steps"]))
+    assert "| engine ms/step |" in (tmp_path / "engine_host_check.md").read_text()
