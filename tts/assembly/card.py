@@ -14,8 +14,9 @@ the card would with the pair a replay there simulates:
   each generator step priced on the card's roofline as a replay prices it, beside the
   host's own wall time, which every measurement keeps;
 - how the pair's verifier asks (`tts.assembly.build.verifier_shape`): lookahead's `auto`
-  scope and early rejection decide as they would with the card's PRM (a whole-path head: lookahead on, no
-  partial steps), while this host's verifier (a chat judge, say) computes every score.
+  scope and early rejection decide as they would with the card's PRM (a whole-path head:
+  lookahead on, no partial steps), while this host's verifier (a chat judge, say) computes
+  every score.
 
 `card_config` is the run's config as `tts replay RUN device=... generator=... verifier=...`
 makes it (`tts.config.saved_run.replay_config`), so the replay on that card decides from

@@ -33,10 +33,10 @@ def quiet_heap() -> Iterator[None]:
     tokenizers, the data), and an engine's shutdown unfreezes it all (`EngineCore.shutdown`).
     During the pass young collections go on (most cycles die young), but a full one starts
     only where `run_variant` asks for it, between problems (`between_problems`). At n=512 on
-    a CPU host, automatic full collections over the search's live objects (vLLM's requests,
-    the trees) came 60 to 70 times in a run of three variants, 180 to 250 ms each, whether
-    the heap was frozen or not: on a GPU, each a stall of tens of decode steps. Afterwards
-    the thresholds are as they were."""
+    a CPU host, with the heap frozen, Python still started 7 or 8 full collections a pass
+    over the search's live objects (vLLM's requests, the trees), 12 to 87 ms each (over the
+    unfrozen heap, 460 to 660 ms): on a GPU, each a stall of several decode steps at a time
+    the engine does not choose. Afterwards the thresholds are as they were."""
     gc.unfreeze()
     gc.collect()
     gc.freeze()

@@ -80,9 +80,9 @@ class EngineOptions:
     # then does not depend on what ran before it (bf16 logits change with what the cache
     # served), so a resumed run or a problem re-run alone repeats it
     fresh_cache_per_problem: bool = False
-    # the verifier the engine decides for: a run recorded for a card decides as the card's
-    # pair would (`tts.assembly.card.verifier_shape`), whatever verifier scores here; None:
-    # the run's own verifier (`shape_of`)
+    # the verifier the engine decides for (`tts.assembly.build.verifier_shape`): a run
+    # recorded for a card decides as the card's pair would, whatever verifier scores here;
+    # None: the verifier tells its own (`shape_of`)
     verifier_shape: VerifierShape | None = None
     adaptive: AdaptiveOptions = field(default_factory=AdaptiveOptions)
     decoupled: DecoupledOptions = field(default_factory=DecoupledOptions)
