@@ -233,7 +233,7 @@ def release_memory() -> None:
     """Free what closed engines held: collect the reference cycles they leave, then, on a
     GPU, hand PyTorch's cached blocks back to the device, so the next engine's start-up
     check sees them free. Engines must be closed and unreferenced first. What a pass froze
-    (`tts.bench.record.quiet_heap`) is unfrozen first: a frozen cycle is never collected."""
+    (`tts.bench.record.settle_heap`) is unfrozen first: a frozen cycle is never collected."""
     import gc
     import sys
 

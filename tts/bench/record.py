@@ -24,22 +24,28 @@ from tts.trace.recorder import TraceRecorder
 NO_AUTOMATIC_FULL = 1 << 30
 
 
-@contextlib.contextmanager
-def quiet_heap() -> Iterator[None]:
-    """A pass without Python's automatic full collections, each a stop of the whole process
-    in the middle of a step. Before the pass, what earlier passes left is collected and what
-    stays (the models, the engines, the libraries) is frozen: vLLM's engine core freezes the
-    heap it starts with (`freeze_gc_heap`), but not what comes after it (the other model, the
-    tokenizers, the data), and an engine's shutdown unfreezes it all (`EngineCore.shutdown`).
-    During the pass young collections go on (most cycles die young), but a full one starts
-    only where `run_variant` asks for it, between problems (`between_problems`). At n=512 on
-    a CPU host, with the heap frozen, Python still started 7 or 8 full collections a pass
-    over the search's live objects (vLLM's requests, the trees), 12 to 87 ms each (over the
-    unfrozen heap, 460 to 660 ms): on a GPU, each a stall of several decode steps at a time
-    the engine does not choose. Afterwards the thresholds are as they were."""
+def settle_heap() -> None:
+    """Before a pass's clock starts: collect what earlier passes left, and freeze what stays
+    (the models, the engines, the libraries), so the pass's collections scan only what the
+    search makes. vLLM's engine core freezes the heap it starts with (`freeze_gc_heap`), but
+    not what comes after it (the other model, the tokenizers, the data), and an engine's
+    shutdown unfreezes it all (`EngineCore.shutdown`). Unfreezing first lets the collection
+    reclaim the earlier passes' engines and trees."""
     gc.unfreeze()
     gc.collect()
     gc.freeze()
+
+
+@contextlib.contextmanager
+def quiet_heap() -> Iterator[None]:
+    """A pass without Python's automatic full collections, each a stop of the whole process
+    in the middle of a step: young collections go on (most cycles die young), but a full one
+    starts only where `run_variant` asks for it, between problems (`between_problems`). At
+    n=512 on a CPU host, on a heap frozen by `settle_heap`, Python still started 7 or 8 full
+    collections a pass over the search's live objects (vLLM's requests, the trees), 12 to
+    87 ms each (over the unfrozen heap, 460 to 660 ms): on a GPU, each a stall of several
+    decode steps at a time the engine does not choose. Afterwards the thresholds are as
+    they were."""
     thresholds = gc.get_threshold()
     gc.set_threshold(thresholds[0], thresholds[1], NO_AUTOMATIC_FULL)
     try:
@@ -65,6 +71,7 @@ def run_variant(name: str, engine, todo: list, *, store: RunStore, step_logs: di
     seeds' passes (and `bench.chunk`'s chunks). `host`: what each record says it ran on."""
     if on_iteration:
         engine.on_problem_iteration = functools.partial(on_iteration, name)
+    settle_heap()  # before the variant's clock
     gold = {p.id: p for p in todo}
     # the variant's wall clock, carried across a resume by the records themselves
     start = clock.now() - variant_wall(store.records(), name)
