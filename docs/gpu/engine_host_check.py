@@ -32,16 +32,6 @@ import time
 from pathlib import Path
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def run(n: int, m: int, iterations: int, problems: int, speculative: bool) -> dict:
     from tts.backends.fake import FakeGenerator, FakeVerifier
     from tts.config.schema import SearchConfig
@@ -107,7 +97,9 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    host = {"cpu": cpu_name(), "cores": __import__("os").cpu_count(), "python": platform.python_version()}
+    from tts.results.host import cpu_model
+
+    host = {"cpu": cpu_model(), "cores": __import__("os").cpu_count(), "python": platform.python_version()}
     rows = []
     for speculative in (False, True):
         for _ in range(args.repeats):

@@ -14,7 +14,7 @@ the variant's wall time and per generator step:
 - `host_select_s`: selection, timed once per iteration (`SelectionTimed`);
 - `host_record_s`: recording each finished problem (grading its candidates, writing its
   record, the step logs and the trace, and the pass's one full garbage collection there,
-  `tts.bench.record.between_problems`), while no model step runs (`metrics.record_s`);
+  `tts.bench.record.quiet_heap`), while no model step runs (`metrics.record_s`);
 - `host_engine_s`: the rest, the engine's own work: scheduling, the step rule on every
   token, bookkeeping, metrics, the trace's events.
 
