@@ -83,6 +83,11 @@ def extract_statement(text: str) -> str | None:
     sentence. "The answer is five." or "the answer is to add them" give None: a word
     is not taken for an answer. Filler such as "indeed" or "therefore" is skipped.
     """
+    # Most texts (a step of a path, at every step of a search) hold no "answer" at all: the
+    # word, case-folded as re.IGNORECASE matches it ("ANSWER", "anſwer"), is looked for
+    # first, in one pass, before the statement's pattern is tried at every position.
+    if "answer" not in text.casefold():
+        return None
     for match in reversed(list(_STATEMENT_RE.finditer(text))):
         rest = text[match.end():]
         for pattern, group in ((_MATH_RE, 1), (_WORKED_RE, 1), (_NUMBER_RE, 0), (_EXPR_RE, 0)):

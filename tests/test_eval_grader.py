@@ -55,6 +55,9 @@ def test_extract_boxed(text: str, expected: str | None) -> None:
         ("To find the answer is to add them.", None),
         ("The answer is $\\boxed{7}$.", "7"),  # a box, when there is one, decides
         ("The answer is 7. Check: \\boxed{8", None),  # an unclosed box is no answer
+        ("THE ANSWER IS 12.", "12"),  # any case, as the pattern's re.IGNORECASE
+        ("the anſwer is 5.", "5"),  # "ſ" matches "s" there: the word is looked for case-folded
+        ("Answers are 4 and 5.", None),
     ],
 )
 def test_extract_answer(text: str, expected: str | None) -> None:
