@@ -47,6 +47,17 @@ def test_replay_of_the_same_engines_reproduces_their_trees_exactly(tmp_path, sam
     assert served["baseline"]["recorded"] == served["baseline"]["requests"]
 
 
+def test_replays_of_one_run_at_other_options_land_in_their_own_folders(tmp_path):
+    """The folder's name carries the options not at their defaults: the datasheet's price
+    beside the measured one, without naming either."""
+    path = bench(tmp_path, "bench.compare=[baseline]")
+    measured = run_replay(path, [])
+    datasheet = run_replay(path, ["replay.step_costs=datasheet", "replay.host=none"])
+    assert measured != datasheet and measured.exists() and datasheet.exists()
+    assert datasheet.name == f"{measured.name}-step_costs-datasheet-host-none"
+    assert "step_costs" not in measured.name
+
+
 def test_another_engines_speculation_is_drawn_and_counted(tmp_path):
     """A baseline-only trace replayed with PMS: PMS's run-on tokens past the baseline's step
     ends are not in the trace; they are drawn, and the replay says how many."""

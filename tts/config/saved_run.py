@@ -7,6 +7,7 @@ replay` (`replay_config`, and its `replay.*` options, `ReplayOptions`) and `tts 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -53,6 +54,18 @@ class ReplayOptions:
     # token in the next (tts.replay.backends.ReplayGenerator); false: their sum. null (not
     # given): as the recorded run's generator ran (its host's `overlap`; off before it was recorded)
     overlap: bool | None = None
+
+    def named(self) -> str:
+        """The options not at their defaults, as a replay's folder name carries them
+        (`step_costs-datasheet-host-none`): two replays of one run at other options land in
+        two folders. Empty at the defaults."""
+        parts = []
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if value != field.default:
+                shown = Path(value).name if field.name == "cost_from" else str(value).lower()
+                parts.append(f"{field.name}-{shown}")
+        return "-".join(parts)
 
     def __post_init__(self) -> None:
         if self.cost not in COSTS:

@@ -119,7 +119,8 @@ def run_replay(run_dir: Path, overrides: list[str], results_dir: Path | None = N
     if not problems:
         raise ConfigError(f"{run_dir}: the run recorded no problems")
     cfg_node.bench.results_dir = str(results_dir or run_dir.parent)
-    cfg_node.bench.run_name = run_name or f"{run_dir.name}-replay-{cfg_node.device.name}-{_short(cfg_node)}"
+    named = "-".join(filter(None, (cfg_node.device.name, _short(cfg_node), options.named())))
+    cfg_node.bench.run_name = run_name or f"{run_dir.name}-replay-{named}"
     cfg: Config = validate(cfg_node)
     check_fits(cfg)
     clock = VirtualClock()
