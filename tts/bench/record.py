@@ -22,6 +22,10 @@ from tts.trace.recorder import TraceRecorder
 
 # generation 2's threshold during a pass: out of reach, so no full collection starts on its own
 NO_AUTOMATIC_FULL = 1 << 30
+# generation 0's threshold during a pass (Python's default: 700): above the objects a step
+# holds at once (a step at n=512 has a few thousand: vLLM's outputs, their deltas, the
+# trace's lists), so a young collection starts only on what outlives steps, not on every step
+PASS_YOUNG = 20_000
 
 
 def settle_heap() -> None:
@@ -41,14 +45,17 @@ def quiet_heap() -> Iterator[None]:
     """A pass without Python's automatic full collections, each a stop of the whole process
     in the middle of a step: young collections go on (most cycles die young), but a full one
     starts only where `run_variant` asks for it: after each problem's record, when the
-    finished problem's objects are gone and no step waits. At
+    finished problem's objects are gone and no step waits. A young one starts only on
+    `PASS_YOUNG` objects: with Python's 700, a step at n=512 crossed it about twice and
+    scanned its own short-lived objects each time (1,386 young collections in a pass of 660
+    steps, 0.7 ms a step, a quarter of the engine's own work there). At
     n=512 on a CPU host, on a heap frozen by `settle_heap`, Python still started 7 or 8 full
     collections a pass over the search's live objects (vLLM's requests, the trees), 12 to
     87 ms each (over the unfrozen heap, 460 to 660 ms): on a GPU, each a stall of several
     decode steps at a time the engine does not choose. Afterwards the thresholds are as
     they were."""
     thresholds = gc.get_threshold()
-    gc.set_threshold(thresholds[0], thresholds[1], NO_AUTOMATIC_FULL)
+    gc.set_threshold(max(thresholds[0], PASS_YOUNG), thresholds[1], NO_AUTOMATIC_FULL)
     try:
         yield
     finally:
