@@ -178,9 +178,9 @@ def test_a_replaced_vllm_engine_is_collected_before_the_next_starts(monkeypatch)
 def test_a_pass_runs_on_a_frozen_heap_without_automatic_full_collections(tmp_path, monkeypatch):
     """Each variant's pass runs on a collected, frozen heap (`settle_heap`, before its clock)
     with no automatic full collection (`quiet_heap`): a step sees generation 2's threshold
-    out of reach and generation 0's above a step's objects, and the thresholds are as they were afterwards. A cycle the previous pass
-    left, frozen with it, is collected all the same, and so is one a pass makes that
-    survives to the old generation (between problems)."""
+    out of reach and generation 0's above a step's objects, and the thresholds are as they
+    were afterwards. A cycle the previous pass left, frozen with it, is collected all the
+    same, and so is one a pass makes that survives to the old generation (between problems)."""
     import gc
 
     import tts.bench.loop as loop
