@@ -43,17 +43,15 @@ def settle_heap() -> None:
 @contextlib.contextmanager
 def quiet_heap() -> Iterator[None]:
     """A pass without Python's automatic full collections, each a stop of the whole process
-    in the middle of a step: young collections go on (most cycles die young), but a full one
-    starts only where `run_variant` asks for it: after each problem's record, when the
-    finished problem's objects are gone and no step waits. A young one starts only on
-    `PASS_YOUNG` objects: with Python's 700, a step at n=512 crossed it about twice and
-    scanned its own short-lived objects each time (1,386 young collections in a pass of 660
-    steps, 0.7 ms a step, a quarter of the engine's own work there). At
-    n=512 on a CPU host, on a heap frozen by `settle_heap`, Python still started 7 or 8 full
-    collections a pass over the search's live objects (vLLM's requests, the trees), 12 to
-    87 ms each (over the unfrozen heap, 460 to 660 ms): on a GPU, each a stall of several
-    decode steps at a time the engine does not choose. Afterwards the thresholds are as
-    they were."""
+    in the middle of a step: a full one starts only where `run_variant` asks for it, after
+    each problem's record, when the finished problem's objects are gone and no step waits.
+    At n=512 on a CPU host, on a heap frozen by `settle_heap`, Python had started 7 or 8 a
+    pass over the search's live objects (vLLM's requests, the trees), 12 to 87 ms each: on
+    a GPU, each a stall of several decode steps at a time the engine does not choose.
+    Young collections go on (most cycles die young), from `PASS_YOUNG` objects: with
+    Python's 700 a step at n=512 crossed it about twice and scanned its own short-lived
+    objects each time (1,386 young collections in a pass of 660 steps, 0.7 ms a step).
+    Afterwards the thresholds are as they were."""
     thresholds = gc.get_threshold()
     gc.set_threshold(max(thresholds[0], PASS_YOUNG), thresholds[1], NO_AUTOMATIC_FULL)
     try:
