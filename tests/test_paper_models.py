@@ -343,3 +343,30 @@ def test_rlhflow_requests_read_the_prefix_cache_with_the_same_scores(rlhflow) ->
         cached.append(stats.cached_tokens)
     assert cached[0] == 0 and all(c > 0 for c in cached[1:]), cached
     assert rlhflow.adapter.reads_prefix_cache
+
+
+@pytest.mark.parametrize("name", ["tiny:qwen2.5-math-7b-instruct", MATH_SHEPHERD, RLHFLOW])
+def test_codec_decodes_as_transformers_does(name) -> None:
+    """`ChatCodec.decode` calls the Rust tokenizer directly where transformers would return the
+    same text (`_rust_decode`): Qwen2.5's tokenizer takes that path; whichever path a family's
+    tokenizer takes, the text is transformers' own, for special tokens, partial UTF-8 bytes and
+    random ids alike."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from tts.backends.codec import ChatCodec
+
+    tok = AutoTokenizer.from_pretrained(str(_folder(name)))
+    codec = ChatCodec(tok)
+    if name.startswith("tiny:qwen2.5"):
+        assert codec._decode is not None  # the fast path is taken where it matters
+    rng = random.Random(0)
+    text = "Steps: 3·4 = 12, √9 = 3, ∑ 中文 🙂 \\boxed{12}\n\n"
+    ids = tok.encode(text, add_special_tokens=False)
+    cases = [ids, ids[:-1], ids[1:], list(tok.all_special_ids) + ids + list(tok.all_special_ids), [],
+             *([rng.randrange(len(tok)) for _ in range(rng.randrange(1, 300))] for _ in range(50))]
+    for case in cases:
+        assert codec.decode(case) == tok.decode(case, skip_special_tokens=True)
+    tok.clean_up_tokenization_spaces = True  # a tokenizer that cleans up goes transformers' way
+    assert ChatCodec(tok)._decode is None

@@ -20,6 +20,7 @@ class ChatCodec:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self._texts: dict[int, str] = {}
+        self._decode = _rust_decode(tokenizer)
         eos = getattr(tokenizer, "eos_token_id", None)
         if eos is None:
             raise ValueError("generator model: its tokenizer defines no eos_token_id")
@@ -35,6 +36,8 @@ class ChatCodec:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def decode(self, token_ids: Sequence[int]) -> str:
+        if self._decode is not None:
+            return self._decode(list(token_ids), skip_special_tokens=True)
         return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
 
     def token_text(self, token_id: int) -> str:
@@ -42,6 +45,24 @@ class ChatCodec:
         if text is None:
             text = self._texts[token_id] = self.decode([token_id])
         return text
+
+
+def _rust_decode(tokenizer: Any) -> Any:
+    """The Rust tokenizer's own `decode`, where transformers' `decode` returns exactly what it
+    returns: a `TokenizersBackend` whose `_decode` is not overridden and that cleans up no
+    spaces (the paper's Qwen2.5 tokenizers, SmolLM2's). transformers' layers around it
+    (argument conversion, the batch check, the clean-up test) cost as much as the decode
+    itself on a step's tokens, and a run decodes every finished step. Else None."""
+    try:
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:  # pragma: no cover - an older transformers: its own decode
+        return None
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if (not isinstance(tokenizer, TokenizersBackend) or backend is None
+            or type(tokenizer)._decode is not TokenizersBackend._decode
+            or getattr(tokenizer, "clean_up_tokenization_spaces", True)):
+        return None
+    return backend.decode
 
 
 def generator_codec(g: GeneratorConfig) -> Any:
