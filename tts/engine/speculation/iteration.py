@@ -66,7 +66,11 @@ class IterationSpeculation(Speculation):
             self.start(problems, free)
             return []
         steps, runner, stops = self.steps, self.steps.runner, []
+        if free <= 0 and not steps.ready:
+            return stops
         for _, beam, _ in self.proposals(problems):
+            if free <= 0 and not steps.ready:
+                break  # the rest wait, and keep waiting
             uid = beam.uid
             request = steps.ready.pop(uid, None)
             if request is not None:  # its step just ended: it runs on in place, or waits

@@ -23,12 +23,17 @@ the same seed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import heapq
+from collections.abc import Iterator, Sequence
+from operator import attrgetter
 
 from tts.engine.problem import Problem
 from tts.engine.speculation.policy import inherit_speculation, held_step_len
 from tts.engine.speculation.rule import StartRule
 from tts.search.tree import Beam
+
+
+_PRIORITY = attrgetter("spec_priority")
 
 
 class RunOn(StartRule):
@@ -37,14 +42,17 @@ class RunOn(StartRule):
     name = "runon"
     runs_on = True
 
-    def candidates(self, problems: Sequence[Problem]) -> list[tuple[Problem, Beam, int]]:
+    def candidates(self, problems: Sequence[Problem]) -> Iterator[tuple[Problem, Beam, int]]:
         """The finished steps that may run on (`SpeculativeSteps.ready`, then `waiting`),
         the highest priority bins first; within a bin, those still running (they run on in
-        place) before those waiting for a slot."""
+        place) before those waiting for a slot, each in its dict's order. Both are sorted
+        as they stand (the caller may move requests between them while it reads) and
+        merged as far as they are read: at n=512 hundreds wait, every step."""
         steps = self.steps
-        ready = [(r, False) for r in steps.ready.values()] + [(r, True) for r in steps.waiting.values()]
-        ready.sort(key=lambda c: (-c[0].spec_priority, c[1]))
-        return [(r.problem, r.beam, 0) for r, _ in ready]
+        ready = sorted(steps.ready.values(), key=_PRIORITY, reverse=True)  # stable
+        waiting = sorted(steps.waiting.values(), key=_PRIORITY, reverse=True)
+        # merge is stable: on a tie, the first iterable's item comes first
+        return ((r.problem, r.beam, 0) for r in heapq.merge(ready, waiting, key=_PRIORITY, reverse=True))
 
     def selected(self, problem: Problem, parents: dict[int, Beam]) -> None:
         """After selection: each child gets its parent's speculative tokens, all for child 0,
