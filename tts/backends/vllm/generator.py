@@ -146,16 +146,33 @@ class VllmGenerator(Generator):
         start = time.perf_counter()
         outputs = self._engine.step() if self._engine.has_unfinished_requests() else []
         wall = time.perf_counter() - start
-        deltas = [self._delta(out) for out in outputs if out.request_id in self._live]
-        stats = self._probe.stats(wall, [len(d.new_token_ids) for d in deltas], len(self._live))
+        deltas = self._deltas(outputs)
+        stats = self._probe.stats(wall, deltas, len(self._live))
         if self.overlap:  # an EOS came back after vLLM scheduled its request once more
             flight = self._probe.in_flight()
             late = sum(d.finish_reason is FinishReason.EOS and d.request_id in flight for d in deltas)
             stats = replace(stats, late_tokens=late) if late else stats
         return deltas, stats
 
-    def _delta(self, output: Any) -> GenDelta:
-        live = self._live[output.request_id]
+    def _deltas(self, outputs: list[Any]) -> list[GenDelta]:
+        """One `GenDelta` per output of a request still live (an aborted one's last output is
+        dropped). The loop runs once per running request and step (512 at n=512): a request
+        past its first delta that did not finish takes the short way."""
+        live = self._live
+        deltas: list[GenDelta] = []
+        append = deltas.append
+        for output in outputs:
+            rid = output.request_id
+            entry = live.get(rid)
+            if entry is None:
+                continue
+            if entry.reported and not output.finished:
+                append(GenDelta(rid, tuple(output.outputs[0].token_ids)))
+            else:
+                append(self._delta(output, entry))
+        return deltas
+
+    def _delta(self, output: Any, live: _Live) -> GenDelta:
         completion = output.outputs[0]
         reason = None
         if output.finished:

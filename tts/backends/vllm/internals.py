@@ -162,7 +162,7 @@ def observe_schedule(scheduler: Any, observer: Callable[[Any], None]) -> Callabl
 
 def scheduled_tokens(output: Any) -> tuple[int, ...]:
     """Tokens per request in one `SchedulerOutput` (empty for None: nothing scheduled)."""
-    return tuple(int(n) for n in (output.num_scheduled_tokens.values() if output is not None else ()))
+    return tuple(output.num_scheduled_tokens.values()) if output is not None else ()  # vLLM's ints
 
 
 def scheduled_ids(output: Any) -> frozenset[str]:
