@@ -310,6 +310,17 @@ def test_abort_takes_effect_before_the_next_step(gen) -> None:
     assert seen == {"keep"}
 
 
+def test_a_degraded_probe_counts_the_steps_from_the_deltas(gen, monkeypatch) -> None:
+    """On a vLLM whose scheduler the probe cannot read (not `exact`), each step's statistics
+    come from what the step returned: one running request per delta, its tokens."""
+    prompt = tuple(gen.encode_prompt("Count to ten.", ""))
+    monkeypatch.setattr(gen._probe, "_scheduler", None)
+    assert not gen._probe.exact
+    deltas, stats = run_all(gen, [GenRequest(f"d{i}", prompt, max_tokens=3 + i, seed=i, ignore_eos=True) for i in range(2)])
+    assert sum(s.num_scheduled_tokens for s in stats) == sum(len(d.new_token_ids) for ds in deltas.values() for d in ds) == 7
+    assert [s.num_running for s in stats if s.num_running] == [2, 2, 2, 1] and all(s.kv_usage == 0.0 for s in stats)
+
+
 def test_set_limits_caps_running_requests(gen) -> None:
     prompt = tuple(gen.encode_prompt("Say hi.", ""))
     gen.set_limits(batch_cap=1)

@@ -147,7 +147,8 @@ class VllmGenerator(Generator):
         outputs = self._engine.step() if self._engine.has_unfinished_requests() else []
         wall = time.perf_counter() - start
         deltas = self._deltas(outputs)
-        stats = self._probe.stats(wall, deltas, len(self._live))
+        produced = () if self._probe.exact else [len(d.new_token_ids) for d in deltas]  # read only then
+        stats = self._probe.stats(wall, produced, len(self._live))
         if self.overlap:  # an EOS came back after vLLM scheduled its request once more
             flight = self._probe.in_flight()
             late = sum(d.finish_reason is FinishReason.EOS and d.request_id in flight for d in deltas)

@@ -98,10 +98,9 @@ class SchedulerProbe:
         """Forget the previous step's schedule (a step with no work schedules nothing)."""
         self._last = None
 
-    def stats(self, wall_s: float, produced: Sequence[Any], num_unfinished: int) -> StepStats:
-        """What the step just run did; `produced` (the step's `GenDelta`s, or the tokens
-        returned per request that made progress) and `num_unfinished` are used only when the
-        probe is degraded."""
+    def stats(self, wall_s: float, produced: Sequence[int], num_unfinished: int) -> StepStats:
+        """What the step just run did; `produced` (tokens returned per request that made
+        progress) and `num_unfinished` are used only when the probe is degraded (not `exact`)."""
         if self._scheduler is None:
             return self._derived(wall_s, produced, num_unfinished)
         per_request = scheduled_tokens(self._last)
@@ -113,7 +112,7 @@ class SchedulerProbe:
         )
 
     def _derived(self, wall_s: float, produced: Sequence[int], num_unfinished: int) -> StepStats:
-        per_request = tuple(n if isinstance(n, int) else len(n.new_token_ids) for n in produced)
+        per_request = tuple(int(n) for n in produced)
         return StepStats(
             num_running=len(per_request), num_waiting=max(0, num_unfinished - len(per_request)),
             num_scheduled_tokens=sum(per_request), batch_cap=self.batch_cap,
