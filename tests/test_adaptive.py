@@ -18,7 +18,7 @@ STEP_LIMIT = 30
 def first_seeds(problem_id: str, n: int, seed: int = 0) -> list[int]:
     """The seeds of a problem's first frontier, as the engine draws them."""
     base = (seed * 1_000_003 + hash_id(problem_id)) % (2**31 - 1)
-    return [child_seed(base, i + 1) for i in range(n)]
+    return [child_seed(base, i + 1, 0) for i in range(n)]
 
 
 def run(script, scorer=None, n=4, m=2, iters=3, problems=("p",), schedule="barrier", read_partial=True, **adaptive):
@@ -156,19 +156,19 @@ def test_early_exit_compares_at_most_half_the_search_width(caplog):
 
 
 def test_early_exit_waits_for_agreement():
-    """Three paths answer at the second iteration, 0, 3 and 3: two thirds agree. With
-    `exit_agree` 1 the search never settles and runs to its end; with 0.6 it stops right
+    """Four paths answer at the second iteration, 0, 0, 1 and 2: half agree. With
+    `exit_agree` 1 the search never settles and runs to its end; with 0.5 it stops right
     after that iteration."""
     def script(problem, steps, seed):
-        return f"so \\boxed{{{seed % 5}}}\n\n" if len(steps) == 1 and seed % 2 else "a\n\n"
+        return f"so \\boxed{{{seed % 3}}}\n\n" if len(steps) == 1 and seed % 5 == 1 else "a\n\n"
 
     base, _ = run(script, answer_scorer, n=8, m=2, iters=5)
     answers = sorted(b.step_texts[1] for b in base[0].candidates if "boxed" in b.text)
-    assert answers == ["so \\boxed{0}\n\n", "so \\boxed{3}\n\n", "so \\boxed{3}\n\n"]
-    kw = dict(n=8, m=2, iters=5, early_exit=True, exit_top=3, exit_patience=1)
+    assert answers == ["so \\boxed{0}\n\n", "so \\boxed{0}\n\n", "so \\boxed{1}\n\n", "so \\boxed{2}\n\n"]
+    kw = dict(n=8, m=2, iters=5, early_exit=True, exit_top=4, exit_patience=1)
     outs, _ = run(script, answer_scorer, exit_agree=1.0, **kw)
     assert outs[0].metrics.settled_at is None and trees(outs) == trees(base)
-    settled, _ = run(script, answer_scorer, exit_agree=0.6, **kw)
+    settled, _ = run(script, answer_scorer, exit_agree=0.5, **kw)
     assert settled[0].metrics.settled_at == 2 == settled[0].metrics.iterations < base[0].metrics.iterations
 
 

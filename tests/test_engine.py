@@ -131,8 +131,8 @@ def test_speculation_lookahead_prefix_order_keep_the_result():
     reproduce the baseline's tree exactly: the original child's speculative tokens are
     what it would have generated, and lookahead scores equal fresh ones."""
     for algo in (Algorithm.beam, Algorithm.dvts, Algorithm.dynamic_branching):
-        base, *_ = run(answering, algo=algo, n=4, m=2, iters=5, problems=("a", "b"))
-        fast, eng, _, _ = run(answering, algo=algo, n=4, m=2, iters=5, problems=("a", "b"), speculative=True,
+        base, *_ = run(answering, algo=algo, n=4, m=2, iters=8, problems=("a", "b"))
+        fast, eng, _, _ = run(answering, algo=algo, n=4, m=2, iters=8, problems=("a", "b"), speculative=True,
                               lookahead=True, ordering="prefix_aware", spec_truncate_ratio=0.0,
                               spec_truncate_std=0.0)
         assert candidates(fast) == candidates(base), algo
@@ -161,9 +161,9 @@ def test_lookahead_kept_scope_scores_ahead_only_for_kept_beams():
     """Scope `kept`: the current steps are scored first, then lookahead only for the beams
     selection keeps. Same tree as scope `all`, every lookahead score of beam search is read
     back (no duplicate filtering on these texts), and fewer are made."""
-    common = dict(n=8, m=4, iters=5, problems=("a", "b"), speculative=True, lookahead=True,
+    common = dict(n=8, m=4, iters=5, problems=("a", "d"), speculative=True, lookahead=True,
                   ordering="prefix_aware", spec_truncate_ratio=0.0, spec_truncate_std=0.0)
-    base, *_ = run(answering, n=8, m=4, iters=5, problems=("a", "b"))
+    base, *_ = run(answering, n=8, m=4, iters=5, problems=("a", "d"))
     every, e_eng, _, e_ver = run(answering, lookahead_scope="all", **common)
     kept, k_eng, _, k_ver = run(answering, lookahead_scope="kept", **common)
     assert candidates(every) == candidates(kept) == candidates(base)
@@ -231,8 +231,8 @@ def test_lookahead_scope_rejects_unknown_names():
 def test_speculation_hides_stragglers():
     """Duplicates keeping all speculative tokens (R=1) start with whole steps in hand:
     later iterations need fewer generator steps, and the used tokens are counted."""
-    base, beng, *_ = run(endless, n=4, m=2, iters=4, eos_at_depth_limit=False)
-    fast, feng, *_ = run(endless, n=4, m=2, iters=4, eos_at_depth_limit=False, speculative=True,
+    base, beng, *_ = run(endless, n=8, m=4, iters=4, problems=("a",), eos_at_depth_limit=False)
+    fast, feng, *_ = run(endless, n=8, m=4, iters=4, problems=("a",), eos_at_depth_limit=False, speculative=True,
                          spec_truncate_ratio=1.0, spec_truncate_std=0.0)
     assert feng.collector.logs["generator"].steps < beng.collector.logs["generator"].steps
     m = fast[0].metrics
@@ -354,7 +354,7 @@ def test_engine_cuts_duplicates_at_the_speculative_next_step(monkeypatch):
         return out
 
     monkeypatch.setattr(spec_runon, "inherit_speculation", spy)
-    run(endless, n=4, m=2, iters=4, eos_at_depth_limit=False, speculative=True,
+    run(endless, n=8, m=2, iters=4, eos_at_depth_limit=False, speculative=True,
         spec_truncate_ratio=1.0, spec_truncate_std=0.0, spec_own_min_tokens=0)  # the paper's rule
     past_the_step = 0
     for spec_of, step_lens, children in seen:
@@ -554,23 +554,21 @@ def test_branches_follow_the_bins_and_child_seeds():
     """A finished request with priority p starts p branches, branch k with child k's seed
     on its path; each stops at its own step boundary; the real request is stopped."""
     from tts.engine.requests import Request
-    from tts.search.tree import child_seed
-
     def script(problem, steps, seed):
         return ("a" if not steps else "b") * (1 + seed % 5) + "\n\n"
 
     gen = FakeGenerator(script, batch_cap=8)
     prompt = tuple(gen.encode_prompt("q", "s"))
     slow = Request(Beam("p", prompt, 4), limit=30)  # 5 tokens + boundary: keeps generation open
-    fast = Request(Beam("p", prompt, 10), limit=30, spec_priority=3)  # 1 token + boundary
+    fast = Request(Beam("p", prompt, 20), limit=30, spec_priority=3)  # 1 token + boundary
     generation = Generation(gen, rule="branches")
     generation.run([slow, fast])
-    assert not fast.runon_tokens and [b.beam.seed for b in generation.speculation.steps.of(fast)] == [child_seed(10, k) for k in range(3)]
+    assert not fast.runon_tokens and [b.beam.seed for b in generation.speculation.steps.of(fast)] == [fast.beam.seed_of_child(k) for k in range(3)]
     steps = generation.speculation.steps.steps_of(fast)
     assert {gen.decode(t) for t in steps.values()} == {"b\n\n"}  # child 0 (seed 10): whole, stopped at its end
     running = {seed: branch for (parent, seed), branch in generation.problem.spec_table.items()
                if parent == fast.beam.uid and branch.state.in_backend}
-    assert set(running) == {child_seed(10, 1), child_seed(10, 2)}  # still running: they wait for selection
+    assert set(running) == {fast.beam.seed_of_child(1), fast.beam.seed_of_child(2)}  # still running: they wait for selection
     for seed, branch in running.items():
         text = gen.decode(branch.tokens)
         assert text and ("b" * (1 + seed % 5) + "\n\n").startswith(text)  # a prefix of child k's step
@@ -578,7 +576,7 @@ def test_branches_follow_the_bins_and_child_seeds():
     assert gen.num_unfinished() == 2
     # selection keeps child 1 only: it runs on its branch's request, the other is stopped
     assert fast.beam.step_texts == (gen.decode(fast.tokens),)  # its step, committed as it finished
-    seed = child_seed(10, 1)
+    seed = fast.beam.seed_of_child(1)
     child, calls = Request(fast.beam.fork(seed), limit=30), len(gen.calls)
     generation.run([child])
     assert gen.decode(child.tokens) == "b" * (1 + seed % 5) + "\n\n"
@@ -686,8 +684,6 @@ def test_preempted_branch_resumes_where_sampling_is_resumable():
     ends as child k's own step, and resuming generates no token twice."""
     from tts.engine.speculation.memory import WAIT_STEPS
     from tts.engine.requests import Request
-    from tts.search.tree import child_seed
-
     for mode in ("context", "stream"):
         gen = FakeGenerator(straggling, batch_cap=8, sampling=mode)
         prompt = tuple(gen.encode_prompt("q", "s"))
@@ -703,7 +699,7 @@ def test_preempted_branch_resumes_where_sampling_is_resumable():
         generation.run([parent, straggler])
         (branch,) = generation.speculation.steps.of(parent)  # priority 1: child 0's branch
         assert seen["before"] == 2 + WAIT_STEPS and straggler.finished
-        assert branch.finished and branch.beam.seed == child_seed(10, 0)
+        assert branch.finished and branch.beam.seed == parent.beam.seed_of_child(0) == 10
         assert gen.decode(branch.tokens) == "b" * (6 + branch.beam.seed % 5) + "\n\n"  # child 0's own step
         redone = seen["before"] if mode == "stream" else 0
         assert branch.generated == len(branch.tokens)  # since its restart, under `stream`

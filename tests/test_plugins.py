@@ -68,8 +68,9 @@ def test_the_docs_rule_runs_from_its_own_module_named_on_the_command_line(own):
     is the baseline's with fewer generator steps; the variant is labelled by the rule's name."""
     assert len(docs_block("### How to add a speculation rule").splitlines()) <= 25  # a rule of a few lines
     for algo in ("beam", "dvts"):
-        base = tts_bench(f"base_{algo}", f"search.algorithm={algo}")
-        mine = tts_bench(f"mine_{algo}", f"search.algorithm={algo}", *SPECULATE, f"optim.spec_rule={RULE}")
+        base = tts_bench(f"base_{algo}", f"search.algorithm={algo}", "dataset.first_k=4")
+        mine = tts_bench(f"mine_{algo}", f"search.algorithm={algo}", *SPECULATE, f"optim.spec_rule={RULE}",
+                         "dataset.first_k=4")
         assert {p: c for (_, p), c in trees(mine).items()} == {p: c for (_, p), c in trees(base).items()}, algo
         steps = json.loads((mine / "step_logs.json").read_text())
         assert list(steps) == ["S_first_child"]  # the class's `name`, not its import path

@@ -43,7 +43,7 @@ def test_beam_keeps_top_n_over_m_and_refills_interleaved():
     assert [x.state for x in (a, b, c, d)] == [BeamState.PRUNED, BeamState.ACTIVE, BeamState.PRUNED, BeamState.ACTIVE]
     # search-and-learn's refill: kept beams in frontier order, repeated: b, d, b, d
     assert [x.parent for x in s.frontier] == [b.uid, d.uid, b.uid, d.uid]
-    assert [x.seed for x in s.frontier] == [12, 14, child_seed(12, 1), child_seed(14, 1)]
+    assert [x.seed for x in s.frontier] == [12, 14, b.seed_of_child(1), d.seed_of_child(1)]
     assert all(x.text == y.text for x, y in zip(s.frontier, [b, d, b, d]))
 
 
@@ -143,8 +143,27 @@ def test_finalize_pads_to_n_sorted_by_score():
 def test_expand_child_seeds():
     a = beam("a\n\n", 0.5, 100)
     kids = expand([a], 3)
-    assert [k.seed for k in kids] == [100, child_seed(100, 1), child_seed(100, 2)]
+    assert [k.seed for k in kids] == [100, child_seed(100, 1, 1), child_seed(100, 2, 1)]
     assert all(k.parent == a.uid for k in kids)
+
+
+def test_siblings_whose_steps_came_out_the_same_hand_on_distinct_seeds():
+    """Two siblings with the same path (their steps came out the same) are two beams; every
+    child of theirs samples with its own seed, as search-and-learn's duplicates sample
+    independently. A seed hashed from the parent's seed and the child's index alone gave
+    child 1 of the first the seed of the second, which keeps it as its child 0: two
+    identical requests, then two identical subtrees."""
+    for algo in (Algorithm.beam, Algorithm.dynamic_branching):
+        p = policy(algo, n=4, m=2, iters=10)
+        s = ProblemSearch("p", "problem", (1, 2), 7)
+        p.start(s)
+        for depth in range(4):
+            for b in s.frontier:  # every beam writes the same step: all paths stay equal
+                b.append(Step((5, 6), "x\n\n", StepEnd.BOUNDARY))
+                b.set_score(depth, 0.5)
+            p.select(s, now=float(depth))
+            requests = [(b.seed, b.token_ids) for b in s.frontier]
+            assert len(set(requests)) == len(requests) == 4, (algo, depth)
 
 
 def test_unknown_algorithm():

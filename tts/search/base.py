@@ -70,7 +70,7 @@ class SearchPolicy(ABC):
     def start(self, search: ProblemSearch) -> None:
         """Create the first frontier."""
         search.frontier = [
-            Beam(search.problem_id, search.prompt_ids, child_seed(search.seed, i + 1), group=i)
+            Beam(search.problem_id, search.prompt_ids, child_seed(search.seed, i + 1, 0), group=i)
             for i in range(self.cfg.n)
         ]
 
@@ -191,5 +191,5 @@ def expand(kept: list[Beam], n: int) -> list[Beam]:
     for beam in repeated:
         k = seen.get(beam.uid, 0)
         seen[beam.uid] = k + 1
-        out.append(beam.fork(child_seed(beam.seed, k)))
+        out.append(beam.fork(beam.seed_of_child(k)))
     return out

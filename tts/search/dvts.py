@@ -18,7 +18,7 @@ class DVTS(SearchPolicy):
     def start(self, search: ProblemSearch) -> None:
         m, subtrees = self.cfg.beam_width, self.cfg.n // self.cfg.beam_width
         search.frontier = [
-            Beam(search.problem_id, search.prompt_ids, child_seed(search.seed, 1 + g * m + k), group=g)
+            Beam(search.problem_id, search.prompt_ids, child_seed(search.seed, 1 + g * m + k, 0), group=g)
             for g in range(subtrees) for k in range(m)
         ]
 
@@ -35,7 +35,7 @@ class DVTS(SearchPolicy):
                 best.completed_at = now
                 search.completed.append(best)
             else:
-                frontier += [best.fork(child_seed(best.seed, k)) for k in range(self.cfg.beam_width)]
+                frontier += [best.fork(best.seed_of_child(k)) for k in range(self.cfg.beam_width)]
         search.frontier = frontier
 
     def likely_kept(self, search: ProblemSearch) -> list[tuple[Beam, int]]:

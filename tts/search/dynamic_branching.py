@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tts.search.base import ProblemSearch, SearchPolicy
-from tts.search.tree import Beam, BeamState, child_seed
+from tts.search.tree import Beam, BeamState
 
 
 def branch_counts(scores: list[float], total: int) -> list[int]:
@@ -34,7 +34,7 @@ class DynamicBranching(SearchPolicy):
         for beam, count in zip(kept, counts):
             if count == 0:
                 beam.state = BeamState.PRUNED
-            frontier += [beam.fork(child_seed(beam.seed, k)) for k in range(count)]
+            frontier += [beam.fork(beam.seed_of_child(k)) for k in range(count)]
         search.frontier = frontier
 
     def likely_kept(self, search: ProblemSearch) -> list[tuple[Beam, int]]:

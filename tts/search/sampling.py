@@ -23,7 +23,7 @@ class BestOfN(SearchPolicy):
     def _wave(self, search: ProblemSearch, drawn: int) -> list[Beam]:
         """The next wave of samples after `drawn` of them (all N without waves)."""
         k = self.cfg.sample_wave or self.cfg.n
-        return [Beam(search.problem_id, search.prompt_ids, child_seed(search.seed, i + 1), group=i)
+        return [Beam(search.problem_id, search.prompt_ids, child_seed(search.seed, i + 1, 0), group=i)
                 for i in range(drawn, min(self.cfg.n, drawn + k))]
 
     def step_limit(self, beam: Beam, search: ProblemSearch) -> int:

@@ -8,6 +8,7 @@ thousands of beams costs little memory.
 from __future__ import annotations
 
 import enum
+import hashlib
 import itertools
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -142,6 +143,10 @@ class Beam:
         scores[index] = score
         self.scores = tuple(scores)
 
+    def seed_of_child(self, k: int) -> int:
+        """Child k's sampling seed (`child_seed`, at this beam's depth)."""
+        return child_seed(self.seed, k, self.depth)
+
     def fork(self, seed: int, spec_tokens: tuple[int, ...] = ()) -> Beam:
         """A child sharing this beam's path, with its own sampling seed."""
         child = replace(self, seed=seed, state=BeamState.ACTIVE, parent=self.uid,
@@ -150,12 +155,19 @@ class Beam:
         return child
 
 
-def child_seed(parent_seed: int, child_index: int) -> int:
-    """A deterministic seed for a child, independent of scheduling order.
+def child_seed(parent_seed: int, child_index: int, depth: int) -> int:
+    """A deterministic seed for child `child_index` of a beam (or of the problem's root, at
+    depth 0) whose path has `depth` steps, independent of scheduling order.
 
     Child 0 keeps the parent's seed: it is the parent's own continuation, which is what
-    speculative extension generates ahead of time.
+    speculative extension generates ahead of time. Every other child's seed is hashed from
+    the parent's seed, its index and the depth, so a frontier's seeds stay distinct. A hash
+    of the seed and index alone does not: two siblings whose steps came out the same (the
+    same path) would hand one seed on twice, one as its child 0 and the other as its child
+    1, and the two identical requests would grow identical subtrees, the search's budget
+    spent twice on one path where search-and-learn samples the two independently.
     """
     if child_index == 0:
         return parent_seed
-    return (parent_seed * 1_000_003 + child_index * 7919) % (2**31 - 1)
+    digest = hashlib.blake2b(f"{parent_seed}:{depth}:{child_index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % (2**31 - 1)

@@ -23,7 +23,7 @@ from tts.engine.requests import Request
 from tts.engine.speculation.policy import next_runs_to_eos
 from tts.engine.speculation.rule import StartRule
 from tts.engine.speculation.steps import SpeculativeSteps
-from tts.search.tree import Beam, child_seed
+from tts.search.tree import Beam
 
 
 class Branches(StartRule):
@@ -74,7 +74,7 @@ class Branches(StartRule):
                         keep.append(entry)
                         yield r.problem, r.beam, k
                         continue
-                    spec_step = r.problem.spec_table.get((r.beam.uid, child_seed(r.beam.seed, k)))
+                    spec_step = r.problem.spec_table.get((r.beam.uid, r.beam.seed_of_child(k)))
                     if spec_step is None:
                         if r.beam.is_finished_path:
                             continue  # no child steps past the path's end

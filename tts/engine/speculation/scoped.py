@@ -4,7 +4,7 @@ the barrier's branches).
 
 For a beam that is generated but not yet through selection, speculation generates the step
 one of its children would generate: a request on the same path with that child's seed
-(`child_seed(parent seed, k)`) and the next iteration's limits. Which steps, by
+(`Beam.seed_of_child(k)`) and the next iteration's limits. Which steps, by
 `optim.decoupled_spec_scope`:
 
 - `survivors` (default): the children of the beams the policy's selection would keep on

@@ -45,7 +45,7 @@ from tts.engine.requests import Request, RequestKind, RequestState
 from tts.engine.speculation.memory import MemoryGuard
 from tts.engine.step_cutter import StepCutter
 from tts.metrics.events import SpeculationAdopted, SpeculativeStep
-from tts.search.tree import Beam, StepEnd, child_seed
+from tts.search.tree import Beam, StepEnd
 
 
 class Adoption(str, enum.Enum):
@@ -169,7 +169,7 @@ class SpeculativeSteps:
         was stopped short and can resume from its tokens."""
         if beam.uid in problem.waiting:
             return False
-        spec_step = problem.spec_table.get((beam.uid, child_seed(beam.seed, k)))
+        spec_step = problem.spec_table.get((beam.uid, beam.seed_of_child(k)))
         if spec_step is None:
             return not beam.is_finished_path
         return not spec_step.state.in_backend and not spec_step.finished and not spec_step.stalled
@@ -177,9 +177,9 @@ class SpeculativeSteps:
     def start(self, problem: Problem, beam: Beam, k: int) -> bool:
         """Start child k's speculative step of `beam` (or resume it); False when it has no
         token budget left."""
-        spec_step = problem.spec_table.get((beam.uid, child_seed(beam.seed, k)))
+        spec_step = problem.spec_table.get((beam.uid, beam.seed_of_child(k)))
         if spec_step is None:
-            shadow = beam.fork(child_seed(beam.seed, k))  # child k: the same path, its seed
+            shadow = beam.fork(beam.seed_of_child(k))  # child k: the same path, its seed
             spec_step = self._requests_for(problem, [shadow], problem.search.iteration + 1)[0]
             spec_step.kind, spec_step.stalled = RequestKind.SPEC, spec_step.limit <= 0
             problem.spec_table[(beam.uid, shadow.seed)] = spec_step
