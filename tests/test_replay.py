@@ -245,18 +245,18 @@ def test_the_simulated_engine_preempts_the_last_admitted_when_decoding_runs_out_
     """vLLM V1's rule: the sequence admitted last gives its blocks back, waits at the head of
     the queue, and is prefilled again (prompt and generated tokens) less what the cache keeps."""
     eng = _engine(kv_blocks=6, block=4)
-    first, second = Slot([1] * 10), Slot([2] * 10)  # 3 blocks each (10 tokens and the next): both fit
+    first, second = Slot([1] * 10), Slot([2] * 10)  # 3 blocks each (2 full, 1 not): both fit
     eng.waiting.extend([first, second])
     eng.step()
     assert eng.running == [first, second]
-    for slot in (first, second):  # both grow past 11 tokens: 4 blocks each, 8 > 6
-        slot.ids += [0, 0]
+    for slot in (first, second):  # both grow to 13 tokens: 4 blocks each, 8 > 6
+        slot.ids += [0, 0, 0]
     _, _, tokens = eng.step()
     assert eng.running == [first] and eng.waiting == [second] and tokens == (1,)
     assert eng.cache.counts()["preemptions"] == 1
     eng.release(first)
     _, _, tokens = eng.step()  # re-admitted: its first two full blocks are still cached
-    assert eng.running == [second] and second.cached == 8 and tokens == (4,)
+    assert eng.running == [second] and second.cached == 8 and tokens == (5,)
 
 
 def test_the_simulated_engine_holds_a_shared_prefix_once_as_vllms_block_pool_does():

@@ -43,6 +43,17 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._blocks)
 
+    def __contains__(self, key: int) -> bool:
+        return key in self._blocks
+
+    def insert(self, keys: Sequence[int]) -> None:
+        """Cache blocks a running sequence has just filled, as vLLM caches a block once it
+        is full (held while the sequence runs, so not evicted); no lookup is counted."""
+        for key in keys:
+            if key not in self._blocks:
+                self._blocks[key] = None
+                self._seen.add(key)
+
     def admit(self, token_ids: Sequence[int], reserve: int = 0, count: bool = True) -> int:
         """The tokens of `token_ids`' leading cached blocks (touched as most recently used);
         its other full blocks are cached from now on. At most `capacity - reserve` blocks

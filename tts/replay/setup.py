@@ -10,7 +10,6 @@ from dataclasses import asdict
 from tts.backends.base import Generator, ScoreRequest, Verifier
 from tts.backends.factory import EngineSpec
 from tts.backends.fake import FakeCodec
-from tts.backends.prefix_cache import PrefixCache
 from tts.clock import VirtualClock
 from tts.config.limits import engine_length
 from tts.config.enums import BackendKind
@@ -194,8 +193,8 @@ class ReplayBackends:
             blocks = 1 << 20
         else:
             blocks = max(1, spec.kv_bytes // (m.block_size * self._shape(role).kv_bytes_per_token))
-        return SimEngine(self.costs[role], PrefixCache(m.block_size, blocks), spec.max_num_seqs,
-                         max(m.max_num_batched_tokens, longest), blocks)
+        return SimEngine.of_pool(self.costs[role], m.block_size, blocks, spec.max_num_seqs,
+                                 max(m.max_num_batched_tokens, longest))
 
     def get(self, gen_spec: EngineSpec, ver_spec: EngineSpec | None) -> tuple[Generator, Verifier | None]:
         counts, (gen_host, ver_host, _) = self.counts[self.variant], self.host_parts()

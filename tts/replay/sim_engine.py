@@ -9,13 +9,26 @@ sequences' next tokens need more blocks than the pool has, the one admitted last
 cached until evicted, and it waits at the head of the queue to be prefilled again, its
 prompt and the tokens it had generated, less what the cache still holds of them. Thrash,
 evictions and preemptions are counted in the prefix cache (`PrefixCache.counts`), as a vLLM
-run counts them in its block pool. Not modelled: chunked prefill's interplay with
-preemption beyond the step's token budget, vLLM's null block and the KV a sliding window
-adds, and anything a step costs that the cost model does not see.
+run counts them in its block pool.
+
+Blocks are counted as vLLM's block pool holds them. A sequence shares a block with others
+only where it found it in the prefix cache when admitted; every block it computes is its
+own, cached as soon as it is full (a sequence admitted later finds it). A block whose tokens
+were already cached or held when it was computed (two sequences that decode the same tokens,
+or a block-aligned prompt whose last block vLLM computes again) is a second copy, held
+beside the first: vLLM never merges running sequences' blocks. A sequence holds as many
+blocks as its tokens fill, the one it computes next included, and the pool keeps one block
+back (vLLM's null block, `of_pool`). On a beam search's rounds through real vLLM on a pool
+too small for them, this engine preempts as often as vLLM's scheduler did
+(tests/test_replay_vllm.py). Not modelled: chunked prefill's interplay with preemption
+beyond the step's token budget (a sequence holds all its prompt's blocks from its first
+chunk), the KV a sliding window adds, which copy a lookup finds where several are cached
+(the first one cached, here), and anything a step costs that the cost model does not see.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -32,6 +45,7 @@ class Slot:
     todo: int = 0  # prompt tokens still to compute
     cached: int = 0  # prompt tokens the prefix cache served
     keys: list[int] = field(default_factory=list)  # its full blocks' hashes while it runs
+    copies: set[int] = field(default_factory=set)  # those it holds as a second copy (module docstring)
 
 
 class SimEngine:
@@ -45,32 +59,71 @@ class SimEngine:
         self.kv_blocks = kv_blocks
         self.waiting: list[Slot] = []
         self.running: list[Slot] = []
+        self._first: Counter[int] = Counter()  # the running sequences holding each block's first copy
+        self._copies = 0  # second copies held
 
-    def _hold(self, slot: Slot) -> None:
-        """The slot's full blocks (as far as its tokens go) are held while it runs."""
+    @classmethod
+    def of_pool(cls, cost: StepCost, block: int, num_blocks: int, batch_cap: int, token_cap: int) -> SimEngine:
+        """The engine of a vLLM block pool of `num_blocks` blocks of `block` tokens, one of
+        them vLLM's null block, which no sequence is given."""
+        usable = max(1, num_blocks - 1)
+        return cls(cost, PrefixCache(block, usable), batch_cap, token_cap, usable)
+
+    def _hit(self, slot: Slot) -> int:
+        """The leading blocks of a waiting sequence the prefix cache holds, short of its last
+        token (vLLM computes at least that one)."""
+        cap = (len(slot.ids) - 1) // self.cache.block
+        hit = 0
+        for key in block_keys(slot.ids, self.cache.block):
+            if hit == cap or key not in self.cache:
+                break
+            hit += 1
+        return hit
+
+    def _hold(self, slot: Slot, shared: int = 0) -> list[int]:
+        """The slot's full blocks, as far as its tokens go, held while it runs: the first
+        `shared` found in the prefix cache (shared with their other holders), the others
+        computed by it (module docstring). Returns the blocks it holds from now on."""
         new = list(block_keys(slot.ids, self.cache.block, len(slot.keys), slot.keys[-1] if slot.keys else 0))
+        for i, key in enumerate(new, len(slot.keys)):
+            if i >= shared and (key in self._first or key in self.cache):
+                slot.copies.add(key)
+                self._copies += 1
+            else:
+                self._first[key] += 1
+            self.cache.held[key] += 1
         slot.keys += new
-        self.cache.held.update(new)
+        return new
 
     def _unhold(self, slot: Slot) -> None:
-        self.cache.held.subtract(slot.keys)
         for key in slot.keys:
+            if key in slot.copies:
+                self._copies -= 1
+            else:
+                self._first[key] -= 1
+                if self._first[key] <= 0:
+                    del self._first[key]
+            self.cache.held[key] -= 1
             if self.cache.held[key] <= 0:
                 del self.cache.held[key]
-        slot.keys = []
+        slot.keys, slot.copies = [], set()
 
     def in_use(self) -> int:
-        """Blocks the running sequences hold: a full block once however many share it (a
-        common prefix), and each sequence's block for its next token."""
+        """Blocks the running sequences hold: a shared block once however many share it,
+        a second copy once more (module docstring), and each sequence's last block, not
+        full (the token it computes next is its last). A block a decoding sequence fills is
+        cached from then on."""
         for s in self.running:
-            self._hold(s)
-        return len(self.cache.held) + len(self.running)
+            if new := self._hold(s):
+                self.cache.insert(new)
+        return len(self._first) + self._copies + sum(1 for s in self.running if len(s.ids) % self.cache.block)
 
-    def _need(self, slot: Slot) -> int:
-        """The blocks a waiting sequence would add: its full blocks nobody holds, and one
-        for its next token."""
-        held = self.cache.held
-        return sum(1 for key in block_keys(slot.ids, self.cache.block) if key not in held) + 1
+    def _need(self, slot: Slot, hit: int) -> int:
+        """The blocks a waiting sequence would add: the `hit` blocks it finds in the cache
+        that nobody holds, and every block it computes, its last one not full included."""
+        keys = list(block_keys(slot.ids, self.cache.block))
+        return (sum(1 for key in keys[:hit] if key not in self._first) + len(keys) - hit
+                + (len(slot.ids) % self.cache.block > 0))
 
     def step(self, late: Sequence[int] = ()) -> tuple[list[Slot], float, tuple[int, ...]]:
         """Schedule and cost one step: the sequences that sample a token in it (decoders,
@@ -89,15 +142,16 @@ class SimEngine:
         in_use = self.in_use()
         while self.waiting and len(self.running) < self.batch_cap and budget > 0:
             s = self.waiting[0]
-            need = self._need(s)
+            hit = self._hit(s)
+            need = self._need(s, hit)
             if self.running and in_use + need > self.kv_blocks:
                 break  # waits for KV blocks, as vLLM's scheduler makes it
             self.waiting.pop(0)
             self.running.append(s)
-            self._hold(s)
+            self._hold(s, shared=hit)
             in_use += need
-            # vLLM computes at least a prompt's last token: a hit stops at the last full block before it
-            s.cached = min(self.cache.admit(s.ids, reserve=in_use), (len(s.ids) - 1) // self.cache.block * self.cache.block)
+            self.cache.admit(s.ids, reserve=in_use)  # counts the lookup, caches its blocks
+            s.cached = hit * self.cache.block
             s.todo = len(s.ids) - s.cached
             chunks.append((s, min(s.todo, budget)))
             budget -= chunks[-1][1]
