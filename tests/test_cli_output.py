@@ -39,7 +39,9 @@ def test_bench_prints_what_it_ran_and_logs_the_libraries(tmp_path: Path) -> None
     # verifier lines, where the full tables are; at most about 15 lines after the progress bars
     after = lines[next(i for i, line in enumerate(lines) if line.startswith("host: ")):]
     # the headline: at most 14 lines (the host line wrapped as the CPU's name needs), then
-    # where the results, plots and log are
+    # where the results, plots and log are (stderr's lines, the progress bars among them,
+    # come after them in the captured output)
+    after = after[:max(i for i, line in enumerate(after) if line.startswith(("results:", "plots:", "log "))) + 1]
     paths = [line for line in after if line.startswith(("results:", "plots:", "log "))]
     assert len(after) - len(paths) <= 14 and len(paths) <= 3, out
     assert any(line.startswith("ran: baseline, PMS on 1 problems") for line in after)

@@ -32,6 +32,10 @@ TINY = ["logger=none", "bench.warmup=0", "search.n=4", "search.beam_width=2", "s
         "generator.step_max_tokens=12", "generator.max_total_tokens=36", "memory.kv_cache_gib=0.25",
         "memory.generator_max_num_seqs=8", "memory.verifier_max_num_seqs=8"]
 EXACT = ["generator.dtype=float32", "verifier.dtype=float32"]
+# speculation needs a step that ends at its boundary while others still run: a problem of
+# several steps, in steps long enough to end at one
+WORDY = "A train goes 60 km in 1.5 hours, then 40 km in 0.5 hours. Find its average speed, step by step."
+WORDY_STEPS = ["generator.step_max_tokens=24", "generator.max_total_tokens=72"]
 ALGOS = ["beam", "dvts", "best_of_n", "self_consistency", "dynamic_branching", "varying_granularity"]
 
 
@@ -103,8 +107,8 @@ def test_beam_selection_respects_policy(backends):
 @pytest.mark.parametrize("preset", ["PMS", "PMS_branches"])
 def test_speculative_engine_on_real_vllm(backends, preset):
     _, engine = engine_for(backends, f"optim={preset}", "optim.roofline_memory=false", "search.max_iterations=3",
-                           "optim.eos_at_depth_limit=false")
-    out = next(iter(engine.run([ProblemInput("q3", "What is 10 - 4?")])))
+                           "optim.eos_at_depth_limit=false", *WORDY_STEPS)
+    out = next(iter(engine.run([ProblemInput("q3", WORDY)])))
     m = out.metrics
     assert m.spec_generated > 0 and 0 <= m.spec_used <= m.spec_generated
     assert all(b.text == "".join(s.text for s in b.steps) for b in out.candidates)
@@ -144,8 +148,9 @@ def test_bf16_search_is_a_valid_search(backends):
     is its steps, scores are probabilities, speculation is accounted for, nothing is left
     running. Exact trees are not asserted: bf16 logits move with the batch."""
     cfg, engine = engine_for(backends, "optim=PMS", "optim.roofline_memory=false", "generator.dtype=bfloat16",
-                             "verifier.dtype=bfloat16", "search.max_iterations=3", "optim.eos_at_depth_limit=false")
-    out = next(iter(engine.run([ProblemInput("b1", "What is 10 - 4?")])))
+                             "verifier.dtype=bfloat16", "search.max_iterations=3", "optim.eos_at_depth_limit=false",
+                             *WORDY_STEPS)
+    out = next(iter(engine.run([ProblemInput("b1", WORDY)])))
     assert len(out.candidates) == cfg.search.n
     for beam in out.candidates:
         assert beam.text == "".join(s.text for s in beam.steps)
