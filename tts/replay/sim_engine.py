@@ -69,12 +69,12 @@ class SimEngine:
         usable = max(1, num_blocks - 1)
         return cls(cost, PrefixCache(block, usable), batch_cap, token_cap, usable)
 
-    def _hit(self, slot: Slot) -> int:
-        """The leading blocks of a waiting sequence the prefix cache holds, short of its last
-        token (vLLM computes at least that one)."""
+    def _hit(self, slot: Slot, keys: list[int]) -> int:
+        """The leading blocks of a waiting sequence (its full blocks' `keys`) the prefix
+        cache holds, short of its last token (vLLM computes at least that one)."""
         cap = (len(slot.ids) - 1) // self.cache.block
         hit = 0
-        for key in block_keys(slot.ids, self.cache.block):
+        for key in keys:
             if hit == cap or key not in self.cache:
                 break
             hit += 1
@@ -118,10 +118,10 @@ class SimEngine:
                 self.cache.insert(new)
         return len(self._first) + self._copies + sum(1 for s in self.running if len(s.ids) % self.cache.block)
 
-    def _need(self, slot: Slot, hit: int) -> int:
-        """The blocks a waiting sequence would add: the `hit` blocks it finds in the cache
-        that nobody holds, and every block it computes, its last one not full included."""
-        keys = list(block_keys(slot.ids, self.cache.block))
+    def _need(self, slot: Slot, keys: list[int], hit: int) -> int:
+        """The blocks a waiting sequence (its full blocks' `keys`) would add: the `hit`
+        blocks it finds in the cache that nobody holds, and every block it computes, its
+        last one not full included."""
         return (sum(1 for key in keys[:hit] if key not in self._first) + len(keys) - hit
                 + (len(slot.ids) % self.cache.block > 0))
 
@@ -142,8 +142,9 @@ class SimEngine:
         in_use = self.in_use()
         while self.waiting and len(self.running) < self.batch_cap and budget > 0:
             s = self.waiting[0]
-            hit = self._hit(s)
-            need = self._need(s, hit)
+            keys = list(block_keys(s.ids, self.cache.block))  # hashed once for both
+            hit = self._hit(s, keys)
+            need = self._need(s, keys, hit)
             if self.running and in_use + need > self.kv_blocks:
                 break  # waits for KV blocks, as vLLM's scheduler makes it
             self.waiting.pop(0)
