@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tts.backends.prefix_cache import PrefixCache
+from tts.backends.prefix_cache import PrefixCache, block_keys
 from tts.clock import VirtualClock, now, simulated
 from tts.config.compose import ConfigError, compose
 from tts.memory.device import load_device
@@ -280,6 +280,24 @@ def test_the_simulated_engine_holds_a_shared_prefix_once_as_vllms_block_pool_doe
     eng.cache.evict(reserve=eng.in_use())  # 5 - 3 = 2 cached blocks may stay, held ones aside
     assert all(k in eng.cache._blocks for k in b.keys)
     assert len([k for k in eng.cache._blocks if k not in eng.cache.held]) <= 2
+
+
+def test_the_simulated_engine_caches_a_second_copy_as_a_block_of_its_own():
+    """Two sequences that decode the same tokens hold two copies of each block they fill;
+    vLLM caches both once their sequences leave, and evicts (and counts) each on its own."""
+    eng = _engine(kv_blocks=6, block=4)
+    a, b = Slot([1, 2, 3]), Slot([1, 2, 3])
+    eng.waiting.extend([a, b])
+    eng.step()
+    for slot in (a, b):
+        slot.ids += [4, 5]  # each fills the block [1, 2, 3, 4] itself: a first copy and a second
+    assert eng.in_use() == 4 and a.copies == set() and len(b.copies) == 1
+    eng.release(a)
+    eng.release(b)
+    assert len(eng.cache) == 2 and eng.in_use() == 0  # one hash, two cached blocks
+    eng.waiting.append(Slot([9] * 21))  # 5 full blocks and 1 for its next token: 6 of 6
+    eng.step()
+    assert eng.cache.counts()["evictions"] == 2 and next(block_keys([1, 2, 3, 4], 4)) not in eng.cache
 
 
 def test_the_roofline_step_is_memory_bound_in_decode_and_compute_bound_in_prefill():

@@ -16,14 +16,16 @@ only where it found it in the prefix cache when admitted; every block it compute
 own, cached as soon as it is full (a sequence admitted later finds it). A block whose tokens
 were already cached or held when it was computed (two sequences that decode the same tokens,
 or a block-aligned prompt whose last block vLLM computes again) is a second copy, held
-beside the first: vLLM never merges running sequences' blocks. A sequence holds as many
+beside the first and cached as a block of its own once its sequence leaves: vLLM never
+merges blocks, and evicts (and counts) each copy on its own. A sequence holds as many
 blocks as its tokens fill, the one it computes next included, and the pool keeps one block
 back (vLLM's null block, `of_pool`). On a beam search's rounds through real vLLM on a pool
 too small for them, this engine preempts as often as vLLM's scheduler did
 (tests/test_replay_vllm.py). Not modelled: chunked prefill's interplay with preemption
 beyond the step's token budget (a sequence holds all its prompt's blocks from its first
 chunk), the KV a sliding window adds, which copy a lookup finds where several are cached
-(the first one cached, here), and anything a step costs that the cost model does not see.
+(a held one where there is one, here), the order in which copies of one hash are evicted
+(together, here), and anything a step costs that the cost model does not see.
 """
 
 from __future__ import annotations
@@ -83,29 +85,43 @@ class SimEngine:
     def _hold(self, slot: Slot, shared: int = 0) -> list[int]:
         """The slot's full blocks, as far as its tokens go, held while it runs: the first
         `shared` found in the prefix cache (shared with their other holders), the others
-        computed by it (module docstring). Returns the blocks it holds from now on."""
-        new = list(block_keys(slot.ids, self.cache.block, len(slot.keys), slot.keys[-1] if slot.keys else 0))
+        computed by it and cached as blocks of their own (module docstring). Returns the
+        blocks it holds from now on."""
+        cache, first, held = self.cache, self._first, self.cache.held
+        new = list(block_keys(slot.ids, cache.block, len(slot.keys), slot.keys[-1] if slot.keys else 0))
+        computed = []
         for i, key in enumerate(new, len(slot.keys)):
-            if i >= shared and (key in self._first or key in self.cache):
-                slot.copies.add(key)
-                self._copies += 1
-            else:
-                self._first[key] += 1
-            self.cache.held[key] += 1
+            if i >= shared:
+                computed.append(key)
+                if key in first or key in cache:
+                    slot.copies.add(key)
+                    self._copies += 1
+                    held[key] += 1
+                    continue
+            if key not in first:  # the block's first holder
+                held[key] += 1
+            first[key] += 1
+        cache.insert(computed, copy=True)
         slot.keys += new
         return new
 
     def _unhold(self, slot: Slot) -> None:
+        """The slot gives its blocks back, cached (the blocks its last tokens filled too),
+        its last block first in line to be evicted."""
+        self._hold(slot)
+        first, held = self._first, self.cache.held
         for key in slot.keys:
             if key in slot.copies:
                 self._copies -= 1
             else:
-                self._first[key] -= 1
-                if self._first[key] <= 0:
-                    del self._first[key]
-            self.cache.held[key] -= 1
-            if self.cache.held[key] <= 0:
-                del self.cache.held[key]
+                first[key] -= 1
+                if first[key] > 0:
+                    continue
+                del first[key]
+            held[key] -= 1
+            if held[key] <= 0:
+                del held[key]
+        self.cache.touch(slot.keys)
         slot.keys, slot.copies = [], set()
 
     def in_use(self) -> int:
@@ -114,8 +130,7 @@ class SimEngine:
         full (the token it computes next is its last). A block a decoding sequence fills is
         cached from then on."""
         for s in self.running:
-            if new := self._hold(s):
-                self.cache.insert(new)
+            self._hold(s)
         return len(self._first) + self._copies + sum(1 for s in self.running if len(s.ids) % self.cache.block)
 
     def _need(self, slot: Slot, keys: list[int], hit: int) -> int:
@@ -140,6 +155,7 @@ class SimEngine:
                 chunks.append((s, min(s.todo, budget)))
                 budget -= chunks[-1][1]
         in_use = self.in_use()
+        self.cache.evict(reserve=in_use)  # the blocks the decoders filled came from the free pool
         while self.waiting and len(self.running) < self.batch_cap and budget > 0:
             s = self.waiting[0]
             keys = list(block_keys(s.ids, self.cache.block))  # hashed once for both
@@ -149,9 +165,11 @@ class SimEngine:
                 break  # waits for KV blocks, as vLLM's scheduler makes it
             self.waiting.pop(0)
             self.running.append(s)
+            self.cache.count_lookup(keys, hit)
+            self.cache.touch(keys[:hit])
             self._hold(s, shared=hit)
             in_use += need
-            self.cache.admit(s.ids, reserve=in_use)  # counts the lookup, caches its blocks
+            self.cache.evict(reserve=in_use)
             s.cached = hit * self.cache.block
             s.todo = len(s.ids) - s.cached
             chunks.append((s, min(s.todo, budget)))
@@ -168,8 +186,8 @@ class SimEngine:
         last admitted is preempted (module docstring)."""
         while len(self.running) > 1 and self.in_use() > self.kv_blocks:
             victim = self.running.pop()
-            self._unhold(victim)
-            self.cache.admit(victim.ids, reserve=self.in_use(), count=False)  # cached, evictable
+            self._unhold(victim)  # its blocks stay cached, evictable
+            self.cache.evict(reserve=self.in_use())
             victim.todo = victim.cached = 0
             self.waiting.insert(0, victim)
             self.cache.note("preemptions")
@@ -179,7 +197,7 @@ class SimEngine:
         if slot in self.running:
             self.running.remove(slot)
             self._unhold(slot)
-            self.cache.admit(slot.ids, reserve=self.in_use(), count=False)
+            self.cache.evict(reserve=self.in_use())
         elif slot in self.waiting:
             self.waiting.remove(slot)
 
