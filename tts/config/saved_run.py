@@ -54,6 +54,11 @@ class ReplayOptions:
     # token in the next (tts.replay.backends.ReplayGenerator); false: their sum. null (not
     # given): as the recorded run's generator ran (its host's `overlap`; off before it was recorded)
     overlap: bool | None = None
+    # serve every replayed variant this recorded variant's outputs first ("own": its tree),
+    # then its own recording's, then another's: each variant's schedule, speculation and
+    # memory on one tree, where the recording grew one per variant (bf16, or a float32 CPU
+    # whose rows move with the batch); empty: each variant its own recording first
+    tree: str = ""
 
     def named(self) -> str:
         """The options not at their defaults, as a replay's folder name carries them
@@ -117,7 +122,7 @@ def replay_config(saved: dict, overrides: list[str]) -> tuple[DictConfig, Replay
             if name not in {f.name for f in dataclasses.fields(ReplayOptions)}:
                 raise ConfigError(f"{key}: no such replay option; valid: replay.cost, replay.cost_from, "
                                   "replay.step_costs, replay.launch_ms, replay.host, replay.speculation, "
-                                  "replay.overlap")
+                                  "replay.overlap, replay.tree")
             options[name] = (float(value) if name == "launch_ms" else
                              {"true": True, "false": False}.get(value.lower(), value) if name == "overlap" else value)
         else:

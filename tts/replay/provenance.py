@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tts.replay.served import divergence_line
+from tts.replay.served import divergence_line, recording_of
 from tts.trace.provenance import recorded
 
 UNKNOWN = "provenance unknown (recorded before tts recorded it)"
@@ -78,9 +78,10 @@ def card_line(recorded_for: dict | None, cfg) -> str:
             f"{cfg.generator.model} + {cfg.verifier.model})")
 
 
-def brief(compared: dict, divergence: dict) -> str:
-    """The provenance and the first divergences in a few words, for the replay's first line."""
-    parts = []
+def brief(compared: dict, divergence: dict, tree: str = "") -> str:
+    """The provenance and the first divergences in a few words, for the replay's first line
+    (`tree`: the variant whose recording served every variant first, `replay.tree`)."""
+    parts = [f"every variant served {tree}'s recording first (replay.tree)"] if tree else []
     if compared["status"] == "unknown":
         parts.append(UNKNOWN)
     elif compared["code"] == "other":
@@ -92,9 +93,10 @@ def brief(compared: dict, divergence: dict) -> str:
     if compared["status"] == "same":
         parts.append("same code and options as recorded")
     for name, first in divergence.items():
-        parts.append(f"{name} left its recording at problem {first['problem']}, iteration {first['iteration']}")
-    if compared["status"] != "same" and not divergence:
-        parts.append("yet every variant kept to its recording")
+        parts.append(f"{name} left {recording_of(first)} at problem {first['problem']}, iteration {first['iteration']}")
+    if (compared["status"] != "same" or tree) and not divergence:
+        whose, yet = f"{tree}'s" if tree else "its", "yet " if compared["status"] != "same" else ""
+        parts.append(f"{yet}every variant kept to {whose} recording")
     return "; ".join(parts)
 
 
@@ -104,8 +106,9 @@ class ReplayProvenance:
     search iteration each problem is in)."""
 
     def __init__(self, provenance: list[dict], cfg, problems: list, backends,
-                 recorded_for: dict | None = None) -> None:
+                 recorded_for: dict | None = None, tree: str = "") -> None:
         self.compared = compare(provenance, cfg)
+        self.tree = tree  # `replay.tree`: every variant served this one's recording first
         self.card = card_line(recorded_for, cfg)  # the trace header's `record_for`
         self.backends = backends
         self.ids = {p.problem: p.id for p in problems}
@@ -133,12 +136,14 @@ class ReplayProvenance:
     def host(self, divergence: dict | None = None) -> dict:
         """What the replay's host record says of it (`simulated_line` prints `note`)."""
         return {"status": self.compared["status"], "card": self.card,
-                "note": f"{self.card}; {brief(self.compared, divergence or {})}"}
+                "note": f"{self.card}; {brief(self.compared, divergence or {}, self.tree)}"}
 
     def summary(self) -> dict:
         divergence = self.divergence()
-        kept = [] if divergence else ["every replayed variant kept to its recording: its own answered each "
-                                      "request and score it sent"]
+        kept = [] if divergence else [
+            f"every replayed variant kept to {self.tree}'s recording (replay.tree): it answered each request and "
+            "score it sent" if self.tree else
+            "every replayed variant kept to its recording: its own answered each request and score it sent"]
         return {"provenance": self.compared, "divergence": divergence,
                 "provenance_lines": [self.card, *self.compared["lines"], *map(_line, divergence.values()), *kept]}
 

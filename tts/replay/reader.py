@@ -5,7 +5,9 @@ the order requests were sent. A replay serves each variant its own recorded outp
 n-th request of a (seed, prompt) the n-th recorded one (`VariantReader`): in bf16 the
 same request gives other tokens in another variant (the batch moves the logits), so a
 variant served another's outputs grows another tree. Only where a variant's own are
-exhausted are another variant's borrowed, and only then are tokens drawn.
+exhausted are another variant's borrowed, and only then are tokens drawn. With
+`replay.tree=VARIANT` every variant is served that variant's recording first, as if its
+own: each variant's schedule on that one tree.
 """
 
 from __future__ import annotations
@@ -32,12 +34,13 @@ class VariantReader:
     plain request); once they are all served, another variant's (the best: finished, then
     longest); then its own again (the best). A score likewise: the variant's own in order,
     then another's, then its own last. Where the variant first asks for what its own
-    recording does not hold, the backends note it in `divergence`."""
+    recording does not hold, the backends note it in `divergence`. `tree`: another recorded
+    variant, whose recording serves this one as its own (`replay.tree`)."""
 
-    def __init__(self, trace: Trace, variant: str) -> None:
+    def __init__(self, trace: Trace, variant: str, tree: str = "") -> None:
         self.trace = trace
-        self.variant = variant
-        self.divergence = Divergence(variant)
+        self.variant = tree or variant  # whose recording is served as the variant's own
+        self.divergence = Divergence(variant, self.variant)
         self._served: set[int] = set()  # id() of own recorded outputs already served
         self._scored: dict[str, int] = {}  # own scores of a key served so far
 

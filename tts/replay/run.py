@@ -126,7 +126,7 @@ def run_replay(run_dir: Path, overrides: list[str], results_dir: Path | None = N
     clock = VirtualClock()
     backends = ReplayBackends(cfg, recorded_cfg, trace, recorded, options, clock, pricing)
     watch = ReplayProvenance(trace.provenance, cfg, problems, backends,  # the same card, code and options?
-                             trace.header.get("record_for"))
+                             trace.header.get("record_for"), options.tree)
     host = {**simulated_host(cfg, backends, recorded.get("host")), "options": dataclasses.asdict(options),
             "provenance": watch.host()}
     with simulated(clock):

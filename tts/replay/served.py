@@ -62,8 +62,9 @@ class Divergence:
     search's step) and, for a generation, its seed, whether it was speculation, and how
     many tokens past the problem's prompt its prefix reaches."""
 
-    def __init__(self, variant: str) -> None:
+    def __init__(self, variant: str, recording: str = "") -> None:
         self.variant = variant
+        self.recording = recording or variant  # whose recording it is served first (`replay.tree`)
         self.first: dict | None = None
         self.prompts: dict[tuple[int, ...], str] = {}  # each problem's prompt (token ids): the problem
         self.iterations: dict[str, int] = {}  # search iterations done, by problem (the replay's on_iteration)
@@ -89,7 +90,7 @@ class Divergence:
             self._note(problem, {"kind": "score", "step": step, "what": what})
 
     def _note(self, problem: str, detail: dict) -> None:
-        self.first = {"variant": self.variant, "problem": problem,
+        self.first = {"variant": self.variant, "recording": self.recording, "problem": problem,
                       "iteration": self.iterations.get(problem, 0) + 1, **detail}
 
 
@@ -101,4 +102,10 @@ def divergence_line(first: dict) -> str:
     else:
         spec = "speculative " if first.get("speculative") else ""
         asked = f"a {spec}generation (seed {first.get('seed')}, {first.get('prefix_tokens')} tokens past the prompt)"
-    return f"{first.get('variant')} left its recording at {where}: {asked}, {first.get('what')}"
+    return f"{first.get('variant')} left {recording_of(first)} at {where}: {asked}, {first.get('what')}"
+
+
+def recording_of(first: dict) -> str:
+    """Whose recording a variant left: its own, or the one `replay.tree` served it."""
+    whose = first.get("recording")
+    return "its recording" if whose in (None, first.get("variant")) else f"{whose}'s recording"

@@ -12,6 +12,7 @@ from tts.backends.factory import EngineSpec
 from tts.backends.fake import FakeCodec
 from tts.clock import VirtualClock
 from tts.config.limits import engine_length
+from tts.config.compose import ConfigError
 from tts.config.enums import BackendKind
 from tts.config.schema import Config
 from tts.metrics.cost_model import CostModel
@@ -68,6 +69,10 @@ class ReplayBackends:
         self.overlap = bool(recorded_overlap if options.overlap is None else options.overlap)
         self.counts: dict[str, ReplayCounts] = {}
         self.readers: dict[str, VariantReader] = {}  # each variant served its own recording first
+        recorded_variants = {g.variant for gens in trace.sent.values() for g in gens}
+        if options.tree and options.tree not in recorded_variants:
+            raise ConfigError(f"replay.tree: {options.tree!r} is not a variant this trace recorded; "
+                              f"valid choices: {', '.join(sorted(recorded_variants))}")
         self.variant = ""
 
     def _eos_ids(self, model: str) -> tuple[int, ...]:
@@ -184,7 +189,7 @@ class ReplayBackends:
     def start_variant(self, name: str) -> None:
         self.variant = name
         self.counts.setdefault(name, ReplayCounts())
-        self.readers.setdefault(name, VariantReader(self.trace, name))
+        self.readers.setdefault(name, VariantReader(self.trace, name, self.options.tree))
 
     def _engine(self, role: str, spec: EngineSpec) -> SimEngine:
         m, g = self.cfg.memory, self.cfg.generator
