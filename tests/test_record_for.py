@@ -203,23 +203,25 @@ def _texts(path):
 
 
 def test_a_replay_serves_every_variant_one_variants_tree(tmp_path):
-    """`replay.tree=paper_baseline`: PMS_branches_prune, served the baseline's recording
-    first, grows the baseline's tree (its candidates, text for text), where its own recording
-    grew another (the fake in bf16: a request's tokens move with the batch it is first
-    scheduled in, and speculation changes the batches); what it draws is speculation the
-    baseline never asked for (children of beams not kept). Without the option each variant
-    keeps to its own recording. A variant the trace does not hold is refused."""
-    path = bench(tmp_path, "bench.compare=[paper_baseline,PMS_branches_prune]", "generator.dtype=bfloat16",
+    """`replay.tree=paper_baseline`: PMS_branches_prune and PMS_exact, served the baseline's
+    recording first, grow the baseline's tree (their candidates, text for text), where their
+    own recordings grew others (the fake in bf16: a request's tokens move with the batch it
+    is first scheduled in, and speculation changes the batches). PMS_exact's run-on goes on
+    in the baseline's recording of the child's step (the position sampler), never in its own
+    recording of another tree; what either draws is speculation the baseline never asked
+    for (the children of beams it did not keep). Without the option each variant keeps to
+    its own recording. A variant the trace does not hold is refused."""
+    path = bench(tmp_path, "bench.compare=[paper_baseline,PMS_branches_prune,PMS_exact]", "generator.dtype=bfloat16",
                  "generator.sampler=position")
     recorded = _texts(path)
-    assert recorded["PMS_branches_prune"] != recorded["paper_baseline"]  # two trees
+    assert recorded["PMS_branches_prune"] != recorded["paper_baseline"] != recorded["PMS_exact"]  # three trees
     assert _texts(run_replay(path, CARD, run_name="own")) == recorded
     tree = run_replay(path, [*CARD, "replay.tree=paper_baseline"], run_name="tree")
-    assert _texts(tree)["PMS_branches_prune"] == recorded["paper_baseline"]
+    assert _texts(tree)["PMS_branches_prune"] == _texts(tree)["PMS_exact"] == recorded["paper_baseline"]
     summary = RunStore(tree).summary()
     served = summary["simulated"]["served"]["PMS_branches_prune"]
     assert served["drawn_token_share"] <= 0.05 and served["drawn_score_share"] == 0
     assert "every variant served paper_baseline's recording first (replay.tree)" in host_line(summary["host"])
     with pytest.raises(ConfigError, match="replay.tree: 'PMS' is not a variant this trace recorded; valid choices: "
-                                          "PMS_branches_prune, paper_baseline"):
+                                          "PMS_branches_prune, PMS_exact, paper_baseline"):
         run_replay(path, [*CARD, "replay.tree=PMS"], run_name="refused")

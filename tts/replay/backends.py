@@ -124,7 +124,13 @@ class ReplayGenerator(Generator):
         h = prompt_hash = request.key()
         served, found = [], None
         note = functools.partial(self.reader.divergence.request, request.prompt_token_ids, seed, speculative)
-        if (taken := self.reader.take(seed, h, speculative)) is not None:
+        taken = self.reader.take(seed, h, speculative)
+        if taken is not None and taken[1] is Whose.BORROWED and self.resumable_sampling \
+                and (found := self.reader.resumed(seed, h, own_only=True)) is not None:
+            taken = None  # the variant's own recording of the step it resumes, before another's
+            self.counts.resumed += 1
+            note("never sent when recorded; served its recording of the step it resumes (the same tokens)")
+        elif taken is not None:
             gen, whose, repeated = taken
             found = (gen, 0, whose)
             self.counts.recorded += whose is Whose.OWN and not repeated
@@ -147,10 +153,11 @@ class ReplayGenerator(Generator):
                 break
             note(f"ran past the {len(served)} tokens recorded for it ({gen.finish} there)")
             found = None
-            if not gen.finished:  # aborted where it was recorded: the same request recorded further
-                found = self.reader.extending(seed, prompt_hash, served)
-            if found is None and self.resumable_sampling:
-                found = self.reader.resumed(seed, h)
+            for own_only in (True, False):  # the variant's own recording first, then another's
+                if found is None and not gen.finished:  # aborted where recorded: the same request recorded further
+                    found = self.reader.extending(seed, prompt_hash, served, own_only)
+                if found is None and self.resumable_sampling:
+                    found = self.reader.resumed(seed, h, own_only)
             if found is None or not found[0].tokens[found[1]:]:
                 break
             self.counts.resumed += 1

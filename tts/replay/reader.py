@@ -60,22 +60,26 @@ class VariantReader:
         gen = best_output(own)
         return (gen, Whose.OWN, True) if gen is not None else None
 
-    def resumed(self, seed: int, prompt_hash: int) -> tuple[Generation, int, Whose] | None:
+    def resumed(self, seed: int, prompt_hash: int, own_only: bool = False) -> tuple[Generation, int, Whose] | None:
         """A recorded output for a request (seed, prompt) under a resumable sampler, without
         taking it: a request's continuation where its output ran out, or one that resumes a
-        recorded step part-way (`Trace.generation`). The variant's own first."""
-        found = self.trace.generation(seed, prompt_hash, True, self.variant)
+        recorded step part-way (`Trace.generation`). The variant's own first (only, with
+        `own_only`)."""
+        found = self.trace.generation(seed, prompt_hash, True, self.variant, own_only)
         if found is None:
             return None
         return found[0], found[1], self._whose(found[0])
 
-    def extending(self, seed: int, prompt_hash: int, served: Sequence[int]) -> tuple[Generation, int, Whose] | None:
+    def extending(self, seed: int, prompt_hash: int, served: Sequence[int],
+                  own_only: bool = False) -> tuple[Generation, int, Whose] | None:
         """A recorded output of the request (seed, prompt) that begins with the tokens
         `served` and goes on (the best: finished, then longest), and where it goes on; the
-        variant's own first."""
+        variant's own first (only, with `own_only`)."""
         n = len(served)
         longer = [g for g in self.trace.outputs(seed, prompt_hash) if len(g.tokens) > n and list(g.tokens[:n]) == served]
-        gen = best_output([g for g in longer if g.variant == self.variant]) or best_output(longer)
+        gen = best_output([g for g in longer if g.variant == self.variant])
+        if gen is None and not own_only:
+            gen = best_output(longer)
         return (gen, n, self._whose(gen)) if gen is not None else None
 
     def _whose(self, gen: Generation) -> Whose:

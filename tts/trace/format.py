@@ -124,13 +124,14 @@ class Trace:
         return differed, shared
 
     def generation(self, seed: int, prompt_hash: int, resumable: bool,
-                   variant: str | None = None) -> tuple[Generation, int] | None:
+                   variant: str | None = None, own_only: bool = False) -> tuple[Generation, int] | None:
         """The recorded output a request (seed, prompt) gets, and where in it the request
         starts: 0 for the request recorded itself; with a resumable sampler also a request
         whose prompt is a recorded prompt plus the first k tokens of its output. With a
         variant, its own recorded outputs first (the request's, then one it resumes), then
-        any variant's."""
-        for who in ((variant, None) if variant is not None else (None,)):
+        any variant's (none with `own_only`)."""
+        whose = (variant,) if own_only else (variant, None) if variant is not None else (None,)
+        for who in whose:
             gens = self.outputs(seed, prompt_hash)
             exact = best_output([g for g in gens if who is None or g.variant == who])
             if exact is not None:
