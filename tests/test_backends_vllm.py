@@ -295,6 +295,40 @@ def test_prefix_cache_hits_after_finish_and_within_a_batch(gen) -> None:
     assert together["b1"][0].num_cached_tokens == len(prompt) // 32 * 32
 
 
+def test_each_block_is_hashed_once_and_as_vllm_hashes_it(gen) -> None:
+    """The engine core's block hasher is memoized (`internals.memoize_block_hashes`): every
+    request's block hashes are those vLLM's own hasher gives, those of its generated blocks
+    too, and a child whose prompt is its parent's prompt and output finds them cached."""
+    import copy
+
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+
+    from tts.backends.vllm.internals import engine_core
+
+    core = engine_core(gen.llm)
+    assert core.request_block_hasher.__module__ == "tts.backends.vllm.internals"
+    config = gen.llm.llm_engine.vllm_config.cache_config
+    own = get_request_block_hasher(config.block_size, get_hash_fn_by_name(config.prefix_caching_hash_algo))
+    prompt = tuple(gen.encode_prompt("What is 3*4?", LONG_SYSTEM))
+    gen.reset_prefix_cache()
+    seen = []
+    for request in [GenRequest("h0", prompt, max_tokens=80, seed=0), GenRequest("h1", prompt[:-5], max_tokens=80, seed=1)]:
+        gen.add(request)
+    out: dict[str, list[int]] = {"h0": [], "h1": []}
+    while gen.num_unfinished():
+        for req in core.scheduler.requests.values():
+            fresh = copy.copy(req)
+            fresh.block_hashes = []
+            seen.append((len(req.block_hashes), own(fresh) == req.block_hashes))
+        for d in gen.step()[0]:
+            out[d.request_id].extend(d.new_token_ids)
+    assert all(same for _, same in seen) and max(n for n, _ in seen) > len(prompt) // 32
+    child = prompt + tuple(out["h0"])
+    later, _ = run_all(gen, [GenRequest("h2", child, max_tokens=1, seed=2)])
+    assert later["h2"][0].num_cached_tokens == (len(child) - 1) // 32 * 32
+
+
 def test_abort_takes_effect_before_the_next_step(gen) -> None:
     prompt = tuple(gen.encode_prompt("Count to ten.", ""))
     gen.add(GenRequest("keep", prompt, max_tokens=4, seed=0))

@@ -223,7 +223,8 @@ def make_llm(
     `eager_mode`); per-step stats are kept; scheduling is synchronous, each `step()`
     returning the tokens of the batch it ran, unless `async_scheduling` (`check_async`). On
     CPU, vLLM's own seeded sampling is kept working through chunked prefills
-    (`internals.keep_seeded_streams`).
+    (`internals.keep_seeded_streams`); each distinct block is hashed once
+    (`internals.memoize_block_hashes`).
     `engine_kwargs` go to `vllm.LLM` as they are (e.g. `runner="pooling"` for reward heads).
     """
     config = read_hf_config(model_path)
@@ -246,9 +247,10 @@ def make_llm(
     kwargs.update(cpu_kernels.engine_kwargs(on_gpu=has_cuda()))  # fused RMSNorm on CPU (cpu_kernels.py)
     kwargs.update(engine_kwargs or {})
     llm = vllm.LLM(**kwargs)
-    from tts.backends.vllm.internals import keep_seeded_streams
+    from tts.backends.vllm.internals import keep_seeded_streams, memoize_block_hashes
 
     keep_seeded_streams(llm)  # on CPU: seeded requests survive a chunked prefill (internals.py)
+    memoize_block_hashes(llm)  # a prompt's blocks hashed once, not again in every child's request
     return llm
 
 
