@@ -313,8 +313,8 @@ def test_each_block_is_hashed_once_and_as_vllm_hashes_it(gen) -> None:
     prompt = tuple(gen.encode_prompt("What is 3*4?", LONG_SYSTEM))
     gen.reset_prefix_cache()
     seen = []
-    for request in [GenRequest("h0", prompt, max_tokens=80, seed=0), GenRequest("h1", prompt[:-5], max_tokens=80, seed=1)]:
-        gen.add(request)
+    gen.add(GenRequest("h0", prompt, max_tokens=80, seed=0))
+    gen.add(GenRequest("h1", prompt[:-5], max_tokens=80, seed=1))
     out: dict[str, list[int]] = {"h0": [], "h1": []}
     while gen.num_unfinished():
         for req in core.scheduler.requests.values():
