@@ -8,6 +8,7 @@ paired ratio of two variants of one run over its problems."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -18,7 +19,7 @@ from tts.config.compose import compose
 from tts.replay.run import run_replay
 from tts.report import write_report
 from tts.report.ablation import LADDER, carrier, log_share
-from tts.report.scaling import DRAWN_LIMIT
+from tts.report.scaling import DRAWN_LIMIT, legend_labels, over_drawn, run_line, source_of, tree_basis
 from tts.report.sources import load_folder
 from tts.results.intervals import speed_intervals
 from tts.results.ratios import ratio
@@ -163,3 +164,36 @@ def test_the_step_that_carries_the_gain_and_the_schedules_share():
     assert carrier({**row, "S_ci": None, "pms": 2.0}, ["P", "M", "S"]) == "S (no interval)"
     assert carrier({**row, "P": 2.0, "pms": 2.0 * 0.9 * 1.5}, ["P", "M", "S"]) == "P"
     assert log_share(2.0, 4.0) == pytest.approx(0.5) and log_share(1.2, 0.9) is None and log_share(0.5, 2.0) == -1
+
+
+def test_a_replay_on_the_baselines_tree_is_named_so_and_its_trees_are_one(fig12, tmp_path):
+    """A replay that serves every variant the baseline's recording (`replay.tree`) says so in
+    its source, and its variants' trees are one; the recording itself, in bf16, grew each
+    variant's own tree, and says that instead. The plot's legend says once what every line
+    shares, and each line what is its own."""
+    tree = load_folder(run_replay(fig12["recorded-n4"], [*CARD, "replay.tree=paper_baseline"], tmp_path,
+                                  run_name="tree-n4"))
+    card, recorded = load_folder(fig12["card-n4"]), load_folder(fig12["recorded-n4"])
+    assert source_of(tree)["label"] == source_of(card)["label"] + ", on paper_baseline's tree"
+    assert tree_basis(tree) == "one: paper_baseline's (replay.tree)"
+    grown = card.host["recorded_on"]
+    assert (grown["dtype"], grown["sampler"]) != ({"generator": "float32", "verifier": "float32"}, "position")
+    assert tree_basis(card) == tree_basis(recorded) == \
+        f"each its own ({'/'.join(sorted(set(grown['dtype'].values())))}, {grown['sampler']} sampler)"
+    float32 = {**recorded.host, "sampler": "position", "dtype": {"generator": "float32", "verifier": "float32"}}
+    assert tree_basis(dataclasses.replace(recorded, host=float32)) == "one (float32, position sampler)"
+    rows = {r.name: run_line(r) for r in (card, tree)}
+    common, labels = legend_labels({row["source"]: row for row in rows.values()})
+    assert common == f"simulated on rtx4090 {rows['card-n4']['pair']} (measured prices)"
+    assert labels == {rows["card-n4"]["source"]: "", rows["tree-n4"]["source"]: "on paper_baseline's tree"}
+
+
+def test_a_cell_over_the_drawn_limit_is_marked_in_table_and_plot(fig12):
+    """Every drawing replay's row over the limit is marked (`over_drawn`, hollow on the plot),
+    and no row of the replays that drew nothing is."""
+    rows = _scaling(fig12)["rows"]
+    for r in rows:
+        shares = [s for s in (r["drawn_token_share"], r["drawn_score_share"]) if s is not None]
+        assert over_drawn(r) == any(s > DRAWN_LIMIT for s in shares)
+    assert any(over_drawn(r) for r in rows if r["run"].startswith("drawing"))
+    assert not any(over_drawn(r) for r in rows if not r["run"].startswith("drawing"))

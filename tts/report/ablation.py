@@ -6,7 +6,9 @@ the sweep (`scaling_runs`: one n, one source, measured or simulated):
   the tree's (PMS over `PMS_branches_prune`). The schedule's share of PMS's gain is its factor's
   share of the product in log terms, ln(schedule) / ln(PMS), where PMS gains: 100% when the
   tree adds nothing, over 100% when the tree costs, negative when the schedule alone loses;
-  "no gain" where PMS does not gain.
+  "no gain" where PMS does not gain. The control grows the baseline's tree only where the
+  variants' trees are one (`tree_basis`: float32 with the position sampler, or a replay with
+  `replay.tree`); elsewhere the split is approximate, and the table says so.
 - **One optimisation at a time.** P over the baseline, PM over P and PMS over PM each add one
   of P, M and S (FlashTTS's ablation); their product is PMS over the baseline. Where PMS gains,
   the step with the largest ratio carries the gain ("within noise" where its interval holds
@@ -25,7 +27,7 @@ import math
 from typing import Any
 
 from tts.markdown import is_number, markdown_table, number
-from tts.report.scaling import drawn_cell, run_line, scaling_runs
+from tts.report.scaling import drawn_cell, run_line, scaling_runs, tree_basis
 from tts.report.sources import RunData, variant_ratios
 from tts.report.tables import interval_cell
 
@@ -61,6 +63,7 @@ def tree_rows(runs: list[RunData]) -> list[dict[str, Any]]:
             _ratio(run, CONTROL, TREE, "tree")
         row["schedule_share"] = log_share(row["schedule"], row["pms"])
         row["drawn"] = _most_drawn(run, [base, TREE, CONTROL])
+        row["trees"] = tree_basis(run)
         rows.append(row)
     return rows
 
@@ -120,9 +123,9 @@ def _order(row: dict[str, Any]) -> tuple:
 
 def tree_table(rows: list[dict[str, Any]]) -> str:
     head = ["n", "source", "PMS / baseline [95%]", f"schedule alone: {CONTROL} / baseline [95%]",
-            f"tree: PMS / {CONTROL} [95%]", "schedule's share of PMS's gain (log)", "pairs", "most drawn"]
+            f"tree: PMS / {CONTROL} [95%]", "schedule's share of PMS's gain (log)", "trees", "pairs", "most drawn"]
     return markdown_table(head, ([r["n"], r["source"], *(interval_cell(r, k) for k in ("pms", "schedule", "tree")),
-                                  share_cell(r), r.get("pms_pairs"), drawn_cell(r["drawn"])]
+                                  share_cell(r), r["trees"], r.get("pms_pairs"), drawn_cell(r["drawn"])]
                                  for r in sorted(rows, key=_order)))
 
 
@@ -143,7 +146,10 @@ def ablation_lines(tree: list[dict[str, Any]], steps: list[dict[str, Any]]) -> l
                   f"Precise goodput. `{CONTROL}` runs PMS's schedule on the baseline's tree, so its ratio to the "
                   "baseline is the schedule's alone and PMS's ratio to it the tree's; the two multiply to PMS's. "
                   "The schedule's share of PMS's gain is ln(schedule) / ln(PMS) where PMS gains: 100% where the "
-                  "tree adds nothing, over 100% where it costs, negative where the schedule alone loses.", "",
+                  "tree adds nothing, over 100% where it costs, negative where the schedule alone loses. The control "
+                  "grows the baseline's tree only where the trees are one (column trees: float32 with the "
+                  "position sampler, or a replay of one recording with `replay.tree`); where each variant grew "
+                  "its own (bf16 moves a tree with its batch), the split is approximate.", "",
                   tree_table(tree), ""]
     if steps:
         lines += ["### One optimisation at a time", "",

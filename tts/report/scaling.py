@@ -79,8 +79,27 @@ def source_of(run: RunData) -> dict[str, Any]:
     cost = host.get("cost")
     price = (host.get("options") or {}).get("step_costs") if cost == "roofline" else cost
     price = price or "unrecorded"
-    return {"simulated": True, "device": device, "pair": pair, "price": price,
-            "label": f"simulated on {device} {pair} ({price} prices)"}
+    tree = (host.get("options") or {}).get("tree")  # replay.tree: every variant served that variant's tree
+    return {"simulated": True, "device": device, "pair": pair, "price": price, "tree": tree,
+            "label": f"simulated on {device} {pair} ({price} prices)" + (f", on {tree}'s tree" if tree else "")}
+
+
+def tree_basis(run: RunData) -> str:
+    """Whether a run's variants grew one tree, so a ratio between them is the schedule's
+    alone: a replay served one variant's recording (`replay.tree`), or the trees were grown
+    in float32 with the position sampler (docs/results.md, "Trees move with numerics");
+    otherwise each variant grew its own, and a split between tree and schedule is approximate."""
+    host = run.host or {}
+    tree = (host.get("options") or {}).get("tree")
+    if host.get("simulated") and tree:
+        return f"one: {tree}'s (replay.tree)"
+    grown = host.get("recorded_on") if host.get("simulated") else host
+    grown = grown if isinstance(grown, dict) else {}
+    dtypes = set((grown.get("dtype") or {}).values())
+    sampler = grown.get("sampler")
+    if dtypes == {"float32"} and sampler == "position":
+        return "one (float32, position sampler)"
+    return f"each its own ({'/'.join(sorted(dtypes)) or 'dtype unrecorded'}, {sampler or 'unrecorded'} sampler)"
 
 
 def run_line(run: RunData) -> dict[str, Any]:
@@ -89,7 +108,7 @@ def run_line(run: RunData) -> dict[str, Any]:
     source = source_of(run)
     return {"run": run.name, "n": search_n(run), "source": source["label"], "simulated": source["simulated"],
             "device": source.get("device"), "pair": source.get("pair"), "price": source.get("price"),
-            "baseline": next(iter(run.variants))}
+            "tree": source.get("tree"), "baseline": next(iter(run.variants))}
 
 
 def scaling_rows(runs: list[RunData]) -> list[dict[str, Any]]:
@@ -136,6 +155,12 @@ def drawn_cell(share: float | None) -> str:
     return f"{share:.1%}" + (f" (over {DRAWN_LIMIT:.0%})" if share > DRAWN_LIMIT else "")
 
 
+def over_drawn(row: dict[str, Any]) -> bool:
+    """Whether a simulated cell drew more than `DRAWN_LIMIT` of its tokens or scores: shown,
+    marked (a hollow marker on the plot), and left out of an answer."""
+    return any(is_number(row.get(key)) and row[key] > DRAWN_LIMIT for key, _ in DRAWN)
+
+
 def scaling_section(rows: list[dict[str, Any]], plot: Path | None, parts: list[str] = ()) -> list[str]:
     """The report's lines for the sweep: what the table holds, the table, `parts` (the gain
     taken apart, `tts.report.ablation`), the plot."""
@@ -154,7 +179,7 @@ def scaling_section(rows: list[dict[str, Any]], plot: Path | None, parts: list[s
 def plot_ratio_by_n(path: Path, rows: list[dict[str, Any]]) -> Path | None:
     """Goodput ratio to the baseline (log2) against n (log2), one line per variant and
     source with its 95% intervals (a colour per source, a marker per variant), simulated
-    lines dashed; the paper's Fig. 12 mean as a
+    lines dashed, a cell over `DRAWN_LIMIT` drawn hollow; the paper's Fig. 12 mean as a
     dashed line and its range as a band. None without a ratio to draw."""
     from tts.plotting import pyplot, save_figure
 
@@ -172,17 +197,39 @@ def plot_ratio_by_n(path: Path, rows: list[dict[str, Any]]) -> Path | None:
     sources = sorted({(s, src) for _, src, s in series})  # a colour per source, a marker per variant
     colours = {src: plt.get_cmap("tab10" if len(sources) <= 10 else "tab20")(i) for i, (_, src) in enumerate(sources)}
     markers = {v: "osD^v<>p*h"[i % 10] for i, v in enumerate(dict.fromkeys(v for v, _, _ in series))}
+    common, labels = legend_labels({r["source"]: r for points in series.values() for r in points})
     for (variant, source, simulated), points in sorted(series.items(), key=lambda kv: (kv[0][2], kv[0][1], kv[0][0])):
         points.sort(key=lambda r: r["n"])
         ys = [r["precise_goodput"] for r in points]
         cis = [r.get("precise_goodput_ci") or [y, y] for r, y in zip(points, ys)]
         err = [[max(0.0, y - ci[0]) for y, ci in zip(ys, cis)], [max(0.0, ci[1] - y) for y, ci in zip(ys, cis)]]
         ax.errorbar([r["n"] for r in points], ys, yerr=err, marker=markers[variant], capsize=3,
-                    label=f"{variant}, {source}", color=colours[source], linestyle="--" if simulated else "-")
+                    label=f"{variant}, {labels[source]}".rstrip(", "), color=colours[source], linestyle="--" if simulated else "-")
+        over = [(r["n"], y) for r, y in zip(points, ys) if over_drawn(r)]  # marked: hollow, on top
+        if over:
+            ax.scatter(*zip(*over), marker=markers[variant], s=40, facecolors="white", edgecolors=colours[source],
+                       zorder=3, label=None)
     _axes(ax, sorted({r["n"] for points in series.values() for r in points}))
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=1)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=1, title=common or None,
+              title_fontsize=7)
     path.parent.mkdir(parents=True, exist_ok=True)
     return save_figure(fig, path)
+
+
+def legend_labels(rows: dict[str, dict[str, Any]]) -> tuple[str, dict[str, str]]:
+    """The sources' labels for a legend (source -> a row of it), what they share said once:
+    (the shared part, each source's own part). A simulated source is told by its device,
+    pair, price and tree; a measured one by its label."""
+    def parts(row: dict[str, Any]) -> tuple[str, ...]:
+        if not row["simulated"]:
+            return (row["source"], "", "", "")
+        return (f"simulated on {row['device']}", row["pair"], f"({row['price']} prices)",
+                f"on {row['tree']}'s tree" if row.get("tree") else "")
+    split = {source: parts(row) for source, row in rows.items()}
+    shared = [len({p[i] for p in split.values()}) == 1 for i in range(4)]
+    first = next(iter(split.values()), ("",) * 4)
+    return (" ".join(p for p, same in zip(first, shared) if same and p),
+            {source: ", ".join(q for q, same in zip(p, shared) if not same and q) for source, p in split.items()})
 
 
 def _axes(ax, ns: list[int]) -> None:
@@ -199,5 +246,6 @@ def _axes(ax, ns: list[int]) -> None:
     ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}x"))
     ax.set_xlabel("n (search.n)")
     ax.set_ylabel("goodput / baseline's goodput")
-    ax.set_title("Goodput ratio by n (95% intervals; dashed: simulated)", fontsize=10)
+    ax.set_title(f"Goodput ratio by n (95% intervals; dashed: simulated; hollow: over {DRAWN_LIMIT:.0%} drawn)",
+                 fontsize=10)
     ax.grid(alpha=0.3)
