@@ -204,7 +204,8 @@ def plot_ratio_by_n(path: Path, rows: list[dict[str, Any]]) -> Path | None:
         cis = [r.get("precise_goodput_ci") or [y, y] for r, y in zip(points, ys)]
         err = [[max(0.0, y - ci[0]) for y, ci in zip(ys, cis)], [max(0.0, ci[1] - y) for y, ci in zip(ys, cis)]]
         ax.errorbar([r["n"] for r in points], ys, yerr=err, marker=markers[variant], capsize=3,
-                    label=f"{variant}, {labels[source]}".rstrip(", "), color=colours[source], linestyle="--" if simulated else "-")
+                    label=f"{variant}, {labels[source]}".rstrip(", "), color=colours[source],
+                    linestyle="--" if simulated else "-")
         over = [(r["n"], y) for r, y in zip(points, ys) if over_drawn(r)]  # marked: hollow, on top
         if over:
             ax.scatter(*zip(*over), marker=markers[variant], s=40, facecolors="white", edgecolors=colours[source],
