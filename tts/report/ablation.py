@@ -7,8 +7,9 @@ the sweep (`scaling_runs`: one n, one source, measured or simulated):
   share of the product in log terms, ln(schedule) / ln(PMS), where PMS gains: 100% when the
   tree adds nothing, over 100% when the tree costs, negative when the schedule alone loses;
   "no gain" where PMS does not gain. The control grows the baseline's tree only where the
-  variants' trees are one (`tree_basis`: float32 with the position sampler, or a replay with
-  `replay.tree`); elsewhere the split is approximate, and the table says so.
+  variants' trees are one (`tree_basis`: a replay with `replay.tree`; float32 with the position
+  sampler, unless a batch's rounding parts them); elsewhere the split is approximate, and the
+  table says so.
 - **One optimisation at a time.** P over the baseline, PM over P and PMS over PM each add one
   of P, M and S (FlashTTS's ablation); their product is PMS over the baseline. Where PMS gains,
   the step with the largest ratio carries the gain ("within noise" where its interval holds
@@ -147,9 +148,10 @@ def ablation_lines(tree: list[dict[str, Any]], steps: list[dict[str, Any]]) -> l
                   "baseline is the schedule's alone and PMS's ratio to it the tree's; the two multiply to PMS's. "
                   "The schedule's share of PMS's gain is ln(schedule) / ln(PMS) where PMS gains: 100% where the "
                   "tree adds nothing, over 100% where it costs, negative where the schedule alone loses. The control "
-                  "grows the baseline's tree only where the trees are one (column trees: float32 with the "
-                  "position sampler, or a replay of one recording with `replay.tree`); where each variant grew "
-                  "its own (bf16 moves a tree with its batch), the split is approximate.", "",
+                  "grows the baseline's tree only where the trees are one (column trees: a replay of one recording "
+                  "with `replay.tree`; float32 with the position sampler, unless a batch's rounding parts them); "
+                  "where each variant grew its own (bf16 moves a tree with its batch), the split is approximate.",
+                  "",
                   tree_table(tree), ""]
     if steps:
         lines += ["### One optimisation at a time", "",

@@ -86,19 +86,20 @@ def source_of(run: RunData) -> dict[str, Any]:
 
 def tree_basis(run: RunData) -> str:
     """Whether a run's variants grew one tree, so a ratio between them is the schedule's
-    alone: a replay served one variant's recording (`replay.tree`), or the trees were grown
-    in float32 with the position sampler (docs/results.md, "Trees move with numerics");
-    otherwise each variant grew its own, and a split between tree and schedule is approximate."""
+    alone: a replay served one variant's recording (`replay.tree`); or the trees were grown
+    in float32 with the position sampler, one unless a batch's rounding parts them
+    (docs/results.md, "Trees move with numerics"; conf/paper_fig12.yaml); otherwise each
+    variant grew its own, and a split between tree and schedule is approximate."""
     host = run.host or {}
-    tree = (host.get("options") or {}).get("tree")
-    if host.get("simulated") and tree:
+    tree = source_of(run).get("tree")
+    if tree:
         return f"one: {tree}'s (replay.tree)"
     grown = host.get("recorded_on") if host.get("simulated") else host
     grown = grown if isinstance(grown, dict) else {}
     dtypes = set((grown.get("dtype") or {}).values())
     sampler = grown.get("sampler")
     if dtypes == {"float32"} and sampler == "position":
-        return "one (float32, position sampler)"
+        return "one unless rounding parts them (float32, position sampler)"
     return f"each its own ({'/'.join(sorted(dtypes)) or 'dtype unrecorded'}, {sampler or 'unrecorded'} sampler)"
 
 
