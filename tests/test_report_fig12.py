@@ -181,7 +181,8 @@ def test_a_replay_on_the_baselines_tree_is_named_so_and_its_trees_are_one(fig12,
     assert tree_basis(card) == tree_basis(recorded) == \
         f"each its own ({'/'.join(sorted(set(grown['dtype'].values())))}, {grown['sampler']} sampler)"
     float32 = {**recorded.host, "sampler": "position", "dtype": {"generator": "float32", "verifier": "float32"}}
-    assert tree_basis(dataclasses.replace(recorded, host=float32)) == "one unless rounding parts them (float32, position sampler)"
+    assert tree_basis(dataclasses.replace(recorded, host=float32)) == \
+        "one unless rounding parts them (float32, position sampler)"
     rows = {r.name: run_line(r) for r in (card, tree)}
     common, labels = legend_labels({row["source"]: row for row in rows.values()})
     assert common == f"simulated on rtx4090 {rows['card-n4']['pair']} (measured prices)"
