@@ -241,6 +241,22 @@ def test_the_simulated_engine_keeps_to_the_batch_cap_the_token_budget_and_the_kv
     assert len(eng.running) == 1 and len(eng.waiting) == 1
 
 
+def test_the_simulated_engines_kv_usage_is_vllms_after_a_step_the_computed_tokens_blocks():
+    """vLLM's block pool, read after a step, holds the blocks of the tokens computed; a token
+    just sampled gets its block in the next step's schedule. Counting that block early
+    put a replay's usage over speculation's memory limit (0.95) a step before vLLM's, and
+    PMS's replay at n=128 left its recording there."""
+    eng = _engine(kv_blocks=10, block=4)
+    eng.waiting.append(Slot(list(range(8))))  # a prompt of two full blocks
+    slot = eng.step()[0][0]
+    slot.ids.append(99)  # its first token, sampled: alone in a third block, not yet computed
+    assert eng.in_use() == 3  # what the next step needs
+    assert eng.stats((8,), 0.0).kv_usage == pytest.approx(2 / 10)
+    eng.step()
+    slot.ids.append(100)  # 99 computed in the third block; 100 joins it
+    assert eng.stats((1,), 0.0).kv_usage == pytest.approx(3 / 10)
+
+
 def test_the_simulated_engine_preempts_the_last_admitted_when_decoding_runs_out_of_blocks():
     """vLLM V1's rule: the sequence admitted last gives its blocks back, waits at the head of
     the queue, and is prefilled again (prompt and generated tokens) less what the cache keeps."""

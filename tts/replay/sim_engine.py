@@ -201,6 +201,18 @@ class SimEngine:
         elif slot in self.waiting:
             self.waiting.remove(slot)
 
+    def held_after_step(self) -> int:
+        """Blocks in use as vLLM's block pool reports them after a step (`kv_cache_manager.usage`):
+        those of the tokens computed. A decoding sequence's last token was sampled, not yet
+        computed; where it is alone in a block, vLLM gives that block in the next step's
+        schedule, which `in_use` already counts (it is the next step's need)."""
+        block = self.cache.block
+        alone = sum(1 for s in self.running if not s.todo and len(s.ids) % block == 1) if block > 1 else 0
+        return self.in_use() - alone
+
     def stats(self, tokens: tuple[int, ...], seconds: float) -> StepStats:
+        """The step's statistics; the KV usage vLLM's scheduler reports after it (`held_after_step`),
+        which speculation's memory rule reads (`tts.engine.speculation.memory`)."""
+        usage = min(1.0, self.held_after_step() / self.kv_blocks) if self.kv_blocks else 0.0
         return StepStats(len(tokens), len(self.waiting), sum(tokens), self.batch_cap, self.token_cap,
-                         min(1.0, self.in_use() / self.kv_blocks) if self.kv_blocks else 0.0, seconds, tokens)
+                         usage, seconds, tokens)
