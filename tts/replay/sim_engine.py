@@ -206,8 +206,7 @@ class SimEngine:
         those of the tokens computed. A decoding sequence's last token was sampled, not yet
         computed; where it is alone in a block, vLLM gives that block in the next step's
         schedule, which `in_use` already counts (it is the next step's need)."""
-        block = self.cache.block
-        alone = sum(1 for s in self.running if not s.todo and len(s.ids) % block == 1) if block > 1 else 0
+        alone = sum(1 for s in self.running if not s.todo and len(s.ids) % self.cache.block == 1)
         return self.in_use() - alone
 
     def stats(self, tokens: tuple[int, ...], seconds: float) -> StepStats:
